@@ -1,0 +1,1 @@
+"""Alembic migrations; ``stations serve`` upgrades to head on start."""

@@ -1,0 +1,3 @@
+from stations.cli import main
+
+main()

@@ -1,0 +1,126 @@
+"""The ``stations`` command: ``stations serve`` (and later ``stations pipeline``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import ipaddress
+import logging
+import os
+import socket
+import sys
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4437
+
+
+def _fail(message: str) -> None:
+    print(f"stations: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="run the Stations service")
+    p.add_argument("--host", default=os.environ.get("STATIONS_HOST", DEFAULT_HOST))
+    p.add_argument("--port", type=int, default=int(os.environ.get("STATIONS_PORT", DEFAULT_PORT)))
+    p.add_argument(
+        "--db",
+        default=os.environ.get("STATIONS_DB_URL"),
+        help="SQLAlchemy URL (default: SQLite under ./stations-data/)",
+    )
+    p.add_argument("--long-poll-timeout-ms", type=int, default=30_000)
+    p.add_argument("--sse-lifetime-ms", type=int, default=60_000)
+    p.add_argument("--tokens", help="tokens file (JSON); without it only loopback is served")
+    p.add_argument(
+        "--insecure", action="store_true", help="serve a non-loopback host without tokens"
+    )
+    p.add_argument("--durability", choices=["fsync", "process"], default="fsync")
+    p.add_argument("--log-level", default="warning")
+
+
+def serve(args: argparse.Namespace) -> None:
+    if not 0 < args.port < 65536:
+        _fail(f"--port must be between 1 and 65535 (got {args.port})")
+    if args.long_poll_timeout_ms <= 0:
+        _fail("--long-poll-timeout-ms must be positive")
+    if not args.tokens and not args.insecure and not _is_loopback(args.host):
+        _fail(
+            f"refusing to serve {args.host} without --tokens; "
+            "give a tokens file, or --insecure to serve it open"
+        )
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+    from sqlalchemy.exc import ArgumentError, OperationalError
+
+    from api import make_app
+    from stations.service import Service
+
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            _fail(f"port {args.port} on {args.host} is already in use")
+        _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
+    try:
+        service = Service(args.db, durability=args.durability)
+    except ArgumentError as exc:
+        _fail(f"--db is not a database URL: {exc}")
+    app = make_app(
+        service,
+        long_poll_timeout_ms=args.long_poll_timeout_ms,
+        sse_lifetime_ms=args.sse_lifetime_ms,
+    )
+    runner = web.AppRunner(app, access_log=None, handle_signals=True)
+    try:
+        await runner.setup()
+    except OperationalError as exc:
+        _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
+    except Exception as exc:  # an unusable --db URL surfaces here (driver missing, bad path)
+        _fail(f"cannot open the database: {exc}")
+    site = web.SockSite(runner, sock)
+    await site.start()
+    print(
+        f"stations: serving http://{args.host}:{args.port} ({service.url.split(':')[0]})",
+        flush=True,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="stations")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        serve(args)
+
+
+if __name__ == "__main__":
+    main()

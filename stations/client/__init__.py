@@ -1,0 +1,1 @@
+"""The Python SDK (speaks only HTTP)."""

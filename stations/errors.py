@@ -1,0 +1,37 @@
+"""Domain errors. The HTTP layer maps each to a status code; the domain never sees HTTP."""
+
+from __future__ import annotations
+
+
+class StationsError(Exception):
+    code = "error"
+
+    def __init__(self, message: str, field: str | None = None, **extra: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.extra = extra
+
+
+class BadRequest(StationsError):
+    code = "bad_request"
+
+
+class NotFound(StationsError):
+    code = "not_found"
+
+
+class Gone(StationsError):
+    code = "gone"
+
+
+class Conflict(StationsError):
+    code = "conflict"
+
+
+class Forbidden(StationsError):
+    code = "forbidden"
+
+
+class TooLarge(StationsError):
+    code = "too_large"

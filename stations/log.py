@@ -1,0 +1,266 @@
+"""The log: appending messages to a stream and reading them back.
+
+An append is decided and written inside the writer's transaction: the messages, the stream's
+tail, the producer session and the message ids commit together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, and_, select
+
+from stations import producers as sessions
+from stations.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
+from stations.idwindow import IdWindow
+from stations.producers import Producer, Verdict
+from stations.schema import messages, producers
+from stations.streams import StreamState, load, same_content_type, segments
+from stations.writer import Batch
+
+
+class SequenceGap(Conflict):
+    """A producer request ahead of its turn; the caller may wait for the missing ones."""
+
+    def __init__(self, expected: int, received: int, producer: Producer, stream: str) -> None:
+        super().__init__(
+            f"Producer-Seq {received} is ahead of the expected {expected}",
+            "Producer-Seq",
+            expected=expected,
+            received=received,
+        )
+        self.producer = producer
+        self.stream = stream
+
+
+class StreamClosed(Conflict):
+    def __init__(self, tail: int) -> None:
+        super().__init__("the stream is closed", None, closed=True, next_offset=tail)
+
+
+@dataclass
+class AppendRequest:
+    name: str
+    content_type: str | None = None
+    messages: list[bytes] = field(default_factory=list)
+    msg_ids: list[str | None] | None = None
+    headers: list[str | None] | None = None
+    close: bool = False
+    producer: Producer | None = None
+    stream_seq: str | None = None
+    # A body error is reported only after the closed check, as the protocol orders them.
+    body_error: BadRequest | None = None
+
+
+@dataclass
+class AppendResult:
+    tail: int
+    closed: bool
+    producer_duplicate: bool = False
+    producer: Producer | None = None
+    producer_seq: int | None = None  # highest accepted seq of the producer's epoch
+    results: list[tuple[int, bool]] = field(default_factory=list)  # (offset, duplicate)
+
+
+def _session(batch: Batch, state: StreamState, producer_id: str) -> sessions.Session | None:
+    key = (state.id, producer_id)
+    if key not in batch.sessions:
+        row = batch.conn.execute(
+            select(producers.c.epoch, producers.c.last_seq).where(
+                producers.c.stream_id == state.id, producers.c.producer_id == producer_id
+            )
+        ).first()
+        batch.sessions[key] = sessions.Session(row.epoch, row.last_seq) if row else None
+    return batch.sessions[key]
+
+
+def live_stream(state: StreamState | None, name: str, now: int) -> StreamState:
+    if state is None or (state.expired(now) and not state.deleted):
+        raise NotFound(f"stream {name} not found")
+    if state.deleted:
+        raise Gone(f"stream {name} was deleted")
+    return state
+
+
+def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
+    state = live_stream(batch.stream(req.name), req.name, batch.now)
+    producer = req.producer
+
+    if state.closed:
+        closer = (state.closer_id, state.closer_epoch, state.closer_seq)
+        if producer is not None and closer == (producer.id, producer.epoch, producer.seq):
+            return AppendResult(state.tail, True, True, producer, producer.seq)
+        if req.close and not req.messages and req.body_error is None:
+            return AppendResult(state.tail, True)
+        raise StreamClosed(state.tail)
+    if req.body_error is not None:
+        raise req.body_error
+    if not req.messages and not req.close:
+        raise BadRequest("an append needs a body (or Stream-Closed: true to close)")
+    if req.messages and (
+        req.content_type is None or not same_content_type(req.content_type, state.content_type)
+    ):
+        raise Conflict(
+            f"Content-Type {req.content_type!r} does not match the stream's {state.content_type!r}",
+            "Content-Type",
+        )
+
+    session = None
+    if producer is not None:
+        session = _session(batch, state, producer.id)
+        verdict = sessions.decide(session, producer)
+        if verdict is Verdict.STALE_EPOCH:
+            assert session is not None
+            raise Forbidden("stale Producer-Epoch", "Producer-Epoch", epoch=session.epoch)
+        if verdict is Verdict.GAP:
+            raise SequenceGap(
+                sessions.expected_seq(session, producer), producer.seq, producer, req.name
+            )
+        if verdict is Verdict.DUPLICATE:
+            assert session is not None
+            results = _original_offsets(batch, window, state, req)
+            return AppendResult(state.tail, state.closed, True, producer, session.last_seq, results)
+
+    if (
+        req.stream_seq is not None
+        and state.stream_seq is not None
+        and (req.stream_seq <= state.stream_seq)
+    ):
+        raise Conflict(
+            f"Stream-Seq {req.stream_seq!r} is not above {state.stream_seq!r}", "Stream-Seq"
+        )
+
+    results: list[tuple[int, bool]] = []
+    for i, data in enumerate(req.messages):
+        msg_id = req.msg_ids[i] if req.msg_ids else None
+        if msg_id is not None:
+            original = window.lookup(batch, state, msg_id)
+            if original is not None:
+                results.append((original - 1, True))
+                continue
+        state.tail += 1
+        batch.rows.append(
+            {
+                "stream_id": state.id,
+                "seq": state.tail,
+                "data": data,
+                "msg_id": msg_id,
+                "headers": req.headers[i] if req.headers else None,
+                "stored_at": batch.now,
+            }
+        )
+        state.msg_count += 1
+        state.byte_count += len(data)
+        if msg_id is not None:
+            window.remember(batch, state, msg_id, state.tail)
+        results.append((state.tail - 1, False))
+
+    if producer is not None:
+        batch.sessions[(state.id, producer.id)] = sessions.Session(producer.epoch, producer.seq)
+        batch.dirty_sessions.add((state.id, producer.id))
+    if req.stream_seq is not None:
+        state.stream_seq = req.stream_seq
+    if req.close:
+        state.closed = True
+        if producer is not None:
+            state.closer_id, state.closer_epoch, state.closer_seq = (
+                producer.id,
+                producer.epoch,
+                producer.seq,
+            )
+    state.accessed_at = batch.now
+    batch.touch(state)
+    return AppendResult(
+        state.tail, state.closed, False, producer, producer.seq if producer else None, results
+    )
+
+
+def _original_offsets(
+    batch: Batch, window: IdWindow, state: StreamState, req: AppendRequest
+) -> list[tuple[int, bool]]:
+    """For a producer duplicate: where its tagged messages were stored, where still known."""
+    if not req.msg_ids:
+        return []
+    out = []
+    for msg_id in req.msg_ids:
+        original = window.lookup(batch, state, msg_id) if msg_id else None
+        out.append(((original if original is not None else state.tail + 1) - 1, True))
+    return out
+
+
+@dataclass
+class Message:
+    seq: int
+    data: bytes
+    msg_id: str | None
+    headers: str | None
+    stored_at: int
+
+
+@dataclass
+class ReadResult:
+    state: StreamState
+    start: int
+    messages: list[Message]
+    next: int
+    up_to_date: bool
+
+    @property
+    def closed(self) -> bool:
+        """EOF: the stream is closed and this response reaches its final offset."""
+        return self.state.closed and self.next >= self.state.tail
+
+
+def open_stream(conn: Connection, name: str, now: int) -> StreamState:
+    return live_stream(load(conn, name), name, now)
+
+
+def read(
+    conn: Connection,
+    name: str,
+    position: int | None,
+    *,
+    now: int,
+    max_bytes: int,
+    max_messages: int | None = None,
+) -> ReadResult:
+    """Messages after ``position`` (None: the tail), up to about ``max_bytes``."""
+    state = open_stream(conn, name, now)
+    if position is None:
+        position = state.tail
+    if position > state.tail:
+        raise BadRequest("offset is beyond the tail of the stream", "offset")
+    if 0 < position < state.head:
+        raise Gone("offset is before the earliest retained message", "offset")
+    out: list[Message] = []
+    size = 0
+    for msg in _scan(conn, state, max(position, state.head if position == 0 else position)):
+        out.append(msg)
+        size += len(msg.data)
+        if size >= max_bytes or (max_messages is not None and len(out) >= max_messages):
+            break
+    next_pos = out[-1].seq if out else max(position, state.head if position == 0 else position)
+    return ReadResult(state, position, out, next_pos, next_pos >= state.tail)
+
+
+def _scan(conn: Connection, state: StreamState, position: int) -> Iterator[Message]:
+    for stream_id, lo, hi in segments(conn, state):
+        if hi is not None and hi <= position:
+            continue
+        cond = [messages.c.stream_id == stream_id, messages.c.seq > max(lo, position)]
+        if hi is not None:
+            cond.append(messages.c.seq <= hi)
+        query = (
+            select(
+                messages.c.seq,
+                messages.c.data,
+                messages.c.msg_id,
+                messages.c.headers,
+                messages.c.stored_at,
+            )
+            .where(and_(*cond))
+            .order_by(messages.c.seq)
+        )
+        for row in conn.execute(query.execution_options(yield_per=2000)):
+            yield Message(row[0], row[1], row[2], row[3], row[4])

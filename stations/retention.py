@@ -1,0 +1,105 @@
+"""Retention per station: ``maxAgeMs``, ``maxMessages``, ``maxBytes``.
+
+Dropping messages moves the stream's ``head``; the message ids stay in their table, so dedup
+outlives the data. Offsets before the head answer 410 Gone.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, select
+
+from stations.schema import messages, streams
+from stations.streams import StreamState
+from stations.writer import Batch
+
+CHUNK = 10_000
+
+
+def _new_head(batch: Batch, state: StreamState) -> int:
+    rules = state.config.get("retention") or {}
+    head = state.head
+    max_messages = rules.get("maxMessages")
+    if max_messages is not None and state.msg_count > max_messages:
+        head = max(head, _nth_seq(batch, state, state.msg_count - max_messages))
+    max_age = rules.get("maxAgeMs")
+    if max_age is not None:
+        newest_old = batch.conn.execute(
+            select(func.max(messages.c.seq)).where(
+                messages.c.stream_id == state.id,
+                messages.c.seq > head,
+                messages.c.stored_at <= batch.now - max_age,
+            )
+        ).scalar()
+        if newest_old is not None:
+            head = max(head, newest_old)
+    max_bytes = rules.get("maxBytes")
+    if max_bytes is not None and state.byte_count > max_bytes:
+        excess = state.byte_count - max_bytes
+        dropped = 0
+        rows = batch.conn.execute(
+            select(messages.c.seq, func.length(messages.c.data))
+            .where(messages.c.stream_id == state.id, messages.c.seq > head)
+            .order_by(messages.c.seq)
+            .limit(CHUNK)
+        )
+        for seq, size in rows:
+            if dropped >= excess:
+                break
+            dropped += size
+            head = max(head, seq)
+    return min(head, state.tail)
+
+
+def _nth_seq(batch: Batch, state: StreamState, n: int) -> int:
+    """The seq of the n-th retained message (1-based), counting from the head."""
+    return (
+        batch.conn.execute(
+            select(messages.c.seq)
+            .where(messages.c.stream_id == state.id, messages.c.seq > state.head)
+            .order_by(messages.c.seq)
+            .offset(n - 1)
+            .limit(1)
+        ).scalar()
+        or state.head
+    )
+
+
+def enforce(batch: Batch) -> int:
+    """Drop what each station's rules no longer keep; returns messages dropped."""
+    batch.flush()
+    batch.forget()
+    total = 0
+    rows = batch.conn.execute(select(streams).where(streams.c.deleted.is_(False))).all()
+    for row in rows:
+        state = StreamState.from_row(row)
+        rules = state.config.get("retention") or {}
+        if not any(rules.get(k) is not None for k in ("maxAgeMs", "maxMessages", "maxBytes")):
+            continue
+        head = _new_head(batch, state)
+        if head <= state.head:
+            continue
+        dropped = batch.conn.execute(
+            select(func.count(), func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
+                messages.c.stream_id == state.id,
+                messages.c.seq > state.head,
+                messages.c.seq <= head,
+            )
+        ).one()
+        batch.conn.execute(
+            delete(messages).where(
+                messages.c.stream_id == state.id,
+                messages.c.seq > state.head,
+                messages.c.seq <= head,
+            )
+        )
+        batch.conn.execute(
+            streams.update()
+            .where(streams.c.id == state.id)
+            .values(
+                head=head,
+                msg_count=streams.c.msg_count - dropped[0],
+                byte_count=streams.c.byte_count - dropped[1],
+            )
+        )
+        total += dropped[0]
+    return total

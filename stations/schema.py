@@ -1,0 +1,84 @@
+"""Table definitions shared by the storage code and the Alembic migrations.
+
+One schema for SQLite and PostgreSQL. Times are integer milliseconds since the epoch so both
+engines compare them the same way.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+streams = Table(
+    "streams",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(1024), nullable=False, unique=True),
+    Column("content_type", String(255), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("ttl_seconds", BigInteger),
+    Column("expires_at", BigInteger),
+    Column("accessed_at", BigInteger, nullable=False),
+    Column("closed", Boolean, nullable=False, default=False),
+    # The producer request that closed the stream, so its retry is answered as a duplicate.
+    Column("closer_id", String(256)),
+    Column("closer_epoch", BigInteger),
+    Column("closer_seq", BigInteger),
+    Column("tail", BigInteger, nullable=False, default=0),
+    # Positions at or below ``head`` were dropped by retention.
+    Column("head", BigInteger, nullable=False, default=0),
+    Column("fork_of", Integer),
+    Column("fork_offset", BigInteger),
+    Column("deleted", Boolean, nullable=False, default=False),
+    Column("stream_seq", String(1024)),
+    Column("msg_count", BigInteger, nullable=False, default=0),
+    Column("byte_count", BigInteger, nullable=False, default=0),
+    Column("config", Text, nullable=False),
+    # The Durable Streams PUT that created it (TTL, expiry, fork), to answer a repeated PUT.
+    Column("create_spec", Text),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("stream_id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("msg_id", String(256)),
+    Column("headers", Text),
+    Column("stored_at", BigInteger, nullable=False),
+)
+
+producers = Table(
+    "producers",
+    metadata,
+    Column("stream_id", Integer, primary_key=True, autoincrement=False),
+    Column("producer_id", String(1024), primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+# The durable half of the Msg-Id window. It outlives the messages (retention may drop them)
+# and is swept by the scheduler once ``stored_at + window`` has passed.
+msg_ids = Table(
+    "msg_ids",
+    metadata,
+    Column("stream_id", Integer, primary_key=True, autoincrement=False),
+    Column("msg_id", String(256), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("stored_at", BigInteger, nullable=False),
+)
+Index("ix_msg_ids_stored_at", msg_ids.c.stream_id, msg_ids.c.stored_at)

@@ -1,0 +1,174 @@
+"""The Stations service: the domain's async face, used by the HTTP layer.
+
+It owns the engines, the group-commit writer, the readers' thread pool, the wake-ups and the
+scheduler. Everything it answers is a domain object; it knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from stations import db, lifecycle, log
+from stations.idwindow import IdWindow
+from stations.lifecycle import CreateRequest, CreateResult
+from stations.log import AppendRequest, AppendResult, ReadResult, SequenceGap
+from stations.notify import Notifier
+from stations.streams import StreamState
+from stations.writer import Writer, now_ms
+
+logger = logging.getLogger("stations")
+T = TypeVar("T")
+
+# How long a pipelined producer request that arrived ahead of its turn waits for the missing
+# ones before it is answered 409 (the reference server answers 409 at once).
+GAP_HOLD_S = 2.0
+
+
+class Service:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        durability: str = "fsync",
+        read_threads: int = 4,
+        id_cache_size: int | None = None,
+    ) -> None:
+        self.url = db.normalize_url(url or db.default_url())
+        self.durability = durability
+        self.notifier = Notifier()
+        self.ids = IdWindow() if id_cache_size is None else IdWindow(id_cache_size)
+        self._read_threads = read_threads
+        self._started = False
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.write_engine = db.make_engine(self.url, durability=self.durability, writer=True)
+        self.read_engine = db.make_engine(self.url, durability=self.durability)
+        self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix="stations-read")
+        await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
+        self.writer = Writer(self.write_engine, self.notifier.fire)
+        self.writer.start()
+        self._listener: Any = None
+        if self.write_engine.dialect.name == "postgresql":
+            from stations.pgnotify import Listener
+
+            self._listener = Listener(self.url, self.notifier.fire)
+            await self._listener.start()
+        from stations.scheduler import Scheduler
+
+        self.scheduler = Scheduler(self)
+        self.scheduler.start()
+        self._started = True
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self.scheduler.stop()
+        if self._listener is not None:
+            await self._listener.stop()
+        await self.writer.stop()
+        self._readers.shutdown(wait=True)
+        self.write_engine.dispose()
+        self.read_engine.dispose()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
+        """Run ``fn(batch, *args)`` in the writer's next transaction."""
+        return await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+
+    async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, *args)`` in a read transaction on a reader thread."""
+
+        def run() -> T:
+            with self.read_engine.connect() as conn, conn.begin():
+                return fn(conn, *args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(self._readers, run)
+
+    # -- streams ----------------------------------------------------------------------------
+
+    async def create(self, req: CreateRequest) -> CreateResult:
+        return await self.write(lifecycle.create, self.ids, req)
+
+    async def delete(self, name: str) -> None:
+        await self.write(lifecycle.remove, self.ids, name)
+
+    async def stream(self, name: str) -> StreamState:
+        return await self.read_db(log.open_stream, name, now_ms())
+
+    async def touch(self, state: StreamState) -> None:
+        if state.ttl_seconds is not None:
+            await self.write(lifecycle.touch, state.name)
+
+    async def append(self, req: AppendRequest) -> AppendResult:
+        """Append; a producer request ahead of its turn waits briefly for the missing ones."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GAP_HOLD_S
+        key = None
+        if req.producer is not None:
+            key = (req.name, req.producer.id, req.producer.epoch, req.producer.seq)
+        while True:
+            woken = self.notifier.subscribe(req.name)
+            try:
+                return await self.write(log.append, self.ids, req, sort_key=key)
+            except SequenceGap:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise
+                await self.notifier.wait(woken, remaining)
+            finally:
+                self.notifier.unsubscribe(req.name, woken)
+
+    async def read(
+        self, name: str, position: int | None, *, max_bytes: int, max_messages: int | None = None
+    ) -> ReadResult:
+        return await self.read_db(
+            log.read,
+            name,
+            position,
+            now=now_ms(),
+            max_bytes=max_bytes,
+            max_messages=max_messages,
+        )
+
+    async def read_or_wait(
+        self,
+        name: str,
+        position: int | None,
+        timeout: float,
+        *,
+        max_bytes: int,
+        max_messages: int | None = None,
+    ) -> ReadResult:
+        """Long-poll: return at once if there is data (or EOF), else wait up to ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            woken = self.notifier.subscribe(name)
+            try:
+                result = await self.read(
+                    name, position, max_bytes=max_bytes, max_messages=max_messages
+                )
+                if position is None:
+                    position = result.start
+                if result.messages or result.closed:
+                    return result
+                if not await self.notifier.wait(woken, deadline - loop.time()):
+                    return result
+            finally:
+                self.notifier.unsubscribe(name, woken)
+
+    def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        """For tests and tools: run ``fn`` on a read connection, blocking."""
+        with self.read_engine.connect() as conn:
+            return fn(conn)

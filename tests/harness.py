@@ -1,0 +1,110 @@
+"""Real servers for the tests: ``stations serve`` subprocesses on loopback, on SQLite or on a
+fresh PostgreSQL database each, plus helpers to kill and restart them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx  # noqa: F401  (imported so a missing test dependency fails loudly here)
+
+PG_ADMIN_URL = os.environ.get("STATIONS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+def new_pg_database() -> str:
+    """A fresh, empty database; returns its URL."""
+    import psycopg
+
+    name = f"stations_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+def drop_pg_database(url: str) -> None:
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class Server:
+    db_url: str
+    workdir: Path
+    args: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> Server:
+        with open(self.workdir / f"server-{self.port}.log", "ab") as log:
+            self.proc = self._spawn(log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"stations serve exited with {self.proc.returncode}: {self.log()}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"stations serve did not come up: {self.log()}")
+
+    def _spawn(self, log) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
+        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
+        command += ["--db", self.db_url, *self.args]
+        return subprocess.Popen(command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        path = self.workdir / f"server-{self.port}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        """kill -9: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, *, hard: bool = True) -> Server:
+        self.kill() if hard else self.stop()
+        return self.start()

@@ -1,0 +1,50 @@
+"""The official Durable Streams conformance suite (@durable-streams/server-conformance-tests
+0.3.6, pinned in tests/node/package-lock.json) against a live ``stations serve``, on both
+engines. Every test that runs without the subscriptions option must pass."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.harness import IN_CI
+
+NODE_DIR = Path(__file__).parent / "node"
+EXPECTED_TESTS = 332
+
+
+def _node_ready() -> None:
+    if shutil.which("npx") is None or not (NODE_DIR / "node_modules" / "vitest").exists():
+        message = "Node and the pinned npm packages are needed (run scripts/test.sh)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def test_conformance_suite(db_url: str, make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _node_ready()
+    server = make_server(db_url, "--long-poll-timeout-ms", "500")
+    report = tmp_path / "conformance.json"
+    proc = subprocess.run(
+        ["npx", "vitest", "run", "--reporter=json", f"--outputFile={report}"],
+        cwd=NODE_DIR,
+        env={**__import__("os").environ, "CONFORMANCE_BASE_URL": server.url},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(report.read_text())
+    failures = [
+        f"{' > '.join(a['ancestorTitles'])} :: {a['title']}: "
+        f"{(a['failureMessages'] or [''])[0].splitlines()[0][:200]}"
+        for f in result["testResults"]
+        for a in f["assertionResults"]
+        if a["status"] == "failed"
+    ]
+    assert failures == [], "\n".join(failures)
+    assert result["numPassedTests"] >= EXPECTED_TESTS, result["numPassedTests"]
