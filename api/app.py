@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api import streams
+from api import groups, stations, streams
 from api.errors import error_middleware
 from api.headers import headers_middleware, on_prepare
 from stations.service import Service
@@ -30,6 +30,8 @@ def make_app(
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)
     app.router.add_routes(streams.routes())
+    app.router.add_routes(groups.routes())
+    app.router.add_routes(stations.routes())
     app.on_response_prepare.append(on_prepare)
 
     async def start(_app: web.Application) -> None:

@@ -204,7 +204,7 @@ def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
         return
     for table in (messages, producers, msg_ids):
         conn.execute(delete(table).where(table.c.stream_id == state.id))
-    for hook in _purge_hooks:
+    for hook in purge_hooks:
         hook(batch, state)
     conn.execute(delete(streams).where(streams.c.id == state.id))
     window.forget_station(state.id)
@@ -216,7 +216,7 @@ def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
 
 
 # Other modules (groups, DLS) register what they keep per stream, to delete it with the stream.
-_purge_hooks: list[Any] = []
+purge_hooks: list[Any] = []
 
 
 def touch(batch: Batch, name: str) -> None:

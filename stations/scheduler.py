@@ -8,15 +8,16 @@ quarter second, a 24 h window once a minute.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import select
 
-from stations import lifecycle, retention
+from stations import dls, groups, lifecycle, retention
 from stations.schema import streams
 from stations.streams import StreamState
-from stations.writer import Batch
+from stations.writer import Batch, now_ms
 
 if TYPE_CHECKING:
     from stations.service import Service
@@ -31,26 +32,63 @@ def _live(batch: Batch) -> list[StreamState]:
     return [StreamState.from_row(r) for r in rows]
 
 
+class LeaseTimer:
+    """One date job at the earliest moment a lease expires or a nacked message falls due.
+
+    Each tick settles what is due (redelivery or the DLS), wakes waiting fetchers and arms the
+    next tick from the database, so nothing polls while nothing is due.
+    """
+
+    def __init__(self, service: Service, sched: AsyncIOScheduler) -> None:
+        self.service = service
+        self._sched = sched
+        self._at: float | None = None
+        self._last = 0
+
+    def arm(self, when_ms: int | None) -> None:
+        if when_ms is None:
+            return
+        when = when_ms / 1000 + 0.005
+        if self._at is not None and self._at <= when and self._sched.get_job("leases"):
+            return
+        self._at = when
+        self._sched.add_job(
+            self.tick,
+            "date",
+            run_date=datetime.fromtimestamp(when, UTC),
+            id="leases",
+            replace_existing=True,
+            misfire_grace_time=None,
+        )
+
+    async def tick(self) -> None:
+        self._at = None
+        since, self._last = self._last, now_ms()
+        try:
+            self.arm(await self.service.write(groups.expire_all, since))
+        except Exception:
+            logger.exception("lease expiry failed")
+            self.arm(now_ms() + 1000)
+
+
 class Scheduler:
     def __init__(self, service: Service) -> None:
         self.service = service
         self._sched = AsyncIOScheduler()
-        self.extra_jobs: list[tuple[str, float]] = []
+        self.leases = LeaseTimer(service, self._sched)
 
     def start(self) -> None:
         self._sched.add_job(self.sweep_ids, "interval", seconds=1.0, id="ids")
         self._sched.add_job(self.expire_streams, "interval", seconds=5.0, id="expiry")
         self._sched.add_job(self.enforce_retention, "interval", seconds=1.0, id="retention")
+        # Leases taken by another process (PostgreSQL) or before a restart: re-arm from the
+        # database now and then, so their expiry never depends on one process staying up.
+        self._sched.add_job(self.leases.tick, "interval", seconds=5.0, id="leases-rearm")
+        self._sched.add_job(self.leases.tick, id="leases-start")
         self._sched.start()
 
     def stop(self) -> None:
         self._sched.shutdown(wait=False)
-
-    def add_interval(self, fn, seconds: float, job_id: str) -> None:  # type: ignore[no-untyped-def]
-        self._sched.add_job(fn, "interval", seconds=seconds, id=job_id)
-
-    def add_once(self, fn, when, job_id: str) -> None:  # type: ignore[no-untyped-def]
-        self._sched.add_job(fn, "date", run_date=when, id=job_id, replace_existing=True)
 
     async def sweep_ids(self) -> None:
         ids = self.service.ids
@@ -81,5 +119,6 @@ class Scheduler:
     async def enforce_retention(self) -> None:
         try:
             await self.service.write(retention.enforce)
+            await self.service.write(dls.expire)
         except Exception:
             logger.exception("retention failed")

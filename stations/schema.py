@@ -82,3 +82,49 @@ msg_ids = Table(
     Column("stored_at", BigInteger, nullable=False),
 )
 Index("ix_msg_ids_stored_at", msg_ids.c.stream_id, msg_ids.c.stored_at)
+
+# Consumer groups: a cursor over the log plus one ``deliveries`` row per message the group has
+# taken from the log and not yet settled. A row with a consumer is leased until ``due``; a row
+# without one is waiting (nacked with a delay, lease expired, or replayed) and is due at ``due``.
+groups = Table(
+    "groups",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("stream_id", Integer, nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("max_ack_time_ms", BigInteger, nullable=False),
+    Column("max_msg_deliveries", Integer, nullable=False),
+    Column("cursor", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+Index("ux_groups_stream_name", groups.c.stream_id, groups.c.name, unique=True)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("group_id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("delivery_count", Integer, nullable=False),
+    Column("consumer", String(256)),
+    Column("due", BigInteger, nullable=False),
+)
+Index("ix_deliveries_due", deliveries.c.group_id, deliveries.c.due)
+
+# The dead-letter store keeps its own copy of the message: retention may drop the original.
+dls = Table(
+    "dls",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("stream_id", Integer, nullable=False),
+    Column("group_id", Integer, nullable=False),
+    Column("group_name", String(256), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("msg_id", String(256)),
+    Column("headers", Text),
+    Column("data", LargeBinary, nullable=False),
+    Column("delivery_count", Integer, nullable=False),
+    Column("reason", String(32), nullable=False),
+    Column("error", Text),
+    Column("dead_lettered_at", BigInteger, nullable=False),
+)
+Index("ix_dls_stream", dls.c.stream_id, dls.c.id)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from stations import db, lifecycle, log
+from stations import catalog, db, dls, groups, lifecycle, log, messages
 from stations.idwindow import IdWindow
 from stations.lifecycle import CreateRequest, CreateResult
 from stations.log import AppendRequest, AppendResult, ReadResult, SequenceGap
@@ -45,6 +45,11 @@ class Service:
         self.ids = IdWindow() if id_cache_size is None else IdWindow(id_cache_size)
         self._read_threads = read_threads
         self._started = False
+        # Groups and the DLS keep per-station rows: delete them with the station, count them
+        # in its stats.
+        if groups.purge_stream not in lifecycle.purge_hooks:
+            lifecycle.purge_hooks += [groups.purge_stream, dls.purge_stream]
+            catalog.stats_providers += [groups.stats, dls.stats]
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -65,6 +70,7 @@ class Service:
         from stations.scheduler import Scheduler
 
         self.scheduler = Scheduler(self)
+        self.leases = self.scheduler.leases
         self.scheduler.start()
         self._started = True
 
@@ -167,6 +173,90 @@ class Service:
                     return result
             finally:
                 self.notifier.unsubscribe(name, woken)
+
+    # -- stations (management API) -----------------------------------------------------------
+
+    async def create_station(self, raw: Any) -> tuple[dict[str, Any], bool]:
+        result = await self.write(catalog.create_station, self.ids, raw)
+        return await self.station(result.state.name), result.created
+
+    async def patch_station(self, name: str, raw: Any) -> dict[str, Any]:
+        await self.write(catalog.patch_station, name, raw)
+        return await self.station(name)
+
+    async def station(self, name: str) -> dict[str, Any]:
+        return await self.read_db(catalog.view_of, now_ms(), name)
+
+    async def stations(self) -> list[dict[str, Any]]:
+        return await self.read_db(catalog.views, now_ms())
+
+    async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
+        """Messages with ids and headers, as one append (one transaction)."""
+        state = await self.stream(name)
+        return await self.append(messages.parse_batch(state, body)), state
+
+    async def browse(self, name: str, position: int, limit: int) -> ReadResult:
+        return await self.read(name, position, max_bytes=8 * 1024 * 1024, max_messages=limit)
+
+    # -- consumer groups and the DLS ------------------------------------------------------------
+
+    async def ensure_group(self, station: str, name: str, raw: Any) -> tuple[dict[str, Any], bool]:
+        group, created = await self.write(groups.ensure, station, name, raw)
+        views = await self.read_db(groups.views, station, now_ms())
+        return next(v for v in views if v["name"] == group.name), created
+
+    async def delete_group(self, station: str, name: str) -> None:
+        await self.write(groups.remove, station, name)
+
+    async def groups(self, station: str) -> list[dict[str, Any]]:
+        return await self.read_db(groups.views, station, now_ms())
+
+    async def fetch(
+        self, station: str, group: str, max_count: int, wait_s: float, consumer: str
+    ) -> list[groups.Delivered]:
+        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            woken = self.notifier.subscribe(station)
+            try:
+                out = await self.write(groups.fetch, station, group, max_count, consumer)
+                if out:
+                    self.leases.arm(out[0].ack_deadline)
+                    return out
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return out
+                await self.notifier.wait(woken, remaining)
+            finally:
+                self.notifier.unsubscribe(station, woken)
+
+    async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:
+        return await self.write(groups.ack, station, group, seqs)
+
+    async def nack(
+        self, station: str, group: str, seqs: list[int], delay_ms: int
+    ) -> tuple[int, list[str]]:
+        result = await self.write(groups.nack, station, group, seqs, delay_ms)
+        if delay_ms:
+            self.leases.arm(now_ms() + delay_ms)
+        return result
+
+    async def dead_letter(
+        self, station: str, group: str, seqs: list[int], reason: str | None
+    ) -> tuple[int, list[str]]:
+        return await self.write(groups.dead_letter, station, group, seqs, reason)
+
+    async def dls_entries(
+        self, station: str, group: str | None, limit: int, after: int | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        return await self.read_db(dls.entries, station, now_ms(), group, limit, after)
+
+    async def replay(self, station: str, raw: Any) -> int:
+        return await self.write(dls.replay, station, raw)
+
+    async def drop(self, station: str, raw: Any) -> int:
+        return await self.write(dls.drop, station, raw)
 
     def run_sync(self, fn: Callable[[Connection], T]) -> T:
         """For tests and tools: run ``fn`` on a read connection, blocking."""

@@ -1,0 +1,99 @@
+"""Stations as resources: create through the management API, list, view with live stats, patch.
+
+The same row is the Durable Streams stream, so a station made here is readable at
+``/v1/stream/{name}`` and a stream made by PUT is listed here with default settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from stations import station as config_rules
+from stations.errors import NotFound
+from stations.idwindow import IdWindow
+from stations.lifecycle import CreateRequest, CreateResult, create
+from stations.log import live_stream
+from stations.messages import iso
+from stations.offsets import encode
+from stations.schema import msg_ids, streams
+from stations.streams import StreamState, load
+from stations.writer import Batch
+
+# Modules with per-station state (consumer groups, the DLS) add their counts to the stats.
+StatsProvider = Callable[[Connection, list[int]], dict[int, dict[str, int]]]
+stats_providers: list[StatsProvider] = []
+
+
+def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
+    config = config_rules.parse_config(raw)
+    req = CreateRequest(
+        name=config["name"],
+        content_type=config["contentType"],
+        config=config,
+        compare_config=True,
+    )
+    return create(batch, window, req)
+
+
+def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
+    state = live_stream(batch.stream(name), name, batch.now)
+    state.config = config_rules.apply_patch(state.config, raw)
+    batch.touch(state)
+    return state
+
+
+def _live(conn: Connection, now: int, rows: list[Any]) -> list[StreamState]:
+    states = [StreamState.from_row(r) for r in rows]
+    return [s for s in states if not s.deleted and not s.expired(now)]
+
+
+def views(conn: Connection, now: int, name: str | None = None) -> list[dict[str, Any]]:
+    """StationViews: the config plus live stats, for one station or all."""
+    if name is not None:
+        state = load(conn, name)
+        states = [live_stream(state, name, now)]
+    else:
+        rows = conn.execute(select(streams).order_by(streams.c.name)).all()
+        states = _live(conn, now, rows)
+    if not states:
+        return []
+    ids = [s.id for s in states]
+    in_window: dict[int, int] = {}
+    for state in states:
+        in_window[state.id] = conn.execute(
+            select(func.count())
+            .select_from(msg_ids)
+            .where(msg_ids.c.stream_id == state.id, msg_ids.c.stored_at > now - state.window_ms)
+        ).scalar_one()
+    extra: dict[int, dict[str, int]] = {}
+    for provider in stats_providers:
+        for sid, values in provider(conn, ids).items():
+            extra.setdefault(sid, {}).update(values)
+    return [_view(s, in_window[s.id], extra.get(s.id, {})) for s in states]
+
+
+def _view(state: StreamState, ids_in_window: int, extra: dict[str, int]) -> dict[str, Any]:
+    view = {key: state.config.get(key) for key in ("name", *config_rules.DEFAULTS)}
+    view["name"] = state.name
+    view["contentType"] = state.content_type
+    view["stats"] = {
+        "messages": state.msg_count,
+        "bytes": state.byte_count,
+        "tailOffset": encode(state.tail),
+        "idsInWindow": ids_in_window,
+        "groups": extra.get("groups", 0),
+        "deadLettered": extra.get("deadLettered", 0),
+    }
+    view["createdAt"] = iso(state.created_at)
+    view["closed"] = state.closed
+    return view
+
+
+def view_of(conn: Connection, now: int, name: str) -> dict[str, Any]:
+    found = views(conn, now, name)
+    if not found:
+        raise NotFound(f"station {name} not found")
+    return found[0]

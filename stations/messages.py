@@ -1,0 +1,114 @@
+"""Messages as the management API and consumers see them: ids, headers and decoded data.
+
+``parse_batch`` turns ``{"messages": [{"id", "data" | "dataBase64", "headers"}]}`` into an
+append for a station; ``to_view`` turns stored messages back into JSON-ready dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from stations import framing
+from stations.errors import BadRequest
+from stations.log import AppendRequest, Message
+from stations.offsets import encode
+from stations.streams import StreamState
+
+MAX_BATCH = 10_000
+_MSG_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
+
+
+def valid_msg_id(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _MSG_ID.match(value):
+        raise BadRequest(f"{field} must be 1 to 256 printable ASCII characters", field)
+    return value
+
+
+def _headers(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRequest(f"{field} must be an object of string values", field)
+    return json.dumps(value, separators=(",", ":")) if value else None
+
+
+def _data(item: dict[str, Any], state: StreamState, field: str) -> bytes:
+    has_data, has_b64 = "data" in item, "dataBase64" in item
+    if has_data == has_b64:
+        raise BadRequest(f"{field} needs exactly one of data and dataBase64", f"{field}.data")
+    if has_b64:
+        raw = item["dataBase64"]
+        try:
+            data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
+        except (binascii.Error, ValueError):
+            data = None
+        if data is None:
+            raise BadRequest(f"{field}.dataBase64 must be base64", f"{field}.dataBase64")
+        if state.is_json:
+            framing.split_json(data, allow_empty=False)  # must still be one JSON value
+        return data
+    if state.is_json:
+        return framing.dumps(item["data"])
+    if not isinstance(item["data"], str):
+        raise BadRequest(
+            f"{field}.data must be a string for a {state.content_type} station (or use dataBase64)",
+            f"{field}.data",
+        )
+    return item["data"].encode()
+
+
+def parse_batch(state: StreamState, body: Any) -> AppendRequest:
+    if not isinstance(body, dict) or set(body) - {"messages"}:
+        raise BadRequest('the body must be {"messages": [...]}', "messages")
+    items = body.get("messages")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    if len(items) > MAX_BATCH:
+        raise BadRequest(f"at most {MAX_BATCH} messages per request", "messages")
+    req = AppendRequest(name=state.name, content_type=state.content_type)
+    req.msg_ids, req.headers = [], []
+    for i, item in enumerate(items):
+        field = f"messages.{i}"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{field} must be an object", field)
+        unknown = set(item) - {"id", "data", "dataBase64", "headers"}
+        if unknown:
+            raise BadRequest(f"unknown field {field}.{sorted(unknown)[0]}", field)
+        msg_id = item.get("id")
+        req.msg_ids.append(None if msg_id is None else valid_msg_id(msg_id, f"{field}.id"))
+        req.headers.append(_headers(item.get("headers"), f"{field}.headers"))
+        req.messages.append(_data(item, state, field))
+    return req
+
+
+def iso(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def to_view(state: StreamState, msg: Message) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "offset": encode(msg.seq - 1),
+        "id": msg.msg_id,
+        "headers": json.loads(msg.headers) if msg.headers else {},
+        "time": iso(msg.stored_at),
+    }
+    if state.is_json:
+        view["data"] = json.loads(msg.data)
+    else:
+        try:
+            view["data"] = msg.data.decode()
+        except UnicodeDecodeError:
+            view["data"] = None
+            view["dataBase64"] = base64.b64encode(msg.data).decode()
+    return view
