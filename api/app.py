@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from aiohttp import web
 
 from api import groups, stations, streams
+from api.auth import Token, auth_middleware
 from api.errors import error_middleware
 from api.headers import headers_middleware, on_prepare
+from api.metrics import Metrics, metrics_handler, metrics_middleware
 from stations.service import Service
 
 MAX_BODY = 64 * 1024 * 1024
@@ -16,19 +20,29 @@ async def healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def openapi(_request: web.Request) -> web.FileResponse:
+    return web.FileResponse(Path(__file__).with_name("openapi.yaml"))
+
+
 def make_app(
     service: Service,
     *,
     long_poll_timeout_ms: int = 30_000,
     sse_lifetime_ms: int = 60_000,
+    tokens: list[Token] | None = None,
 ) -> web.Application:
     app = web.Application(
-        middlewares=[headers_middleware, error_middleware], client_max_size=MAX_BODY
+        middlewares=[metrics_middleware, headers_middleware, auth_middleware, error_middleware],
+        client_max_size=MAX_BODY,
     )
     app["service"] = service
+    app["tokens"] = tokens
+    app["metrics"] = Metrics()
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/api/openapi.yaml", openapi)
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(stations.routes())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aiohttp import web
@@ -20,32 +21,39 @@ def station_name(request: web.Request) -> str:
     return request.match_info["name"]
 
 
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
 async def json_body(request: web.Request) -> Any:
     if not request.can_read_body:
         raise BadRequest("a JSON body is required", None)
+    raw = await request.read()
     try:
-        return await request.json(loads=_loads)
+        return messages.loads_strict(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8", None) from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply", None) from None
     except ValueError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}", None) from None
 
 
-def _loads(text: str) -> Any:
-    import json
-
-    return json.loads(text)
-
-
 def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
+    values = request.query.getall(name, [])
+    if not values:
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
+    raw = values[0]
+    if len(values) > 1 or not _DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
         raise BadRequest(f"{name} must be an integer from {lo} to {hi}", name)
     return int(raw)
 
 
 async def list_stations(request: web.Request) -> web.Response:
-    return web.json_response({"stations": await service(request).stations()})
+    views = await service(request).stations()
+    token = request.get("token")
+    if token is not None:  # a token limited to some stations lists only those
+        views = [v for v in views if token.covers(v["name"])]
+    return web.json_response({"stations": views})
 
 
 async def create_station(request: web.Request) -> web.Response:
@@ -81,7 +89,10 @@ async def produce(request: web.Request) -> web.Response:
 
 
 async def browse(request: web.Request) -> web.Response:
-    token = request.query.get("offset", "-1")
+    tokens = request.query.getall("offset", ["-1"])
+    token = tokens[0]
+    if len(tokens) > 1:
+        raise BadRequest("offset may be given once", "offset")
     try:
         position = decode(token)
     except BadOffset:
