@@ -14,10 +14,37 @@ from api.metrics import Metrics, metrics_handler, metrics_middleware
 from stations.service import Service
 
 MAX_BODY = 64 * 1024 * 1024
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+# The console runs no inline script and loads nothing from elsewhere.
+CONSOLE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
 
 
 async def healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def to_console(_request: web.Request) -> web.Response:
+    raise web.HTTPFound("/ui/")
+
+
+async def console_index(_request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+@web.middleware
+async def console_headers(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    response = await handler(request)
+    if request.path.startswith("/ui"):
+        response.headers["Content-Security-Policy"] = CONSOLE_CSP
+        response.headers["Cross-Origin-Resource-Policy"] = "same-origin"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Cache-Control"] = "no-cache"
+    return response
 
 
 async def openapi(_request: web.Request) -> web.FileResponse:
@@ -32,7 +59,13 @@ def make_app(
     tokens: list[Token] | None = None,
 ) -> web.Application:
     app = web.Application(
-        middlewares=[metrics_middleware, headers_middleware, auth_middleware, error_middleware],
+        middlewares=[
+            metrics_middleware,
+            console_headers,
+            headers_middleware,
+            auth_middleware,
+            error_middleware,
+        ],
         client_max_size=MAX_BODY,
     )
     app["service"] = service
@@ -43,6 +76,10 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/api/openapi.yaml", openapi)
+    app.router.add_get("/", to_console)
+    if WEB_DIR.is_dir():
+        app.router.add_get("/ui/", console_index)
+        app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(stations.routes())

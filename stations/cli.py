@@ -85,6 +85,14 @@ async def _serve(args: argparse.Namespace) -> None:
         if exc.errno == errno.EADDRINUSE:
             _fail(f"port {args.port} on {args.host} is already in use")
         _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
+    tokens = None
+    if args.tokens:
+        from api.auth import TokensFileError, load_tokens
+
+        try:
+            tokens = load_tokens(args.tokens)
+        except TokensFileError as exc:
+            _fail(str(exc))
     try:
         service = Service(args.db, durability=args.durability)
     except ArgumentError as exc:
@@ -93,6 +101,7 @@ async def _serve(args: argparse.Namespace) -> None:
         service,
         long_poll_timeout_ms=args.long_poll_timeout_ms,
         sse_lifetime_ms=args.sse_lifetime_ms,
+        tokens=tokens,
     )
     runner = web.AppRunner(app, access_log=None, handle_signals=True)
     try:
