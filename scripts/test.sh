@@ -5,12 +5,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-"$PY" -m pip install --disable-pip-version-check -q -e '.[test]'
+"$PY" -m pip install --disable-pip-version-check -q -e '.[test,spark]'
 
 # The pinned Node packages: the Durable Streams conformance suite, reference server and client.
 if ! cmp -s tests/node/package-lock.json tests/node/node_modules/.stations-installed-lock.json 2>/dev/null; then
   (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
   cp tests/node/package-lock.json tests/node/node_modules/.stations-installed-lock.json
+fi
+
+# Headless Chromium for the console tests (tests/browser.py drives /usr/bin/chromium; Playwright
+# cannot download browsers here). Debian/Ubuntu's package, installed only when missing.
+if [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+  else
+    echo "scripts/test.sh: no apt-get; install Chromium at /usr/bin/chromium for the console tests" >&2
+  fi
 fi
 
 "$PY" -m ruff check stations api migrations tests bench

@@ -1,0 +1,165 @@
+// The management API client: JSON in and out, the bearer token on every call, errors as ApiError.
+
+const TOKEN_KEY = 'stations.token';
+
+export const token = {
+  // sessionStorage only: the token lives as long as this tab, never on disk for other tabs.
+  get: () => sessionStorage.getItem(TOKEN_KEY),
+  set: (value) => sessionStorage.setItem(TOKEN_KEY, value),
+  clear: () => sessionStorage.removeItem(TOKEN_KEY),
+};
+
+export class ApiError extends Error {
+  constructor(status, error) {
+    super(error?.message || `the server answered ${status}`);
+    this.status = status;
+    this.code = error?.code || 'http_' + status;
+    this.field = error?.field || null;
+  }
+}
+
+let onUnauthorized = () => {};
+export function setUnauthorizedHandler(fn) {
+  onUnauthorized = fn;
+}
+
+function authHeaders(extra = {}) {
+  const secret = token.get();
+  return secret ? { ...extra, Authorization: `Bearer ${secret}` } : extra;
+}
+
+export async function request(method, path, body, { signal, bearer } = {}) {
+  const headers = { Accept: 'application/json' };
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  const res = await fetch(path, {
+    method,
+    headers: bearer ? { ...headers, Authorization: `Bearer ${bearer}` } : authHeaders(headers),
+    body: body === undefined ? undefined : JSON.stringify(body),
+    cache: 'no-store',
+    signal,
+  });
+  if (res.status === 204) return null;
+  let data = null;
+  try {
+    data = await res.json();
+  } catch {
+    data = null;
+  }
+  if (!res.ok) {
+    const err = new ApiError(res.status, data?.error);
+    if (res.status === 401 && !bearer) onUnauthorized(err);
+    throw err;
+  }
+  return data;
+}
+
+// `/api/stations/{name}` takes the name as one URL-encoded segment (%2F for /).
+const one = (name) => `/api/stations/${encodeURIComponent(name)}`;
+// `/v1/stream/{name}` takes the name as a path.
+const streamPath = (name) => '/v1/stream/' + name.split('/').map(encodeURIComponent).join('/');
+const query = (params) => {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null && v !== '') q.set(k, v);
+  const s = q.toString();
+  return s ? '?' + s : '';
+};
+
+export const api = {
+  stations: (opts) => request('GET', '/api/stations', undefined, opts),
+  station: (name, opts) => request('GET', one(name), undefined, opts),
+  create: (config) => request('POST', '/api/stations', config),
+  patch: (name, changes) => request('PATCH', one(name), changes),
+  remove: (name) => request('DELETE', one(name)),
+  messages: (name, offset = '-1', limit = 50, opts) =>
+    request('GET', one(name) + '/messages' + query({ offset, limit }), undefined, opts),
+  produce: (name, message) => request('POST', one(name) + '/messages', { messages: [message] }),
+  groups: (name, opts) => request('GET', one(name) + '/groups', undefined, opts),
+  deleteGroup: (name, group) =>
+    request('DELETE', one(name) + '/groups/' + encodeURIComponent(group)),
+  dls: (name, { group, after, limit = 100 } = {}, opts) =>
+    request('GET', one(name) + '/dls' + query({ group, after, limit }), undefined, opts),
+  replay: (name, selection) => request('POST', one(name) + '/dls/replay', selection),
+  drop: (name, selection) => request('POST', one(name) + '/dls/drop', selection),
+};
+
+/**
+ * Follow a station from `offset`, calling `onMessages(messages)` with full message views as they
+ * arrive. The wake-up comes from the Durable Streams read: Server-Sent Events through EventSource
+ * when no token is in use, else long-poll fetches (EventSource cannot send an Authorization
+ * header). The messages themselves are read through the management API, so they carry ids,
+ * headers and times. Returns a function that stops following.
+ */
+export function follow(name, offset, onMessages, onError = () => {}) {
+  const ctrl = new AbortController();
+  let cursor = offset;
+  let pulling = null;
+  let again = false;
+
+  async function pull() {
+    if (pulling) {
+      again = true;
+      return pulling;
+    }
+    pulling = (async () => {
+      do {
+        again = false;
+        for (;;) {
+          const page = await api.messages(name, cursor, 200, { signal: ctrl.signal });
+          cursor = page.nextOffset;
+          if (page.messages.length) onMessages(page.messages);
+          if (page.upToDate) break;
+        }
+      } while (again && !ctrl.signal.aborted);
+    })().finally(() => {
+      pulling = null;
+    });
+    return pulling;
+  }
+
+  const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  async function longPoll() {
+    while (!ctrl.signal.aborted) {
+      try {
+        await pull();
+        const res = await fetch(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=long-poll`, {
+          headers: authHeaders(),
+          cache: 'no-store',
+          signal: ctrl.signal,
+        });
+        if (res.status === 401) onUnauthorized(new ApiError(401, null));
+        if (!res.ok) throw new ApiError(res.status, (await res.json().catch(() => null))?.error);
+        await res.arrayBuffer();
+      } catch (err) {
+        if (ctrl.signal.aborted) return;
+        onError(err);
+        await pause(2000);
+      }
+    }
+  }
+
+  let source = null;
+  function sse() {
+    if (ctrl.signal.aborted) return;
+    source = new EventSource(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=sse`);
+    source.addEventListener('data', () => pull().catch(onError));
+    // The server ends each SSE response after a while; reconnect from our own cursor rather
+    // than letting EventSource repeat the first URL.
+    source.addEventListener('error', () => {
+      source.close();
+      if (!ctrl.signal.aborted) setTimeout(sse, 1000);
+    });
+  }
+
+  if (token.get()) {
+    longPoll();
+  } else {
+    pull()
+      .catch(onError)
+      .finally(sse);
+  }
+  return () => {
+    ctrl.abort();
+    source?.close();
+  };
+}

@@ -1,0 +1,33 @@
+// An in-page, accessible confirmation: a modal <dialog> with the question, Cancel and Confirm.
+
+/** Resolves true when the person confirms, false on Cancel or Escape. */
+export function confirmAction({ title, message, confirmLabel = 'Confirm', danger = false }) {
+  const dialog = document.getElementById('confirm');
+  const ok = dialog.querySelector('[data-ok]');
+  const cancel = dialog.querySelector('[data-cancel]');
+  dialog.querySelector('#confirm-title').textContent = title;
+  dialog.querySelector('#confirm-message').textContent = message;
+  ok.textContent = confirmLabel;
+  ok.className = danger ? 'danger' : 'primary';
+  const opener = document.activeElement;
+  return new Promise((resolve) => {
+    const done = (answer) => {
+      ok.removeEventListener('click', onOk);
+      cancel.removeEventListener('click', onCancel);
+      dialog.removeEventListener('cancel', onCancel);
+      if (dialog.open) dialog.close();
+      if (opener && opener.isConnected) opener.focus();
+      resolve(answer);
+    };
+    const onOk = () => done(true);
+    const onCancel = (event) => {
+      event.preventDefault();
+      done(false);
+    };
+    ok.addEventListener('click', onOk);
+    cancel.addEventListener('click', onCancel);
+    dialog.addEventListener('cancel', onCancel);
+    dialog.showModal();
+    cancel.focus();
+  });
+}

@@ -1,0 +1,179 @@
+// Building DOM from data without ever parsing it as HTML: every string becomes a text node.
+
+/**
+ * h('a', {href: '#/', class: 'x', onclick: fn}, 'text', child, [more]) → element.
+ * Strings become text nodes (never markup); `value` and `checked` are set as properties.
+ */
+export function h(tag, props = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith('on') && typeof value === 'function') {
+      el.addEventListener(key.slice(2), value);
+    } else if (key === 'class') {
+      el.className = value;
+    } else if (key === 'value' || key === 'checked') {
+      el[key] = value;
+    } else {
+      el.setAttribute(key, value === true ? '' : String(value));
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+export function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+export function clear(el) {
+  el.replaceChildren();
+  return el;
+}
+
+const numberFormat = new Intl.NumberFormat('en');
+export const num = (n) => (n === null || n === undefined ? '—' : numberFormat.format(n));
+
+export function bytes(n) {
+  if (n === null || n === undefined) return '—';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+// Durations: the units the console offers, largest first.
+export const UNITS = [
+  ['d', 86_400_000],
+  ['h', 3_600_000],
+  ['min', 60_000],
+  ['s', 1000],
+  ['ms', 1],
+];
+
+export function duration(ms) {
+  if (ms === null || ms === undefined) return '—';
+  for (const [unit, size] of UNITS) if (ms >= size && ms % size === 0) return `${ms / size} ${unit}`;
+  return `${ms} ms`;
+}
+
+/** "90s", "2 h", "1500" (ms) → milliseconds; "" → null; anything else → NaN. */
+export function parseDuration(text) {
+  const t = text.trim();
+  if (!t) return null;
+  const m = /^(\d+(?:\.\d+)?)\s*(ms|s|sec|min|m|h|d)?$/i.exec(t);
+  if (!m) return NaN;
+  const unit = (m[2] || 'ms').toLowerCase();
+  const size = { ms: 1, s: 1000, sec: 1000, m: 60_000, min: 60_000, h: 3_600_000, d: 86_400_000 }[unit];
+  const ms = Number(m[1]) * size;
+  return Number.isInteger(ms) ? ms : NaN;
+}
+
+export function when(iso) {
+  if (!iso) return '—';
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toLocaleString();
+}
+
+/** A message payload as readable text: JSON pretty-printed, text as is, binary as base64. */
+export function payloadText(item) {
+  if (item.dataBase64 !== undefined && item.dataBase64 !== null) return item.dataBase64;
+  if (typeof item.data === 'string') return item.data;
+  return JSON.stringify(item.data, null, 2);
+}
+
+/** `<pre>` holding a payload as text (never markup). */
+export function payload(item) {
+  const pre = h('pre', { class: 'payload' });
+  pre.textContent = payloadText(item);
+  if (item.dataBase64 !== undefined && item.dataBase64 !== null) {
+    return h('div', {}, h('p', { class: 'hint' }, 'Binary payload, shown as base64:'), pre);
+  }
+  return pre;
+}
+
+export function headersList(headers) {
+  const entries = Object.entries(headers || {});
+  if (!entries.length) return null;
+  return h(
+    'dl',
+    { class: 'headers' },
+    entries.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
+  );
+}
+
+/** A message shown for someone to read: error text, with a 403 explained. */
+export function errorText(err) {
+  if (err?.status === 403) return `Not allowed with this token: ${err.message}`;
+  if (err?.status === 404) return err.message || 'Not found.';
+  if (err instanceof TypeError) return 'The server cannot be reached.';
+  return err?.message || String(err);
+}
+
+export function alertBox(err) {
+  return h('p', { class: 'alert', role: 'alert' }, errorText(err));
+}
+
+let toastTimer = null;
+/** Tell everyone what just happened: a live region for screen readers, a toast for the eyes. */
+export function announce(text) {
+  // The live region stays in the accessibility tree; only its text changes.
+  document.getElementById('announce').textContent = text;
+  const toast = document.getElementById('toast');
+  toast.textContent = text;
+  toast.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => {
+    toast.hidden = true;
+  }, 5000);
+}
+
+/** Labelled form field: the label names the control plainly; hint and error are described. */
+export function field({ id, label, control, hint, extra, wide }) {
+  control.id = id;
+  const described = [];
+  const hintEl = hint ? h('p', { class: 'hint', id: `${id}-hint` }, hint) : null;
+  if (hintEl) described.push(hintEl.id);
+  const errorEl = h('p', { class: 'field-error', id: `${id}-error`, hidden: true });
+  described.push(errorEl.id);
+  control.setAttribute('aria-describedby', described.join(' '));
+  return h(
+    'div',
+    { class: wide ? 'field wide' : 'field', 'data-field': id },
+    h('label', { for: id }, label),
+    extra ? h('div', { class: 'inline' }, control, extra) : control,
+    hintEl,
+    errorEl,
+  );
+}
+
+export function setFieldError(form, id, message) {
+  const control = form.querySelector(`#${CSS.escape(id)}`);
+  const errorEl = form.querySelector(`#${CSS.escape(id)}-error`);
+  if (!control || !errorEl) return false;
+  if (message) {
+    control.setAttribute('aria-invalid', 'true');
+    errorEl.textContent = message;
+    errorEl.hidden = false;
+  } else {
+    control.removeAttribute('aria-invalid');
+    errorEl.textContent = '';
+    errorEl.hidden = true;
+  }
+  return true;
+}
+
+export function clearFieldErrors(form) {
+  for (const el of form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
+  for (const el of form.querySelectorAll('.field-error')) {
+    el.textContent = '';
+    el.hidden = true;
+  }
+}

@@ -1,0 +1,197 @@
+// The dead-letter store of a station: entries with reason, deliveries and error; replay or drop
+// the selected ones, or replay them all, each after an in-page confirmation.
+
+import { api } from '../api.js';
+import { confirmAction } from '../dialog.js';
+import { alertBox, announce, errorText, h, num, payload, when } from '../dom.js';
+
+const REASONS = { max_deliveries: 'Max deliveries reached', dead_letter: 'Dead-lettered by a consumer' };
+const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
+
+export async function renderDls(panel, ctx, station, params = {}) {
+  const name = station.name;
+  const groupSelect = h('select', { id: 'dls-group' }, h('option', { value: '' }, 'All groups'));
+  const selectAll = h('input', { type: 'checkbox', id: 'dls-select-all' });
+  const replay = h('button', { type: 'button', class: 'primary' }, 'Replay');
+  const drop = h('button', { type: 'button', class: 'danger' }, 'Drop');
+  const replayAll = h('button', { type: 'button' }, 'Replay all');
+  const refreshButton = h('button', { type: 'button', class: 'quiet' }, 'Refresh');
+  const more = h('button', { type: 'button', hidden: true }, 'Load more');
+  const selection = h('p', { class: 'hint', 'aria-live': 'polite' });
+  const problem = h('div');
+  const body = h('tbody');
+  const table = h(
+    'table',
+    { class: 'dls responsive' },
+    h('caption', { class: 'visually-hidden' }, 'Dead-letter entries, oldest first'),
+    h(
+      'thead',
+      {},
+      h(
+        'tr',
+        {},
+        h('th', { scope: 'col' }, 'Entry'),
+        ['Group', 'Message', 'Reason', 'Error', 'Deliveries', 'Dead-lettered at', 'Payload'].map((label) =>
+          h('th', { scope: 'col' }, label),
+        ),
+      ),
+    ),
+    body,
+  );
+  const empty = h('p', { class: 'empty', hidden: true }, 'The dead-letter store is empty.');
+  let entries = [];
+  let next = null;
+
+  const boxes = () => [...body.querySelectorAll('input[type=checkbox]')];
+  const selected = () => boxes().filter((b) => b.checked).map((b) => b.value);
+
+  function update() {
+    const ids = selected();
+    replay.disabled = ids.length === 0;
+    drop.disabled = ids.length === 0;
+    replayAll.disabled = entries.length === 0;
+    const all = boxes();
+    selectAll.checked = all.length > 0 && ids.length === all.length;
+    selectAll.indeterminate = ids.length > 0 && ids.length < all.length;
+    selectAll.disabled = all.length === 0;
+    selection.textContent = entries.length
+      ? `${plural(entries.length, 'entry', 'entries')} shown, ${ids.length} selected.`
+      : '';
+    table.hidden = entries.length === 0;
+    empty.hidden = entries.length > 0;
+    more.hidden = !next;
+  }
+
+  function row(e) {
+    const id = `dls-entry-${e.id}`;
+    return h(
+      'tr',
+      {},
+      h(
+        'td',
+        { class: 'select' },
+        h(
+          'span',
+          { class: 'switch' },
+          h('input', { type: 'checkbox', id, value: e.id, onchange: update }),
+          h('label', { for: id }, h('span', { class: 'visually-hidden' }, 'Select '), `Entry ${e.id}`),
+        ),
+      ),
+      h('td', { 'data-label': 'Group' }, e.group),
+      h(
+        'td',
+        { 'data-label': 'Message', class: 'message-cell' },
+        h(
+          'div',
+          {},
+          h('span', {}, 'Id ', e.msgId === null ? '—' : h('code', {}, e.msgId)),
+          h('span', { class: 'offset' }, 'Offset ', h('code', {}, e.offset)),
+        ),
+      ),
+      h('td', { 'data-label': 'Reason' }, REASONS[e.reason] || e.reason),
+      h('td', { 'data-label': 'Error' }, e.error ?? '—'),
+      h('td', { 'data-label': 'Deliveries', class: 'n' }, num(e.deliveryCount)),
+      h('td', { 'data-label': 'Dead-lettered at' }, h('time', { datetime: e.deadLetteredAt }, when(e.deadLetteredAt))),
+      h('td', { 'data-label': 'Payload', class: 'payload-cell' }, payload(e)),
+    );
+  }
+
+  async function load(append = false) {
+    const page = await api.dls(name, { group: groupSelect.value, after: append ? next : undefined }, { signal: ctx.signal });
+    entries = append ? entries.concat(page.entries) : page.entries;
+    next = page.next;
+    if (append) body.append(...page.entries.map(row));
+    else body.replaceChildren(...page.entries.map(row));
+    problem.replaceChildren();
+    update();
+  }
+
+  async function guarded(fn) {
+    try {
+      await fn();
+    } catch (err) {
+      if (err?.status === 401 || ctx.signal.aborted) return;
+      problem.replaceChildren(alertBox(err));
+    }
+  }
+
+  replay.addEventListener('click', async () => {
+    const ids = selected();
+    const ok = await confirmAction({
+      title: `Replay ${plural(ids.length, 'entry', 'entries')}?`,
+      message: "Each goes back to its group's queue with a fresh delivery count and leaves the DLS.",
+    });
+    if (!ok) return;
+    await guarded(async () => {
+      const { replayed } = await api.replay(name, { ids });
+      announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
+      await load();
+    });
+  });
+  drop.addEventListener('click', async () => {
+    const ids = selected();
+    const ok = await confirmAction({
+      title: `Drop ${plural(ids.length, 'entry', 'entries')}?`,
+      message: 'Dropped dead letters are deleted for good.',
+      confirmLabel: 'Drop',
+      danger: true,
+    });
+    if (!ok) return;
+    await guarded(async () => {
+      const { dropped } = await api.drop(name, { ids });
+      announce(`Dropped ${plural(dropped, 'entry', 'entries')}.`);
+      await load();
+    });
+  });
+  replayAll.addEventListener('click', async () => {
+    const group = groupSelect.value;
+    const ok = await confirmAction({
+      title: group ? `Replay every dead letter of group ${group}?` : 'Replay every dead letter?',
+      message: "All of them go back to their group's queue with a fresh delivery count.",
+    });
+    if (!ok) return;
+    await guarded(async () => {
+      const { replayed } = await api.replay(name, group ? { all: true, group } : { all: true });
+      announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
+      await load();
+    });
+  });
+  selectAll.addEventListener('change', () => {
+    for (const b of boxes()) b.checked = selectAll.checked;
+    update();
+  });
+  groupSelect.addEventListener('change', () => guarded(() => load()));
+  refreshButton.addEventListener('click', () => guarded(() => load()));
+  more.addEventListener('click', () => guarded(() => load(true)));
+
+  panel.replaceChildren(
+    h('h2', {}, 'Dead-letter store'),
+    h(
+      'div',
+      { class: 'toolbar' },
+      h('label', { for: 'dls-group' }, 'Group'),
+      groupSelect,
+      refreshButton,
+    ),
+    h(
+      'div',
+      { class: 'toolbar actions-bar' },
+      h('span', { class: 'switch' }, selectAll, h('label', { for: 'dls-select-all' }, 'Select all')),
+      replay,
+      drop,
+      replayAll,
+      selection,
+    ),
+    problem,
+    table,
+    empty,
+    more,
+  );
+  update();
+  await guarded(async () => {
+    const { groups } = await api.groups(name, { signal: ctx.signal });
+    for (const g of groups) groupSelect.append(h('option', { value: g.name }, g.name));
+    if (params.group && groups.some((g) => g.name === params.group)) groupSelect.value = params.group;
+    await load();
+  });
+}

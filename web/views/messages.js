@@ -1,0 +1,275 @@
+// The message browser (paged from any offset, or a live tail) and the "produce a test message" form.
+
+import { api, follow } from '../api.js';
+import {
+  alertBox,
+  clearFieldErrors,
+  errorText,
+  field,
+  h,
+  headersList,
+  payload,
+  setFieldError,
+  when,
+} from '../dom.js';
+
+const PAGE = 50;
+const LIVE_KEEP = 500;
+const OFFSET = /^\d{16}_\d{16}$/;
+
+/** "-1", an offset, or a message number (turned into the offset just before that message). */
+function offsetFrom(text) {
+  const t = text.trim();
+  if (t === '' || t === '-1') return '-1';
+  if (OFFSET.test(t)) return t;
+  if (/^\d{1,16}$/.test(t)) return `${t.padStart(16, '0')}_${'0'.repeat(16)}`;
+  return null;
+}
+
+function latestOffset(tail) {
+  const m = /^(\d{16})_\d{16}$/.exec(tail || '');
+  if (!m) return '-1';
+  const start = Math.max(0, Number(m[1]) - PAGE);
+  return start === 0 ? '-1' : offsetFrom(String(start));
+}
+
+export function messageItem(m) {
+  return h(
+    'li',
+    { class: 'msg' },
+    h(
+      'div',
+      { class: 'meta' },
+      h('span', {}, 'Offset ', h('code', {}, m.offset)),
+      m.id !== null && m.id !== undefined ? h('span', {}, 'Id ', h('code', {}, m.id)) : null,
+      m.time ? h('time', { datetime: m.time }, when(m.time)) : null,
+    ),
+    headersList(m.headers),
+    payload(m),
+  );
+}
+
+export async function renderMessages(panel, ctx, station) {
+  const name = station.name;
+  const json = /json/i.test(station.contentType);
+
+  // Produce a test message.
+  const msgId = h('input', { type: 'text', autocomplete: 'off', spellcheck: 'false', maxlength: '256' });
+  const data = h('textarea', { rows: '4', spellcheck: 'false' });
+  data.value = json ? '{"hello": "world"}' : 'hello';
+  const headers = h('textarea', { rows: '2', spellcheck: 'false', placeholder: '{"source": "console"}' });
+  const result = h('p', { class: 'result', role: 'status', 'aria-live': 'polite' });
+  const produceButton = h('button', { type: 'submit', class: 'primary' }, 'Produce');
+  const produceForm = h(
+    'form',
+    { class: 'card produce', novalidate: true },
+    h('h2', {}, 'Produce a test message'),
+    field({
+      id: 'msgId',
+      label: 'Message id',
+      control: msgId,
+      hint: 'Optional. The same id again within the idempotency window is a duplicate and is not stored.',
+    }),
+    field({
+      id: 'payload',
+      label: json ? 'Payload (JSON)' : 'Payload (text)',
+      control: data,
+      wide: true,
+    }),
+    field({ id: 'headers', label: 'Headers (JSON object, optional)', control: headers, wide: true }),
+    h('div', { class: 'actions' }, produceButton),
+    result,
+  );
+  produceForm.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    clearFieldErrors(produceForm);
+    result.textContent = '';
+    const message = {};
+    if (msgId.value !== '') message.id = msgId.value;
+    if (json) {
+      try {
+        message.data = JSON.parse(data.value);
+      } catch (err) {
+        setFieldError(produceForm, 'payload', `The payload is not JSON: ${err.message}`);
+        data.focus();
+        return;
+      }
+    } else {
+      message.data = data.value;
+    }
+    if (headers.value.trim()) {
+      let parsed = null;
+      try {
+        parsed = JSON.parse(headers.value);
+      } catch {
+        parsed = null;
+      }
+      if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) {
+        setFieldError(produceForm, 'headers', 'Headers must be a JSON object of strings.');
+        headers.focus();
+        return;
+      }
+      message.headers = parsed;
+    }
+    produceButton.disabled = true;
+    try {
+      const answer = await api.produce(name, message);
+      const r = answer.results[0];
+      result.className = r.duplicate ? 'result duplicate' : 'result stored';
+      result.replaceChildren(
+        r.duplicate
+          ? h('strong', {}, 'Duplicate: not stored. ')
+          : h('strong', {}, 'Stored. '),
+        r.duplicate ? 'The first message with this id is at offset ' : 'Offset ',
+        h('code', {}, r.offset),
+        '.',
+      );
+      if (!live.checked && upToDate) await load(current, false);
+    } catch (err) {
+      if (err?.status === 401) return;
+      const where = { 'messages.0.id': 'msgId', 'messages.0.data': 'payload', 'messages.0.headers': 'headers' }[err?.field];
+      if (where) setFieldError(produceForm, where, err.message);
+      else {
+        result.className = 'result error';
+        result.textContent = errorText(err);
+      }
+    } finally {
+      produceButton.disabled = false;
+    }
+  });
+
+  // Browse.
+  const offsetInput = h('input', { type: 'text', id: 'from-offset', spellcheck: 'false', placeholder: '-1' });
+  const go = h('button', { type: 'submit' }, 'Go');
+  const first = h('button', { type: 'button' }, 'First');
+  const previous = h('button', { type: 'button' }, 'Previous page');
+  const next = h('button', { type: 'button' }, 'Next page');
+  const latest = h('button', { type: 'button' }, 'Latest');
+  const live = h('input', { type: 'checkbox', role: 'switch', id: 'live-tail' });
+  const list = h('ol', { class: 'messages', 'aria-label': 'Messages' });
+  const status = h('p', { class: 'hint', 'aria-live': 'polite' });
+  const problem = h('div');
+  let current = '-1';
+  let nextOffset = null;
+  let upToDate = false;
+  const history = [];
+  let stopFollow = null;
+
+  function setPaging() {
+    const liveOn = live.checked;
+    for (const b of [go, first, latest]) b.disabled = liveOn;
+    previous.disabled = liveOn || history.length === 0;
+    next.disabled = liveOn || upToDate;
+  }
+
+  async function load(offset, remember) {
+    problem.replaceChildren();
+    let page;
+    try {
+      page = await api.messages(name, offset, PAGE, { signal: ctx.signal });
+    } catch (err) {
+      if (err?.status === 401 || ctx.signal.aborted) return;
+      problem.replaceChildren(alertBox(err));
+      return;
+    }
+    if (remember && offset !== current) history.push(current);
+    current = offset;
+    nextOffset = page.nextOffset;
+    upToDate = page.upToDate;
+    offsetInput.value = offset;
+    list.replaceChildren(...page.messages.map(messageItem));
+    status.textContent = page.messages.length
+      ? `${page.messages.length === 1 ? '1 message' : `${page.messages.length} messages`} from offset ${offset}${upToDate ? ', up to the tail' : ''}.`
+      : 'No messages from this offset yet.';
+    setPaging();
+  }
+
+  async function startLive() {
+    let from = nextOffset || '-1';
+    if (!upToDate) {
+      // Far from the tail: start at the tail rather than replaying everything in between.
+      const s = await api.station(name, { signal: ctx.signal }).catch(() => station);
+      from = s.stats?.tailOffset || from;
+      list.replaceChildren();
+    }
+    if (!live.checked || ctx.signal.aborted) return;
+    status.textContent = 'Live: new messages appear below as they arrive.';
+    stopFollow = follow(
+      name,
+      from,
+      (messages) => {
+        list.append(...messages.map(messageItem));
+        while (list.children.length > LIVE_KEEP) list.firstElementChild.remove();
+        status.textContent = `Live: ${list.children.length} messages shown, newest last.`;
+      },
+      (err) => {
+        if (err?.status !== 401) status.textContent = `Live tail interrupted (${errorText(err)}); retrying…`;
+      },
+    );
+    setPaging();
+  }
+
+  function stopLive() {
+    stopFollow?.();
+    stopFollow = null;
+    setPaging();
+  }
+
+  ctx.signal.addEventListener('abort', () => stopFollow?.());
+  live.addEventListener('change', () => (live.checked ? startLive() : (stopLive(), load(current, false))));
+  first.addEventListener('click', () => {
+    history.length = 0;
+    load('-1', false);
+  });
+  previous.addEventListener('click', () => history.length && load(history.pop(), false));
+  next.addEventListener('click', () => nextOffset && load(nextOffset, true));
+  latest.addEventListener('click', async () => {
+    const s = await api.station(name, { signal: ctx.signal }).catch(() => station);
+    load(latestOffset(s.stats?.tailOffset), true);
+  });
+  const browseForm = h(
+    'form',
+    { class: 'toolbar', novalidate: true },
+    h('label', { for: 'from-offset' }, 'From offset'),
+    offsetInput,
+    go,
+  );
+  browseForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const offset = offsetFrom(offsetInput.value);
+    if (offset === null) {
+      problem.replaceChildren(
+        alertBox(new Error('An offset looks like 0000000000000042_0000000000000000, or give a message number, or -1 for the start.')),
+      );
+      return;
+    }
+    load(offset, true);
+  });
+
+  panel.replaceChildren(
+    h(
+      'div',
+      { class: 'split' },
+      h(
+        'section',
+        { class: 'browse', 'aria-labelledby': 'browse-title' },
+        h('h2', { id: 'browse-title' }, 'Browse messages'),
+        browseForm,
+        h(
+          'div',
+          { class: 'toolbar' },
+          first,
+          previous,
+          next,
+          latest,
+          h('span', { class: 'switch' }, live, h('label', { for: 'live-tail' }, 'Live tail')),
+        ),
+        status,
+        problem,
+        list,
+      ),
+      produceForm,
+    ),
+  );
+  await load('-1', false);
+}

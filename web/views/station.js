@@ -1,0 +1,166 @@
+// One station: a heading, tabs (Overview, Messages, Groups, DLS, Settings) and the chosen panel.
+
+import { api } from '../api.js';
+import { confirmAction } from '../dialog.js';
+import { alertBox, announce, bytes, duration, errorText, h, num, when } from '../dom.js';
+import { renderForm } from './form.js';
+import { renderMessages } from './messages.js';
+import { renderGroups } from './groups.js';
+import { renderDls } from './dls.js';
+
+export const TABS = [
+  { id: 'overview', label: 'Overview' },
+  { id: 'messages', label: 'Messages' },
+  { id: 'groups', label: 'Groups' },
+  { id: 'dls', label: 'DLS' },
+  { id: 'settings', label: 'Settings' },
+];
+
+export const stationHref = (name, tab) =>
+  `#/s/${encodeURIComponent(name)}${tab && tab !== 'overview' ? '/' + tab : ''}`;
+
+function tabList(name, active, station) {
+  const list = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Station sections' });
+  for (const tab of TABS) {
+    const selected = tab.id === active;
+    const count = tab.id === 'dls' ? station.stats?.deadLettered : null;
+    list.append(
+      h(
+        'a',
+        {
+          role: 'tab',
+          id: `tab-${tab.id}`,
+          href: stationHref(name, tab.id),
+          'aria-selected': String(selected),
+          'aria-controls': 'panel',
+          tabindex: selected ? '0' : '-1',
+        },
+        tab.label,
+        count ? h('span', { class: 'badge', 'aria-label': `, ${count} entries` }, num(count)) : null,
+      ),
+    );
+  }
+  // Arrow keys move between tabs (the ARIA tabs pattern); Enter / click opens one.
+  list.addEventListener('keydown', (event) => {
+    const tabs = [...list.querySelectorAll('[role=tab]')];
+    const i = tabs.indexOf(document.activeElement);
+    if (i < 0) return;
+    let next = null;
+    if (event.key === 'ArrowRight') next = tabs[(i + 1) % tabs.length];
+    else if (event.key === 'ArrowLeft') next = tabs[(i - 1 + tabs.length) % tabs.length];
+    else if (event.key === 'Home') next = tabs[0];
+    else if (event.key === 'End') next = tabs[tabs.length - 1];
+    else if (event.key === ' ') next = tabs[i];
+    if (!next) return;
+    event.preventDefault();
+    next.focus();
+    location.hash = next.getAttribute('href');
+  });
+  return list;
+}
+
+export async function renderStation(main, ctx, name, tab, params = {}) {
+  document.title = `${name} · Stations`;
+  let station;
+  try {
+    station = await api.station(name, { signal: ctx.signal });
+  } catch (err) {
+    if (err?.status === 401 || ctx.signal.aborted) return;
+    main.replaceChildren(
+      h('p', { class: 'crumbs' }, h('a', { href: '#/' }, 'All stations')),
+      h('h1', { tabindex: '-1' }, name),
+      alertBox(err?.status === 404 ? new Error(`There is no station named “${name}”.`) : err),
+    );
+    return;
+  }
+  if (ctx.signal.aborted) return;
+  const panel = h('section', {
+    id: 'panel',
+    role: 'tabpanel',
+    'aria-labelledby': `tab-${tab}`,
+    class: 'panel',
+  });
+  main.replaceChildren(
+    h('p', { class: 'crumbs' }, h('a', { href: '#/' }, 'All stations')),
+    h(
+      'div',
+      { class: 'page-head' },
+      h('h1', { tabindex: '-1' }, h('span', { class: 'visually-hidden' }, 'Station '), name),
+      h('span', { class: 'pill' }, station.contentType),
+    ),
+    tabList(name, tab, station),
+    panel,
+  );
+  if (tab === 'overview') renderOverview(panel, ctx, station);
+  else if (tab === 'messages') await renderMessages(panel, ctx, station);
+  else if (tab === 'groups') await renderGroups(panel, ctx, station);
+  else if (tab === 'dls') await renderDls(panel, ctx, station, params);
+  else if (tab === 'settings') await renderForm(panel, ctx, station);
+}
+
+function stat(label, value, cls) {
+  return h('div', { class: `stat ${cls || ''}` }, h('dt', {}, label), h('dd', {}, value));
+}
+
+function renderOverview(panel, ctx, station) {
+  const stats = h('dl', { class: 'stats' });
+  const fill = (s) => {
+    const st = s.stats || {};
+    stats.replaceChildren(
+      stat('Messages', num(st.messages)),
+      stat('Size', bytes(st.bytes)),
+      stat('Ids in window', num(st.idsInWindow)),
+      stat('Groups', num(st.groups)),
+      stat('Dead-lettered', num(st.deadLettered), st.deadLettered ? 'warn' : ''),
+      stat('Tail offset', h('code', {}, st.tailOffset || '—')),
+    );
+  };
+  fill(station);
+  const r = station.retention || {};
+  const d = station.dls || {};
+  const c = station.consumerDefaults || {};
+  const config = h(
+    'dl',
+    { class: 'config' },
+    [
+      ['Content type', station.contentType],
+      ['Idempotency window', duration(station.idempotencyWindowMs)],
+      ['Max age', r.maxAgeMs ? duration(r.maxAgeMs) : 'no limit'],
+      ['Max messages', r.maxMessages ? num(r.maxMessages) : 'no limit'],
+      ['Max bytes', r.maxBytes ? bytes(r.maxBytes) : 'no limit'],
+      ['Poison messages to the DLS', d.poison ? 'on' : 'off'],
+      ['Forward dead letters to', d.forwardTo || '—'],
+      ['Keep dead letters', d.retentionMs ? duration(d.retentionMs) : 'until replayed or dropped'],
+      ['Max message deliveries', num(c.maxMsgDeliveries)],
+      ['Max ack time', duration(c.maxAckTimeMs)],
+      ['Created', when(station.createdAt)],
+    ].map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))),
+  );
+  const remove = h('button', { type: 'button', class: 'danger' }, 'Delete station');
+  remove.addEventListener('click', async () => {
+    const yes = await confirmAction({
+      title: `Delete station ${station.name}?`,
+      message: 'Its messages, message ids, consumer groups and dead letters are deleted for good.',
+      confirmLabel: 'Delete',
+      danger: true,
+    });
+    if (!yes) return;
+    try {
+      await api.remove(station.name);
+      announce(`Station ${station.name} deleted.`);
+      location.hash = '#/';
+    } catch (err) {
+      announce(errorText(err));
+    }
+  });
+  panel.replaceChildren(
+    h('h2', {}, 'Live stats'),
+    stats,
+    h('h2', {}, 'Settings'),
+    config,
+    h('p', {}, h('a', { href: stationHref(station.name, 'settings') }, 'Change settings')),
+    h('h2', {}, 'Danger zone'),
+    h('p', {}, remove),
+  );
+  ctx.every(2000, async () => fill(await api.station(station.name, { signal: ctx.signal })));
+}
