@@ -77,6 +77,7 @@ def make_app(
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/api/openapi.yaml", openapi)
     app.router.add_get("/", to_console)
+    app.router.add_get("/ui", to_console)
     if WEB_DIR.is_dir():
         app.router.add_get("/ui/", console_index)
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
