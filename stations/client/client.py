@@ -1,0 +1,365 @@
+"""``Client`` (station management) and ``Station`` (one station's messages, readers, producers,
+consumer groups and dead letters)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+
+from stations.client.consumer import Consumer
+from stations.client.errors import StationsError, is_retryable
+from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
+from stations.client.models import (
+    ConsumerDefaults,
+    DeadLetter,
+    DeadLetterPage,
+    DeadLetterSettings,
+    GroupInfo,
+    MessagePage,
+    NewMessage,
+    Produced,
+    Retention,
+    StationInfo,
+    StoredMessage,
+    _time,
+    message_data,
+    to_wire,
+)
+from stations.client.producer import IdempotentProducer
+from stations.client.reader import Live, StreamReader
+from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
+
+Settings = Mapping[str, Any]
+
+
+def _settings(
+    *,
+    idempotency_window_ms: int | None,
+    retention: Retention | Settings | None,
+    dls: DeadLetterSettings | Settings | None,
+    consumer_defaults: ConsumerDefaults | Settings | None,
+) -> dict[str, Any]:
+    """The given settings as camelCase JSON; None means "leave as is / use the default"."""
+    body: dict[str, Any] = {}
+    if idempotency_window_ms is not None:
+        body["idempotencyWindowMs"] = idempotency_window_ms
+    for key, value in (
+        ("retention", retention),
+        ("dls", dls),
+        ("consumerDefaults", consumer_defaults),
+    ):
+        if value is not None:
+            body[key] = to_wire(value)
+    return body
+
+
+class Client:
+    """A Stations server. ``async with Client(url, token) as client: ...`` closes the session."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.http = Http(token, timeout=timeout, session=session)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    def _api(self, *parts: str) -> str:
+        return "/".join([self.url + "/api/stations", *parts])
+
+    # -- stations -------------------------------------------------------------------------------
+
+    async def create_station(
+        self,
+        name: str,
+        *,
+        content_type: str = "application/json",
+        idempotency_window_ms: int | None = None,
+        retention: Retention | Settings | None = None,
+        dls: DeadLetterSettings | Settings | None = None,
+        consumer_defaults: ConsumerDefaults | Settings | None = None,
+    ) -> StationInfo:
+        """Create a station. The same name with the same config again is fine (``created`` is
+        then False); with another config it raises ``Conflict``."""
+        body = {"name": name, "contentType": content_type}
+        body.update(
+            _settings(
+                idempotency_window_ms=idempotency_window_ms,
+                retention=retention,
+                dls=dls,
+                consumer_defaults=consumer_defaults,
+            )
+        )
+        reply = await self.http.call("POST", self._api(), body, what=f"create station {name}")
+        return StationInfo.from_wire(reply.json(), created=reply.status == 201)
+
+    async def get_station(self, name: str) -> StationInfo:
+        reply = await self.http.call("GET", self._api(path_segment(name)), what=f"station {name}")
+        return StationInfo.from_wire(reply.json())
+
+    async def list_stations(self) -> list[StationInfo]:
+        reply = await self.http.call("GET", self._api(), what="list stations")
+        return [StationInfo.from_wire(v) for v in reply.json().get("stations", [])]
+
+    async def patch_station(
+        self,
+        name: str,
+        *,
+        idempotency_window_ms: int | None = None,
+        retention: Retention | Settings | None = None,
+        dls: DeadLetterSettings | Settings | None = None,
+        consumer_defaults: ConsumerDefaults | Settings | None = None,
+    ) -> StationInfo:
+        """Change mutable settings. A mapping changes only the keys it names
+        (``retention={"max_age_ms": 60_000}``); a dataclass sets every field of its section."""
+        body = _settings(
+            idempotency_window_ms=idempotency_window_ms,
+            retention=retention,
+            dls=dls,
+            consumer_defaults=consumer_defaults,
+        )
+        reply = await self.http.call(
+            "PATCH", self._api(path_segment(name)), body, what=f"patch station {name}"
+        )
+        return StationInfo.from_wire(reply.json())
+
+    async def delete_station(self, name: str) -> None:
+        await self.http.call("DELETE", self._api(path_segment(name)), what=f"delete station {name}")
+
+    def station(self, name: str, *, content_type: str | None = None) -> Station:
+        """A handle on a station (no request is made)."""
+        return Station(self, name, content_type=content_type)
+
+    def stream_url(self, name: str) -> str:
+        return f"{self.url}/v1/stream/{stream_path(name)}"
+
+    async def healthy(self) -> bool:
+        try:
+            reply = await self.http.request("GET", self.url + "/healthz")
+        except Exception:
+            return False
+        return reply.status == 200
+
+
+class Station:
+    """One station: produce with message ids, read the stream, produce idempotently, consume
+    through groups, and inspect the dead-letter store."""
+
+    def __init__(self, client: Client, name: str, *, content_type: str | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.content_type = content_type
+        self.url = client.stream_url(name)
+
+    def __repr__(self) -> str:
+        return f"Station({self.name!r})"
+
+    def _api(self, *parts: str) -> str:
+        return self.client._api(path_segment(self.name), *parts)
+
+    def group_url(self, group: str) -> str:
+        return self._api("groups", path_segment(group))
+
+    async def info(self) -> StationInfo:
+        info = await self.client.get_station(self.name)
+        self.content_type = info.content_type
+        return info
+
+    async def patch(self, **settings: Any) -> StationInfo:
+        return await self.client.patch_station(self.name, **settings)
+
+    async def delete(self) -> None:
+        await self.client.delete_station(self.name)
+
+    # -- producing with message ids -------------------------------------------------------------
+
+    async def produce(
+        self, data: Any, msg_id: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> Produced:
+        """Store one message. With ``msg_id``, a second message with the same id inside the
+        station's idempotency window is not stored: the result says ``duplicate=True`` and
+        carries the original's offset."""
+        return (await self.produce_many([NewMessage(data, msg_id, headers)]))[0]
+
+    async def produce_many(self, messages: Iterable[NewMessage | Any]) -> list[Produced]:
+        """Store messages in one request (one transaction), in order; items that are not
+        ``NewMessage`` are taken as the data of a message without id or headers.
+
+        Retried on connection errors and 5xx only when every message has an id: the id makes
+        the retry safe (a message stored by the lost attempt comes back as a duplicate)."""
+        wire = [_wire_message(m if isinstance(m, NewMessage) else NewMessage(m)) for m in messages]
+        if not wire:
+            return []
+        safe = all("id" in m for m in wire)
+        backoff = Backoff(DEFAULT_RETRY)
+        while True:
+            try:
+                reply = await self.client.http.call(
+                    "POST",
+                    self._api("messages"),
+                    {"messages": wire},
+                    what=f"produce to {self.name}",
+                )
+                break
+            except StationsError as exc:
+                if not (safe and is_retryable(exc)):
+                    raise
+                await backoff.wait(exc)
+        return [Produced(r["offset"], bool(r["duplicate"])) for r in reply.json()["results"]]
+
+    async def browse(self, offset: str = "-1", limit: int = 100) -> MessagePage:
+        """Up to ``limit`` messages from ``offset`` with their ids, headers and times."""
+        reply = await self.client.http.call(
+            "GET",
+            self._api("messages"),
+            params={"offset": offset, "limit": str(limit)},
+            what=f"browse {self.name}",
+        )
+        body = reply.json()
+        return MessagePage(
+            [
+                StoredMessage(
+                    m["offset"],
+                    m.get("id"),
+                    m.get("headers") or {},
+                    message_data(m),
+                    _time(m.get("time")),
+                )
+                for m in body.get("messages", [])
+            ],
+            body.get("nextOffset", offset),
+            bool(body.get("upToDate")),
+        )
+
+    # -- the stream ---------------------------------------------------------------------------------
+
+    def read(
+        self,
+        offset: str = "-1",
+        live: Live = None,
+        *,
+        retry: RetryPolicy = PATIENT_RETRY,
+        read_timeout: float = LIVE_READ_TIMEOUT,
+    ) -> StreamReader:
+        """Batches from ``offset`` (``"-1"`` start, ``"now"`` tail). ``live=None`` stops when up
+        to date; ``"long-poll"`` / ``"sse"`` follow the stream until it is closed."""
+        return StreamReader(
+            self.client.http,
+            self.url,
+            offset=offset,
+            live=live,
+            content_type=self.content_type,
+            retry=retry,
+            read_timeout=read_timeout,
+        )
+
+    def producer(self, producer_id: str, **options: Any) -> IdempotentProducer:
+        """An ``IdempotentProducer`` on this station (see its options)."""
+        return IdempotentProducer(self, producer_id, **options)
+
+    # -- consumer groups ------------------------------------------------------------------------------
+
+    def consumer(self, group: str, **options: Any) -> Consumer:
+        """A ``Consumer`` of ``group`` (created on start if needed); see its options."""
+        return Consumer(self, group, **options)
+
+    async def ensure_group(
+        self,
+        group: str,
+        *,
+        max_ack_time_ms: int | None = None,
+        max_msg_deliveries: int | None = None,
+        start_from: str | None = None,
+    ) -> GroupInfo:
+        """Create the group, or update its limits; ``start_from`` is ``"earliest"``,
+        ``"latest"`` or an offset (only used when the group is created)."""
+        body: dict[str, Any] = {}
+        if max_ack_time_ms is not None:
+            body["maxAckTimeMs"] = max_ack_time_ms
+        if max_msg_deliveries is not None:
+            body["maxMsgDeliveries"] = max_msg_deliveries
+        if start_from is not None:
+            body["startFrom"] = start_from
+        reply = await self.client.http.call(
+            "PUT", self.group_url(group), body, what=f"group {group} on {self.name}"
+        )
+        return GroupInfo.from_wire(reply.json(), created=reply.status == 201)
+
+    async def groups(self) -> list[GroupInfo]:
+        reply = await self.client.http.call(
+            "GET", self._api("groups"), what=f"groups of {self.name}"
+        )
+        return [GroupInfo.from_wire(g) for g in reply.json().get("groups", [])]
+
+    async def delete_group(self, group: str) -> None:
+        await self.client.http.call(
+            "DELETE", self.group_url(group), what=f"delete group {group} on {self.name}"
+        )
+
+    # -- dead-letter store ------------------------------------------------------------------------------
+
+    async def dead_letters(
+        self, group: str | None = None, limit: int = 100, after: str | None = None
+    ) -> DeadLetterPage:
+        """DLS entries, oldest first; pass the page's ``next`` as ``after`` for the next page."""
+        params = {"limit": str(limit)}
+        if group is not None:
+            params["group"] = group
+        if after is not None:
+            params["after"] = after
+        reply = await self.client.http.call(
+            "GET", self._api("dls"), params=params, what=f"dead letters of {self.name}"
+        )
+        body = reply.json()
+        return DeadLetterPage(
+            [DeadLetter.from_wire(e) for e in body.get("entries", [])], body.get("next")
+        )
+
+    async def replay_dead_letters(
+        self, ids: Iterable[str] | None = None, *, all: bool = False, group: str | None = None
+    ) -> int:
+        """Send entries back to their group's queue with a fresh delivery count."""
+        body: dict[str, Any] = {"all": True} if all else {"ids": list(ids or [])}
+        if all and group is not None:
+            body["group"] = group
+        reply = await self.client.http.call(
+            "POST", self._api("dls", "replay"), body, what=f"replay dead letters of {self.name}"
+        )
+        return int(reply.json().get("replayed", 0))
+
+    async def drop_dead_letters(
+        self, ids: Iterable[str] | None = None, *, all: bool = False
+    ) -> int:
+        body: dict[str, Any] = {"all": True} if all else {"ids": list(ids or [])}
+        reply = await self.client.http.call(
+            "POST", self._api("dls", "drop"), body, what=f"drop dead letters of {self.name}"
+        )
+        return int(reply.json().get("dropped", 0))
+
+
+def _wire_message(message: NewMessage) -> dict[str, Any]:
+    wire: dict[str, Any] = {}
+    if message.msg_id is not None:
+        wire["id"] = message.msg_id
+    if message.headers:
+        wire["headers"] = dict(message.headers)
+    if isinstance(message.data, bytes | bytearray | memoryview):
+        wire["dataBase64"] = base64.b64encode(bytes(message.data)).decode()
+    else:
+        wire["data"] = message.data
+    return wire

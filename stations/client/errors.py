@@ -1,0 +1,226 @@
+"""One exception hierarchy for everything the SDK raises.
+
+Every error answer of the server becomes a ``StationsError`` subclass chosen by its status (and,
+for the Durable Streams protocol, by its headers), so callers catch ``StationNotFound`` or
+``ProducerFenced`` instead of digging through status codes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+
+class StationsError(Exception):
+    """Base class of every SDK error. ``status`` is the HTTP status, or None for local errors."""
+
+    status: int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        field: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        self.code = code
+        self.field = field
+        self.headers: Mapping[str, str] = headers or {}
+
+
+class ConnectionFailed(StationsError):
+    """No HTTP answer: the connection was refused, dropped or timed out."""
+
+
+class BadRequest(StationsError):
+    """400: the input was refused; ``field`` names the offending field as a dotted path."""
+
+    status = 400
+
+
+class Unauthorized(StationsError):
+    """401: no token, or an unknown one."""
+
+    status = 401
+
+
+class Forbidden(StationsError):
+    """403: the token's role or station patterns do not allow this."""
+
+    status = 403
+
+
+class ProducerFenced(Forbidden):
+    """403 with ``Producer-Epoch``: a newer epoch of this producer id took over (zombie fencing)."""
+
+    def __init__(self, message: str, *, current_epoch: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.current_epoch = current_epoch
+
+
+class NotFound(StationsError):
+    status = 404
+
+
+class StationNotFound(NotFound):
+    """404 for a station (a station is a stream, so this is also "stream not found")."""
+
+
+class GroupNotFound(NotFound):
+    """404 for a consumer group."""
+
+
+class Conflict(StationsError):
+    """409: a station exists with another config, a content type mismatch, ..."""
+
+    status = 409
+
+
+class StreamClosed(Conflict):
+    """409 with ``Stream-Closed: true``: the stream is closed; ``final_offset`` is its end."""
+
+    def __init__(self, message: str, *, final_offset: str | None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.final_offset = final_offset
+
+
+class SequenceGap(Conflict):
+    """409 with ``Producer-Expected-Seq``: the server expected another producer sequence."""
+
+    def __init__(self, message: str, *, expected_seq: int, received_seq: int, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.expected_seq = expected_seq
+        self.received_seq = received_seq
+
+
+class Gone(StationsError):
+    """410: the stream was deleted, or the offset is before the retained data."""
+
+    status = 410
+
+
+class PayloadTooLarge(StationsError):
+    status = 413
+
+
+class RateLimited(StationsError):
+    """429; ``retry_after`` (seconds) when the server said how long to wait."""
+
+    status = 429
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ServerError(StationsError):
+    """5xx; ``retry_after`` (seconds) when the server sent one (503)."""
+
+    status = 500
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ProducerClosed(StationsError):
+    """``append()`` after ``close()`` or ``detach()``."""
+
+
+class BufferFull(StationsError):
+    """``append()`` while the producer holds ``max_buffered_bytes`` of unacknowledged data.
+
+    Await ``producer.wait_for_capacity()`` and append again."""
+
+
+_BY_STATUS: dict[int, type[StationsError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    413: PayloadTooLarge,
+    429: RateLimited,
+}
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date)."""
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        from datetime import UTC, datetime
+
+        when = parsedate_to_datetime(value)
+        return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _describe(body: bytes) -> tuple[str | None, str | None, str | None]:
+    """(message, code, field) from a Stations JSON error or a plain-text body."""
+    if not body:
+        return None, None, None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:500] or None, None, None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        return error.get("message"), error.get("code"), error.get("field")
+    if isinstance(error, str):
+        return error, None, None
+    return None, None, None
+
+
+def error_for(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    what: str = "",
+    not_found: type[NotFound] = StationNotFound,
+) -> StationsError:
+    """The exception for an error answer. ``what`` says what was asked (used when the answer
+    has no message); ``not_found`` is the 404 class when the server does not name a group."""
+    message, code, field = _describe(body)
+    if not message:  # e.g. a HEAD answer: say what was asked instead
+        message = f"{what}: HTTP {status}" if what else f"HTTP {status}"
+    common: dict[str, Any] = {"status": status, "code": code, "field": field, "headers": headers}
+    if status == 403 and headers.get("Producer-Epoch", "").isdigit():
+        return ProducerFenced(message, current_epoch=int(headers["Producer-Epoch"]), **common)
+    if status == 409 and headers.get("Stream-Closed", "").lower() == "true":
+        return StreamClosed(message, final_offset=headers.get("Stream-Next-Offset"), **common)
+    if status == 409 and headers.get("Producer-Expected-Seq", "").isdigit():
+        return SequenceGap(
+            message,
+            expected_seq=int(headers["Producer-Expected-Seq"]),
+            received_seq=int(headers.get("Producer-Received-Seq", "-1") or -1),
+            **common,
+        )
+    if status == 404:
+        cls: type[StationsError] = GroupNotFound if field == "group" else not_found
+        return cls(message, **common)
+    if status == 429:
+        return RateLimited(message, retry_after=retry_after(headers), **common)
+    if status >= 500:
+        return ServerError(message, retry_after=retry_after(headers), **common)
+    return _BY_STATUS.get(status, StationsError)(message, **common)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Worth sending again: no answer, overload (429) or a server-side failure (5xx)."""
+    return isinstance(exc, ConnectionFailed | RateLimited | ServerError)

@@ -1,0 +1,525 @@
+"""The idempotent producer (Durable Streams §5.2.1): fire-and-forget appends, batched and
+pipelined, exactly once per (producer id, epoch, seq).
+
+Beyond the TypeScript client it retries: a batch that got no answer, a 429 or a 5xx is sent again
+with the *same* (epoch, seq), so a batch the server already stored comes back 204 (duplicate =
+success) and is never stored twice; batches keep their order because a later batch that overtook
+a retrying one gets a 409 "expected an earlier seq", waits for it, and is sent again.
+
+Memory is bounded: ``append()`` raises ``BufferFull`` while ``max_buffered_bytes`` of data are
+unacknowledged; ``await wait_for_capacity()`` waits for room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stations.client.errors import (
+    BufferFull,
+    ProducerClosed,
+    ProducerFenced,
+    SequenceGap,
+    StationsError,
+    error_for,
+)
+from stations.client.http import Http, Reply
+from stations.client.models import is_json_type
+from stations.client.retry import DEFAULT_RETRY, Backoff, RetryPolicy
+
+if TYPE_CHECKING:
+    from stations.client.client import Station
+
+logger = logging.getLogger("stations.client.producer")
+
+_MISSING: Any = object()
+
+# Item kinds: ready bytes, UTF-8 text whose meaning depends on the stream (a JSON string, or
+# text), or an already JSON-encoded value (only valid on a JSON stream).
+_RAW, _TEXT, _OBJ = 0, 1, 2
+
+
+@dataclass(eq=False)
+class _Batch:
+    items: list[tuple[int, bytes]]
+    size: int
+    order: int  # position among all batches, never changes (seq does, on an epoch change)
+    epoch: int = 0
+    seq: int = 0
+    settled: bool = False
+
+
+class IdempotentProducer:
+    """Exactly-once, ordered, batched appends to one stream.
+
+    ``target`` is a ``Station`` (its client's session and token are used) or a stream URL such as
+    ``http://host/v1/stream/orders`` on any Durable Streams server.
+
+    For a JSON stream ``append()`` takes any JSON value (``bytes`` are taken as one already
+    serialised JSON value); for other streams ``bytes`` or ``str`` (UTF-8).
+    """
+
+    def __init__(
+        self,
+        target: Station | str,
+        producer_id: str,
+        *,
+        epoch: int = 0,
+        auto_claim: bool = False,
+        max_batch_bytes: int = 1024 * 1024,
+        linger_ms: float = 5,
+        max_in_flight: int = 5,
+        max_buffered_bytes: int = 64 * 1024 * 1024,
+        on_error: Callable[[StationsError], None] | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        content_type: str | None = None,
+        token: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if not producer_id:
+            raise ValueError("producer_id must not be empty")
+        if epoch < 0 or max_batch_bytes <= 0 or max_in_flight <= 0 or linger_ms < 0:
+            raise ValueError("epoch and linger_ms must be >= 0, max_* must be > 0")
+        if max_buffered_bytes < max_batch_bytes:
+            raise ValueError("max_buffered_bytes must be at least max_batch_bytes")
+        if isinstance(target, str):
+            self.url = target
+            self._http = Http(token, headers=headers)
+            self._owns_http = True
+        else:
+            self.url = target.url
+            self._http = target.client.http
+            self._owns_http = False
+            content_type = content_type or target.content_type
+        self.producer_id = producer_id
+        self.auto_claim = auto_claim
+        self.max_batch_bytes = max_batch_bytes
+        self.linger = linger_ms / 1000
+        self.max_in_flight = max_in_flight
+        self.max_buffered_bytes = max_buffered_bytes
+        self.on_error = on_error
+        self.retry = retry
+        self._content_type = content_type
+        self._json: bool | None = None if content_type is None else is_json_type(content_type)
+        self._resolving: asyncio.Task[None] | None = None
+
+        self._epoch = epoch
+        self._next_seq = 0
+        # Until a batch of the current epoch succeeded, only one batch is in flight: a server
+        # that sees seq 1 of a new epoch before seq 0 refuses it (400), and with auto_claim the
+        # first answer may move us to another epoch anyway.
+        self._established = False
+        self._orders = 0
+        self._pending: list[tuple[int, bytes]] = []
+        self._pending_bytes = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._queue: deque[_Batch] = deque()  # sealed, not yet sent
+        self._unsettled: deque[_Batch] = deque()  # sealed, not yet settled, in order
+        self._in_flight: dict[_Batch, asyncio.Task[None]] = {}
+        self._buffered = 0
+        self._fenced_epoch: int | None = None
+        self._fence_error: ProducerFenced | None = None
+        self._error: StationsError | None = None
+        self._closed = False
+        self._close_task: asyncio.Task[str | None] | None = None
+        self._changed = asyncio.Event()
+        self._last_offset: str | None = None
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes appended and not yet acknowledged by the server."""
+        return self._buffered
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def last_offset(self) -> str | None:
+        """The greatest ``Stream-Next-Offset`` of an append this producer stored."""
+        return self._last_offset
+
+    @property
+    def error(self) -> StationsError | None:
+        """The error that stopped the producer, if any."""
+        return self._error
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_until(self, done: Callable[[], bool]) -> None:
+        while True:
+            changed = self._changed
+            if done():
+                return
+            await changed.wait()
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def append(self, data: Any) -> None:
+        """Queue one message and return at once; it is sent within ``linger_ms``, when the batch
+        reaches ``max_batch_bytes``, or on ``flush()``. Needs a running event loop."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ProducerClosed("the producer is closed")
+        if self._buffered >= self.max_buffered_bytes:
+            raise BufferFull(
+                f"{self._buffered} bytes are waiting for the server "
+                f"(max_buffered_bytes={self.max_buffered_bytes}); await wait_for_capacity()"
+            )
+        item = self._encode(data)
+        loop = asyncio.get_running_loop()
+        size = len(item[1]) + 1  # + the separator in a JSON array
+        if self._pending and self._pending_bytes + size > self.max_batch_bytes:
+            self._seal()
+        self._pending.append(item)
+        self._pending_bytes += size
+        self._buffered += size
+        if self._pending_bytes >= self.max_batch_bytes:
+            self._seal()
+        elif self._linger_timer is None:
+            self._linger_timer = loop.call_later(self.linger, self._seal)
+
+    def _encode(self, data: Any) -> tuple[int, bytes]:
+        if isinstance(data, bytes | bytearray | memoryview):
+            return _RAW, bytes(data)
+        if isinstance(data, str):
+            if self._json is None:
+                return _TEXT, data.encode()
+            return _RAW, (_dumps(data) if self._json else data).encode()
+        if self._json is False:
+            raise TypeError(f"a {self._content_type} stream takes bytes or str, not {type(data)}")
+        return (_OBJ if self._json is None else _RAW), _dumps(data).encode()
+
+    def _seal(self) -> None:
+        """Close the pending batch and queue it for sending."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self._pending:
+            return
+        batch = _Batch(self._pending, self._pending_bytes, self._orders)
+        self._orders += 1
+        self._pending, self._pending_bytes = [], 0
+        batch.epoch, batch.seq = self._epoch, self._next_seq
+        self._next_seq += 1
+        self._queue.append(batch)
+        self._unsettled.append(batch)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start sending queued batches, up to the in-flight limit."""
+        if self._error is not None or self._fenced_epoch is not None:
+            return
+        if self._json is None:
+            if self._resolving is None:
+                self._resolving = asyncio.get_running_loop().create_task(self._resolve())
+            return
+        limit = self.max_in_flight if self._established else 1
+        while self._queue and len(self._in_flight) < limit:
+            batch = self._queue.popleft()
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._in_flight[batch] = task
+
+    async def start(self) -> None:
+        """Learn the stream's content type now (otherwise done before the first batch), so a
+        missing stream raises ``StationNotFound`` here. ``async with`` calls it."""
+        if self._json is None:
+            if self._resolving is None:
+                self._resolving = asyncio.get_running_loop().create_task(self._resolve())
+            await asyncio.shield(self._resolving)
+        if self._error is not None:
+            raise self._error
+
+    async def _resolve(self) -> None:
+        """Learn the stream's content type (HEAD) before the first batch goes out."""
+        backoff = Backoff(self.retry)
+        while True:
+            try:
+                reply = await self._http.request("HEAD", self.url)
+                if reply.status != 200:
+                    raise error_for(reply.status, reply.headers, b"", what=f"HEAD {self.url}")
+                break
+            except StationsError as exc:
+                try:
+                    await backoff.wait(exc)
+                except StationsError:
+                    self._fail(exc)
+                    return
+        self._content_type = reply.header("Content-Type") or "application/octet-stream"
+        self._json = is_json_type(self._content_type)
+        self._pump()
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def _body(self, items: list[tuple[int, bytes]]) -> bytes:
+        if self._json:
+            parts = [_dumps(p.decode()).encode() if kind == _TEXT else p for kind, p in items]
+            return b"[" + b",".join(parts) + b"]"
+        if any(kind == _OBJ for kind, _ in items):
+            raise TypeError(f"a {self._content_type} stream takes bytes or str, not JSON values")
+        return b"".join(p for _, p in items)
+
+    def _producer_headers(self, epoch: int, seq: int) -> dict[str, str]:
+        return {
+            "Content-Type": self._content_type or "application/octet-stream",
+            "Producer-Id": self.producer_id,
+            "Producer-Epoch": str(epoch),
+            "Producer-Seq": str(seq),
+        }
+
+    async def _send(self, batch: _Batch) -> None:
+        try:
+            await self._send_until_settled(batch)
+        except StationsError as exc:
+            self._settle(batch, exc)
+        except Exception as exc:  # a bug or a TypeError in _body: fail loudly, not silently
+            self._settle(batch, StationsError(f"sending a batch failed: {exc!r}"))
+        except BaseException:  # cancelled, or the loop is going away: send nothing more
+            self._in_flight.pop(batch, None)
+            raise
+        self._in_flight.pop(batch, None)
+        self._after_send()
+
+    async def _send_until_settled(self, batch: _Batch) -> None:
+        body = self._body(batch.items)
+        backoff = Backoff(self.retry)
+        while True:
+            if self._error is not None:
+                raise self._error
+            headers = self._producer_headers(batch.epoch, batch.seq)
+            try:
+                reply = await self._http.request("POST", self.url, data=body, headers=headers)
+            except StationsError as exc:
+                await backoff.wait(exc)  # same (epoch, seq) again: the server deduplicates
+                continue
+            if reply.status in (200, 204):
+                self._stored(batch, reply)
+                return
+            error = error_for(reply.status, reply.headers, reply.body, what="append")
+            if isinstance(error, ProducerFenced):
+                self._fenced(batch, error)
+                return
+            if isinstance(error, SequenceGap) and error.expected_seq < batch.seq:
+                # An earlier batch has not arrived yet (it is in flight or being retried): wait
+                # for it, then send this one again.
+                earlier_done = self._earlier_settled(batch)
+                await self._wait_until(
+                    lambda: (
+                        self._earlier_settled(batch)
+                        or self._error is not None
+                        or self._fenced_epoch is not None
+                    )
+                )
+                if self._fenced_epoch is not None and self._error is None:
+                    self._fenced(batch, None)
+                    return
+                if earlier_done:  # nothing to wait for, yet the server still wants another seq
+                    try:
+                        await backoff.wait(_as_retryable(error))
+                    except StationsError:
+                        raise error from None
+                continue
+            await backoff.wait(error)  # raises unless retryable (429, 5xx)
+
+    def _earlier_settled(self, batch: _Batch) -> bool:
+        return not self._unsettled or self._unsettled[0] is batch
+
+    def _stored(self, batch: _Batch, reply: Reply) -> None:
+        offset = reply.header("Stream-Next-Offset")
+        if reply.status == 200 and offset and (self._last_offset or "") < offset:
+            self._last_offset = offset
+        if not self._established:
+            self._established = True
+        self._settle(batch, None)
+
+    def _settle(self, batch: _Batch, error: StationsError | None) -> None:
+        if batch.settled:
+            return
+        batch.settled = True
+        if batch in self._unsettled:
+            self._unsettled.remove(batch)
+        self._buffered -= batch.size
+        if error is not None:
+            self._fail(error)
+        self._notify()
+
+    def _fail(self, error: StationsError) -> None:
+        """Stop for good: with a batch lost, later ones cannot keep their order."""
+        if self._error is not None:
+            return
+        self._error = error
+        logger.warning("producer %s stopped: %s", self.producer_id, error)
+        dropped = list(self._unsettled)
+        self._queue.clear()
+        self._pending, self._pending_bytes = [], 0
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        for batch in dropped:
+            if batch not in self._in_flight:
+                batch.settled = True
+                self._unsettled.remove(batch)
+        self._buffered = sum(b.size for b in self._unsettled)
+        if self.on_error is not None:
+            try:
+                self.on_error(error)
+            except Exception:
+                logger.exception("on_error raised")
+        self._notify()
+
+    def _fenced(self, batch: _Batch, exc: ProducerFenced | None) -> None:
+        """A newer epoch owns this producer id. The batch goes back to the queue; once nothing
+        is in flight any more, ``_after_send`` claims a new epoch or gives up."""
+        if exc is not None:
+            self._fenced_epoch = max(self._fenced_epoch or 0, exc.current_epoch)
+            self._fence_error = exc
+        self._queue.append(batch)
+
+    def _after_send(self) -> None:
+        if self._fenced_epoch is not None and not self._in_flight:
+            fenced, self._fenced_epoch = self._fenced_epoch, None
+            if not self.auto_claim:
+                assert self._fence_error is not None
+                self._fail(self._fence_error)
+                return
+            # Claim the next epoch and renumber everything not yet stored from seq 0, in order.
+            # A batch whose first attempt got no answer under the old epoch may have been stored
+            # then: across an epoch change delivery is at-least-once (protocol §5.2.1).
+            self._epoch = max(self._epoch, fenced) + 1
+            self._established = False
+            pending = sorted(self._queue, key=lambda b: b.order)
+            for seq, batch in enumerate(pending):
+                batch.epoch, batch.seq = self._epoch, seq
+            self._queue = deque(pending)
+            self._next_seq = len(pending)
+            logger.info("producer %s claimed epoch %d", self.producer_id, self._epoch)
+        self._notify()
+        self._pump()
+
+    # -- waiting and ending -------------------------------------------------------------------------
+
+    async def wait_for_capacity(self) -> None:
+        """Wait until ``append()`` accepts data again (the buffer is below
+        ``max_buffered_bytes``). Raises the producer's error if it stopped."""
+        if self._buffered >= self.max_buffered_bytes:
+            self._seal()  # no point lingering while the caller is blocked
+        await self._wait_until(
+            lambda: self._buffered < self.max_buffered_bytes or self._error is not None
+        )
+        if self._error is not None:
+            raise self._error
+
+    async def flush(self) -> None:
+        """Send what is pending and wait until every appended message is acknowledged."""
+        self._seal()
+        await self._wait_until(lambda: not self._unsettled or self._error is not None)
+        if self._error is not None:
+            raise self._error
+
+    async def close(self, final_message: Any = _MISSING) -> str | None:
+        """Flush, then close the stream (EOF), appending ``final_message`` atomically if given.
+
+        Idempotent: later calls return the same final offset. Returns ``Stream-Next-Offset``."""
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.get_running_loop().create_task(self._close(final_message))
+        return await asyncio.shield(self._close_task)
+
+    async def _close(self, final_message: Any) -> str | None:
+        try:
+            await self.flush()
+            await self.start()
+            body = b""
+            if final_message is not _MISSING:
+                body = self._body([self._encode(final_message)])
+            offset = await self._post_close(body)
+            if offset and (self._last_offset or "") < offset:
+                self._last_offset = offset
+            return offset
+        finally:
+            await self._release()
+
+    async def _post_close(self, body: bytes) -> str | None:
+        backoff = Backoff(self.retry)
+        seq = self._next_seq
+        while True:
+            headers = self._producer_headers(self._epoch, seq)
+            headers["Stream-Closed"] = "true"
+            if not body:
+                del headers["Content-Type"]
+            try:
+                reply = await self._http.request("POST", self.url, data=body, headers=headers)
+            except StationsError as exc:
+                await backoff.wait(exc)
+                continue
+            if reply.status in (200, 204):
+                self._next_seq = seq + 1
+                return reply.header("Stream-Next-Offset")
+            error = error_for(reply.status, reply.headers, reply.body, what="close")
+            if isinstance(error, ProducerFenced) and self.auto_claim:
+                self._epoch, seq = max(self._epoch, error.current_epoch) + 1, 0
+                continue
+            await backoff.wait(error)
+
+    async def detach(self) -> None:
+        """Stop without closing the stream: flush what was appended, then refuse appends.
+        Errors were already reported through ``on_error`` and ``error``; none is raised."""
+        self._closed = True
+        try:
+            await self.flush()
+        except StationsError:
+            pass
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        if self._owns_http:
+            await self._http.close()
+
+    async def __aenter__(self) -> IdempotentProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: object, *rest: object) -> None:
+        # Leaving the block normally flushes and detaches; the stream stays open (call close()
+        # for EOF). On an exception, still deliver what was appended.
+        if self._close_task is not None:
+            await self._release()
+            return
+        try:
+            if exc_type is None:
+                await self.flush()
+        finally:
+            await self.detach()
+
+
+def _dumps(value: Any) -> str:
+    # NaN and Infinity are not JSON: refuse them in append(), not as a 400 that stops the producer.
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _as_retryable(exc: StationsError) -> StationsError:
+    """A 409 that should resolve by itself, made retryable for the backoff's give-up clock."""
+    from stations.client.errors import ServerError
+
+    retry = ServerError(exc.message, status=exc.status, headers=exc.headers)
+    retry.__cause__ = exc
+    return retry

@@ -1,0 +1,126 @@
+"""A blocking facade over the async SDK, for scripts and notebooks.
+
+``SyncClient`` runs a private event loop in a daemon thread and forwards every call to it: an
+async method becomes a blocking one, an async iterator (readers, consumers) a plain iterator, an
+async context manager a plain one, and SDK objects it returns (``Station``,
+``IdempotentProducer``, ``Consumer``, ``Message``, ...) come back wrapped the same way. Nothing
+else is reimplemented, so the async API's documentation applies as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from stations.client.client import Client
+
+_SDK_MODULE = "stations.client."
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="stations-sync", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, make: Callable[[], Any]) -> Any:
+        """Call ``make()`` on the loop's thread (``append()`` needs the running loop there) and
+        await its result if it is awaitable."""
+
+        async def call() -> Any:
+            result = make()
+            return await result if inspect.isawaitable(result) else result
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+_ASYNC_API: dict[type, bool] = {}
+
+
+def _has_async_api(cls: type) -> bool:
+    if cls not in _ASYNC_API:
+        _ASYNC_API[cls] = hasattr(cls, "__aiter__") or bool(
+            inspect.getmembers(cls, inspect.iscoroutinefunction)
+        )
+    return _ASYNC_API[cls]
+
+
+def _wrap(loop: _Loop, value: Any) -> Any:
+    """SDK objects with async methods come back blocking; results (dataclasses) as they are."""
+    if type(value).__module__.startswith(_SDK_MODULE) and _has_async_api(type(value)):
+        return Blocking(loop, value)
+    return value
+
+
+class Blocking:
+    """A blocking view of one SDK object."""
+
+    def __init__(self, loop: _Loop, target: Any) -> None:
+        self._loop = loop
+        self._target = target
+
+    def __repr__(self) -> str:
+        return f"Blocking({self._target!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _wrap(self._loop, self._loop.run(lambda: attr(*args, **kwargs)))
+
+        return call
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = self._target.__aiter__()
+        while True:
+            try:
+                item = self._loop.run(lambda: _next(iterator))
+            except StopAsyncIteration:
+                return
+            yield _wrap(self._loop, item)
+
+    def __enter__(self) -> Blocking:
+        self._loop.run(self._target.__aenter__)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._loop.run(lambda: self._target.__aexit__(*exc))
+
+
+def _next(iterator: Any) -> Awaitable[Any]:
+    step: Awaitable[Any] = iterator.__anext__()
+    return step
+
+
+class SyncClient(Blocking):
+    """``Client`` with blocking methods: ``with SyncClient(url) as client: ...``."""
+
+    def __init__(
+        self, url: str = "http://127.0.0.1:4437", token: str | None = None, **options: Any
+    ):
+        loop = _Loop()
+        super().__init__(loop, loop.run(lambda: Client(url, token, **options)))
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._target.close)
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
