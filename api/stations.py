@@ -95,8 +95,11 @@ async def browse(request: web.Request) -> web.Response:
         raise BadRequest("offset may be given once", "offset")
     try:
         position = decode(token)
+        # Only the exact tokens the server mints (``decode`` lets a trailing newline through).
+        if token != "-1" and encode(position) != token:
+            raise BadOffset(token)
     except BadOffset:
-        raise BadRequest(f"malformed offset {token!r}", "offset") from None
+        raise BadRequest(f"malformed offset {token[:80]!r}", "offset") from None
     limit = _int_param(request, "limit", 100, 1, 1000)
     result = await service(request).browse(station_name(request), position, limit)
     return web.json_response(

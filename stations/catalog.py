@@ -6,7 +6,8 @@ The same row is the Durable Streams stream, so a station made here is readable a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, func, select
@@ -26,6 +27,16 @@ from stations.writer import Batch
 StatsProvider = Callable[[Connection, list[int]], dict[int, dict[str, int]]]
 stats_providers: list[StatsProvider] = []
 
+# Told (on the event loop, after the commit) of every idempotency window a station was given,
+# so the id sweeper can shorten its period at once (see ``scheduler``).
+WindowListener = Callable[[int], None]
+window_listeners: list[WindowListener] = []
+
+
+def _announce_window(batch: Batch, window_ms: int) -> None:
+    for listener in list(window_listeners):
+        batch.after_commit.append(functools.partial(listener, window_ms))
+
 
 def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
     config = config_rules.parse_config(raw)
@@ -35,17 +46,27 @@ def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
         config=config,
         compare_config=True,
     )
-    return create(batch, window, req)
+    if batch.conn.dialect.name == "postgresql":
+        # Another process may be creating the same station right now: its INSERT would make
+        # ours fail on the unique name. Creates of one name wait for each other instead (the
+        # lock lasts until the commit), so the later one finds the station and compares.
+        key = func.hashtextextended(req.name, 0)
+        batch.conn.execute(select(func.pg_advisory_xact_lock(key)))
+    result = create(batch, window, req)
+    if result.created:
+        _announce_window(batch, result.state.window_ms)
+    return result
 
 
 def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
     state = live_stream(batch.stream(name), name, batch.now)
     state.config = config_rules.apply_patch(state.config, raw)
     batch.touch(state)
+    _announce_window(batch, state.window_ms)
     return state
 
 
-def _live(conn: Connection, now: int, rows: list[Any]) -> list[StreamState]:
+def _live(conn: Connection, now: int, rows: Sequence[Any]) -> list[StreamState]:
     states = [StreamState.from_row(r) for r in rows]
     return [s for s in states if not s.deleted and not s.expired(now)]
 

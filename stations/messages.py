@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -20,11 +21,11 @@ from stations.offsets import encode
 from stations.streams import StreamState
 
 MAX_BATCH = 10_000
-_MSG_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
+_MSG_ID = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 def valid_msg_id(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not _MSG_ID.match(value):
+    if not isinstance(value, str) or not _MSG_ID.fullmatch(value):
         raise BadRequest(f"{field} must be 1 to 256 printable ASCII characters", field)
     return value
 
@@ -37,6 +38,41 @@ def _headers(value: Any, field: str) -> str | None:
     ):
         raise BadRequest(f"{field} must be an object of string values", field)
     return json.dumps(value, separators=(",", ":")) if value else None
+
+
+def _one_json_value(data: bytes, field: str) -> bytes:
+    """``dataBase64`` on a JSON station: exactly one JSON value, stored in canonical form."""
+    try:
+        value = loads_strict(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadRequest(f"{field} must encode one UTF-8 JSON value", field) from None
+    return _dumps(value, field)
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` without the NaN / Infinity extensions and without numbers that overflow
+    to infinity (both would come back as ``null``). Raises ValueError or RecursionError."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _dumps(value: Any, field: str) -> bytes:
+    try:
+        return framing.dumps(value)
+    except RecursionError:
+        raise BadRequest(f"{field} is nested too deeply", field) from None
+    except UnicodeEncodeError:
+        raise BadRequest(f"{field} holds a lone surrogate, which is not Unicode", field) from None
 
 
 def _data(item: dict[str, Any], state: StreamState, field: str) -> bytes:
@@ -52,21 +88,29 @@ def _data(item: dict[str, Any], state: StreamState, field: str) -> bytes:
         if data is None:
             raise BadRequest(f"{field}.dataBase64 must be base64", f"{field}.dataBase64")
         if state.is_json:
-            framing.split_json(data, allow_empty=False)  # must still be one JSON value
+            return _one_json_value(data, f"{field}.dataBase64")
         return data
     if state.is_json:
-        return framing.dumps(item["data"])
+        return _dumps(item["data"], f"{field}.data")
     if not isinstance(item["data"], str):
         raise BadRequest(
             f"{field}.data must be a string for a {state.content_type} station (or use dataBase64)",
             f"{field}.data",
         )
-    return item["data"].encode()
+    try:
+        return item["data"].encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (an escaped "\\ud800") is no UTF-8 text.
+        raise BadRequest(f"{field}.data must be valid Unicode text", f"{field}.data") from None
 
 
 def parse_batch(state: StreamState, body: Any) -> AppendRequest:
-    if not isinstance(body, dict) or set(body) - {"messages"}:
-        raise BadRequest('the body must be {"messages": [...]}', "messages")
+    if not isinstance(body, dict):
+        raise BadRequest('the body must be {"messages": [...]}', None)
+    unknown = set(body) - {"messages"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {key}", key)
     items = body.get("messages")
     if not isinstance(items, list) or not items:
         raise BadRequest("messages must be a non-empty array", "messages")
@@ -80,7 +124,8 @@ def parse_batch(state: StreamState, body: Any) -> AppendRequest:
             raise BadRequest(f"{field} must be an object", field)
         unknown = set(item) - {"id", "data", "dataBase64", "headers"}
         if unknown:
-            raise BadRequest(f"unknown field {field}.{sorted(unknown)[0]}", field)
+            path = f"{field}.{sorted(unknown)[0]}"
+            raise BadRequest(f"unknown field {path}", path)
         msg_id = item.get("id")
         req.msg_ids.append(None if msg_id is None else valid_msg_id(msg_id, f"{field}.id"))
         req.headers.append(_headers(item.get("headers"), f"{field}.headers"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select
 
 from stations.schema import messages, streams
-from stations.streams import StreamState
+from stations.streams import StreamState, load
 from stations.writer import Batch
 
 CHUNK = 10_000
@@ -71,9 +71,14 @@ def enforce(batch: Batch) -> int:
     total = 0
     rows = batch.conn.execute(select(streams).where(streams.c.deleted.is_(False))).all()
     for row in rows:
-        state = StreamState.from_row(row)
-        rules = state.config.get("retention") or {}
+        rules = StreamState.from_row(row).config.get("retention") or {}
         if not any(rules.get(k) is not None for k in ("maxAgeMs", "maxMessages", "maxBytes")):
+            continue
+        # Decide under the station's row lock: on PostgreSQL another process may be appending
+        # to it or enforcing the same rules right now, and counting rows it is about to delete
+        # would take them off ``msg_count`` twice.
+        state = load(batch.conn, row.name, lock=True)
+        if state is None or state.deleted:
             continue
         head = _new_head(batch, state)
         if head <= state.head:

@@ -7,6 +7,7 @@ quarter second, a 24 h window once a minute.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import select
 
-from stations import dls, groups, lifecycle, retention
+from stations import catalog, dls, groups, lifecycle, retention
 from stations.schema import streams
 from stations.streams import StreamState
 from stations.writer import Batch, now_ms
@@ -49,6 +50,8 @@ class LeaseTimer:
         if when_ms is None:
             return
         when = when_ms / 1000 + 0.005
+        # APScheduler drops a date job from its store once it fires, so a stale ``_at`` never
+        # holds back a new one.
         if self._at is not None and self._at <= when and self._sched.get_job("leases"):
             return
         self._at = when
@@ -59,10 +62,13 @@ class LeaseTimer:
             id="leases",
             replace_existing=True,
             misfire_grace_time=None,
+            # A tick arms the next one while it is still running; with the default of one
+            # instance per job id APScheduler would skip (and so lose) a job that falls due
+            # before the running tick has returned. Ticks are idempotent: let them overlap.
+            max_instances=1_000_000,
         )
 
     async def tick(self) -> None:
-        self._at = None
         since, self._last = self._last, now_ms()
         try:
             self.arm(await self.service.write(groups.expire_all, since))
@@ -86,9 +92,28 @@ class Scheduler:
         self._sched.add_job(self.leases.tick, "interval", seconds=5.0, id="leases-rearm")
         self._sched.add_job(self.leases.tick, id="leases-start")
         self._sched.start()
+        catalog.window_listeners.append(self.window_set)
 
     def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            catalog.window_listeners.remove(self.window_set)
         self._sched.shutdown(wait=False)
+
+    def _set_sweep_period(self, period: float, *, only_shorter: bool) -> None:
+        period = max(MIN_SWEEP_S, min(MAX_SWEEP_S, period))
+        job = self._sched.get_job("ids")
+        if job is None:
+            return
+        current = job.trigger.interval.total_seconds()
+        if abs(current - period) > 0.01 and (period < current or not only_shorter):
+            self._sched.reschedule_job("ids", trigger="interval", seconds=period)
+
+    def window_set(self, window_ms: int) -> None:
+        """A station was given ``window_ms``: sweep at least as often as that window needs at
+        once, rather than after the current (possibly minute-long) period. The sweep itself
+        lengthens the period again once no station needs it that short."""
+        if self._sched.running:
+            self._set_sweep_period(window_ms / 4000, only_shorter=True)
 
     async def sweep_ids(self) -> None:
         ids = self.service.ids
@@ -105,10 +130,7 @@ class Scheduler:
         except Exception:
             logger.exception("id sweep failed")
             return
-        period = max(MIN_SWEEP_S, min(MAX_SWEEP_S, period))
-        job = self._sched.get_job("ids")
-        if job is not None and abs(job.trigger.interval.total_seconds() - period) > 0.01:
-            self._sched.reschedule_job("ids", trigger="interval", seconds=period)
+        self._set_sweep_period(period, only_shorter=False)
 
     async def expire_streams(self) -> None:
         try:

@@ -22,8 +22,8 @@ MAX_NAME = 512
 
 # Printable ASCII without spaces or URL-structural characters that would make a path ambiguous;
 # "/" is allowed (names are stream paths) but not at either end or doubled.
-_NAME = re.compile(r"^[A-Za-z0-9._~\-]+(/[A-Za-z0-9._~\-]+)*$")
-_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+(\s*;.*)?$")
+_NAME = re.compile(r"[A-Za-z0-9._~\-]+(/[A-Za-z0-9._~\-]+)*")
+_CONTENT_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+([ \t]*;[\x20-\x7e]*)?")
 
 DEFAULTS: dict[str, Any] = {
     "contentType": DEFAULT_CONTENT_TYPE,
@@ -39,22 +39,21 @@ MUTABLE = ("idempotencyWindowMs", "retention", "dls", "consumerDefaults")
 
 def validate_name(name: Any, field: str = "name") -> str:
     if not isinstance(name, str) or not name:
-        raise BadRequest("station name is required and must be a string", field)
+        raise BadRequest(f"{field} is required and must be a station name (a string)", field)
     if len(name) > MAX_NAME:
-        raise BadRequest(f"station name is longer than {MAX_NAME} characters", field)
-    if not _NAME.match(name):
+        raise BadRequest(f"{field} is longer than {MAX_NAME} characters", field)
+    if not _NAME.fullmatch(name):
         raise BadRequest(
-            "station name may hold letters, digits, '.', '_', '~', '-' and single '/' "
-            "between segments",
+            f"{field} may hold letters, digits, '.', '_', '~', '-' and single '/' between segments",
             field,
         )
     if name.split("/")[0] == "__ds":
-        raise BadRequest("names starting with '__ds' are reserved", field)
+        raise BadRequest(f"{field}: names starting with '__ds' are reserved", field)
     return name
 
 
 def validate_content_type(value: Any, field: str = "contentType") -> str:
-    if not isinstance(value, str) or not _CONTENT_TYPE.match(value) or len(value) > 255:
+    if not isinstance(value, str) or not _CONTENT_TYPE.fullmatch(value) or len(value) > 255:
         raise BadRequest("contentType must be a MIME type such as application/json", field)
     return value
 
@@ -84,7 +83,7 @@ def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def _validate_settings(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> dict[str, Any]:
     """Validate the mutable settings in ``raw`` on top of ``base``; return the merged config."""
     out = copy.deepcopy(base)
     if "idempotencyWindowMs" in raw:
@@ -104,9 +103,15 @@ def _validate_settings(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, A
             out["dls"]["poison"] = section["poison"]
         if "forwardTo" in section:
             target = section["forwardTo"]
-            out["dls"]["forwardTo"] = (
-                None if target is None else validate_name(target, "dls.forwardTo")
-            )
+            if target is not None:
+                validate_name(target, "dls.forwardTo")
+                if target == name:
+                    # Dead letters forwarded into their own station could loop for ever.
+                    raise BadRequest(
+                        "dls.forwardTo must name another station, not the station itself",
+                        "dls.forwardTo",
+                    )
+            out["dls"]["forwardTo"] = target
         if "retentionMs" in section:
             out["dls"]["retentionMs"] = _int_in(
                 section["retentionMs"], "dls.retentionMs", 1, None, True
@@ -144,7 +149,7 @@ def parse_config(raw: Any) -> dict[str, Any]:
     base = copy.deepcopy(DEFAULTS)
     if "contentType" in raw:
         base["contentType"] = validate_content_type(raw["contentType"])
-    config.update(_validate_settings(raw, base))
+    config.update(_validate_settings(raw, base, config["name"]))
     return config
 
 
@@ -155,7 +160,7 @@ def apply_patch(current: dict[str, Any], raw: Any) -> dict[str, Any]:
         raise BadRequest("a station cannot be renamed", "name")
     if "contentType" in raw and raw["contentType"] != current["contentType"]:
         raise BadRequest("contentType is fixed when the station is created", "contentType")
-    return _validate_settings(raw, current)
+    return _validate_settings(raw, current, str(current.get("name", "")))
 
 
 def default_config(name: str, content_type: str) -> dict[str, Any]:
