@@ -50,8 +50,9 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
         return from_domain(exc)
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
-            reason = exc.reason
+            reason, field = exc.reason, None
             if exc.status == 413:
                 reason = f"the request body is larger than {request.client_max_size} bytes"
-            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason)
+                field = "body"
+            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason, field)
         raise

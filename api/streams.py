@@ -6,7 +6,8 @@ import base64
 import random
 import re
 import time
-from datetime import datetime
+from datetime import UTC, datetime
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -26,6 +27,21 @@ CURSOR_INTERVAL_S = 20
 _TTL = re.compile(r"^(0|[1-9][0-9]*)$")
 _SUB = re.compile(r"^(0|[1-9][0-9]*)$")
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,256}$")
+_CURSOR = re.compile(r"^[0-9]{1,18}$")
+# Control characters, and the surrogates that stand for header bytes that were not UTF-8.
+_NOT_TEXT = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_MEDIA_TYPE = re.compile(rf"^{_TOKEN}/{_TOKEN}[ \t]*(;[\x20-\x7e\t]*)?$")
+# RFC 3339 date-time (its "T" and "Z" are case-insensitive); any number of fraction digits.
+_RFC3339 = re.compile(
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+MAX_NAME = 1024  # streams.name is a 1024-character column
+MAX_CONTENT_TYPE = 255  # streams.content_type is a 255-character column
+MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
+MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
+MAX_EXPIRES_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 
 
@@ -34,10 +50,25 @@ def service(request: web.Request):  # type: ignore[no-untyped-def]
 
 
 def stream_name(request: web.Request) -> str:
-    name = request.match_info["name"]
-    if not name or len(name) > 1024:
-        raise BadRequest("the stream path must be 1 to 1024 characters", "path")
+    return _valid_name(request.match_info["name"], "path")
+
+
+def _valid_name(name: str, field: str) -> str:
+    if not name or len(name) > MAX_NAME:
+        raise BadRequest(f"the stream path must be 1 to {MAX_NAME} characters", field)
+    if _NOT_TEXT.search(name):
+        raise BadRequest("the stream path must not contain control characters", field)
     return name
+
+
+def _content_type(value: str) -> str:
+    """A syntactically valid media type (RFC 9110 §8.3.1), or 400."""
+    value = value.strip()
+    if len(value) > MAX_CONTENT_TYPE or not _MEDIA_TYPE.match(value):
+        raise BadRequest(
+            "Content-Type must be a media type such as application/json", "Content-Type"
+        )
+    return value
 
 
 def _is_true(value: str | None) -> bool:
@@ -63,15 +94,19 @@ def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
     if state.ttl_seconds is not None:
         response.headers["Stream-TTL"] = str(state.ttl_seconds)
     if state.expires_at is not None:
-        response.headers["Stream-Expires-At"] = (
-            datetime.fromtimestamp(state.expires_at / 1000).astimezone().isoformat()
-        )
+        response.headers["Stream-Expires-At"] = _rfc3339(state.expires_at)
+
+
+def _rfc3339(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def cursor(client_cursor: str | None) -> str:
     """Interval-based cursor, never going backwards for a client (§10.1)."""
     current = int((time.time() - CURSOR_EPOCH) // CURSOR_INTERVAL_S)
-    if client_cursor is not None and client_cursor.isdigit() and int(client_cursor) >= current:
+    # A cursor is only an echo: anything but a plausible interval number is ignored.
+    if client_cursor and _CURSOR.match(client_cursor) and int(client_cursor) >= current:
         return str(int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S))
     return str(current)
 
@@ -80,15 +115,27 @@ def cursor(client_cursor: str | None) -> str:
 
 
 def _parse_expires(value: str) -> int:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+    match = _RFC3339.match(value)
+    if match is None:
         raise BadRequest(
-            "Stream-Expires-At must be an RFC 3339 timestamp", "Stream-Expires-At"
+            "Stream-Expires-At must be an RFC 3339 timestamp such as 2030-01-01T00:00:00Z",
+            "Stream-Expires-At",
+        )
+    date, time_of_day, fraction, zone = match.groups()
+    fraction = (fraction or ".0")[:7]  # Python takes at most microseconds
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        parsed = datetime.fromisoformat(f"{date}T{time_of_day}{fraction}{zone}")
+        ms = int(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise BadRequest(
+            f"Stream-Expires-At {value!r} is not a valid date and time", "Stream-Expires-At"
         ) from None
-    if parsed.tzinfo is None:
-        raise BadRequest("Stream-Expires-At needs a time zone offset", "Stream-Expires-At")
-    return int(parsed.timestamp() * 1000)
+    if not 0 <= ms <= MAX_EXPIRES_MS:
+        raise BadRequest(
+            "Stream-Expires-At must lie between 1970 and 9999 (UTC)", "Stream-Expires-At"
+        )
+    return ms
 
 
 def _fork_source(value: str) -> str:
@@ -98,18 +145,15 @@ def _fork_source(value: str) -> str:
     path = path.lstrip("/")
     if not path:
         raise BadRequest("Stream-Forked-From must name a stream", "Stream-Forked-From")
-    from urllib.parse import unquote
-
-    return unquote(path)
+    return _valid_name(unquote(path), "Stream-Forked-From")
 
 
 async def put_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
-    content_type_given = "Content-Type" in h
-    content_type = h.get("Content-Type", "application/octet-stream").strip()
-    if not content_type:
-        content_type = "application/octet-stream"
+    content_type = h.get("Content-Type", "").strip()
+    content_type_given = bool(content_type)
+    content_type = _content_type(content_type) if content_type else "application/octet-stream"
     ttl = h.get("Stream-TTL")
     expires = h.get("Stream-Expires-At")
     if ttl is not None and expires is not None:
@@ -118,6 +162,8 @@ async def put_stream(request: web.Request) -> web.Response:
     if ttl is not None:
         if not _TTL.match(ttl):
             raise BadRequest("Stream-TTL must be a non-negative integer", "Stream-TTL")
+        if len(ttl) > len(str(MAX_TTL_S)) or int(ttl) > MAX_TTL_S:
+            raise BadRequest(f"Stream-TTL must be at most {MAX_TTL_S} seconds", "Stream-TTL")
         ttl_seconds = int(ttl)
     expires_at = _parse_expires(expires) if expires is not None else None
     fork_from = h.get("Stream-Forked-From")
@@ -136,7 +182,9 @@ async def put_stream(request: web.Request) -> web.Response:
             except BadOffset:
                 raise BadRequest("malformed Stream-Fork-Offset", "Stream-Fork-Offset") from None
         if "Stream-Fork-Sub-Offset" in h:
-            if not _SUB.match(h["Stream-Fork-Sub-Offset"]):
+            # More digits than any stream has bytes is past every data boundary anyway.
+            sub = h["Stream-Fork-Sub-Offset"]
+            if not _SUB.match(sub) or len(sub) > 18:
                 raise BadRequest(
                     "Stream-Fork-Sub-Offset must be a non-negative integer",
                     "Stream-Fork-Sub-Offset",
@@ -182,19 +230,28 @@ async def post_stream(request: web.Request) -> web.Response:
     msg_id = h.get("Msg-Id")
     if msg_id is not None and not _PRINTABLE.match(msg_id):
         raise BadRequest("Msg-Id must be 1 to 256 printable ASCII characters", "Msg-Id")
+    stream_seq = h.get("Stream-Seq")
+    if stream_seq is not None and (
+        len(stream_seq) > MAX_STREAM_SEQ or _NOT_TEXT.search(stream_seq)
+    ):
+        raise BadRequest(
+            f"Stream-Seq must be at most {MAX_STREAM_SEQ} characters of text", "Stream-Seq"
+        )
     body = await request.read()
-    content_type = h.get("Content-Type")
+    # An empty Content-Type is no Content-Type; a close-only request may carry any.
+    content_type = h.get("Content-Type", "").strip() or None
     req = AppendRequest(
         name=name,
         content_type=content_type,
         close=close,
         producer=producer,
-        stream_seq=h.get("Stream-Seq"),
+        stream_seq=stream_seq,
     )
     if body:
         try:
             if content_type is None:
                 raise BadRequest("an append with a body needs a Content-Type", "Content-Type")
+            _content_type(content_type)
             if is_json_type(content_type):
                 req.messages = framing.split_json(body, allow_empty=False)
             else:
@@ -208,7 +265,8 @@ async def post_stream(request: web.Request) -> web.Response:
         except BadRequest as exc:
             req.body_error = exc
             req.messages = []
-    elif msg_id is not None and not close:
+    elif msg_id is not None:
+        # A close-only request stores no message for the id to name (CONTRACT.md §3).
         req.body_error = BadRequest("with Msg-Id the body must carry exactly one message", "Msg-Id")
     elif not close:
         req.body_error = BadRequest("an append needs a body (or Stream-Closed: true)", "body")

@@ -8,29 +8,57 @@ one opaque message and read back as the concatenated bytes.
 from __future__ import annotations
 
 import json
+import re
 
 import orjson
 
 from stations.errors import BadRequest
 
+_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
 
 def _loads(body: bytes) -> object:
     try:
-        return orjson.loads(body)
+        value = orjson.loads(body)
+        # orjson turns an integer beyond 64 bits into a float, losing digits; only a run of 20
+        # or more digits can be one, and then the standard library parses it exactly.
+        if _LONG_DIGITS.search(body) is None:
+            return value
     except orjson.JSONDecodeError:
         pass
     try:
-        # orjson refuses integers beyond 64 bits, which are still valid JSON.
-        return json.loads(body)
+        # The standard library is laxer than JSON in other ways: it must not take NaN/Infinity
+        # or a number that only fits as infinity (they would be stored as null).
+        text = body.decode("utf-8")  # JSON text is UTF-8 (RFC 8259 §8.1), not UTF-16/32
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}", "body") from None
+    except RecursionError:
+        raise BadRequest("the body is not valid JSON: nested too deeply", "body") from None
 
 
 def dumps(value: object) -> bytes:
     try:
         return orjson.dumps(value)
     except TypeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        pass
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate escape ("\ud800") is JSON syntax; keep it escaped.
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def split_json(body: bytes, *, allow_empty: bool) -> list[bytes]:

@@ -34,6 +34,18 @@ class SequenceGap(Conflict):
         self.stream = stream
 
 
+class NewEpochGap(SequenceGap, BadRequest):
+    """A new epoch must start at seq 0 (400, Durable Streams §5.2.1). As a gap it is held first:
+    a pipelining producer's seq 0 of its new epoch may still be on its way."""
+
+    code = BadRequest.code
+
+    def __init__(self, received: int, producer: Producer, stream: str) -> None:
+        super().__init__(0, received, producer, stream)
+        self.message = "a new Producer-Epoch must start at Producer-Seq 0"
+        self.args = (self.message,)
+
+
 class StreamClosed(Conflict):
     def __init__(self, tail: int) -> None:
         super().__init__("the stream is closed", None, closed=True, next_offset=tail)
@@ -113,6 +125,8 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
         if verdict is Verdict.STALE_EPOCH:
             assert session is not None
             raise Forbidden("stale Producer-Epoch", "Producer-Epoch", epoch=session.epoch)
+        if verdict is Verdict.NEW_EPOCH_GAP:
+            raise NewEpochGap(producer.seq, producer, req.name)
         if verdict is Verdict.GAP:
             raise SequenceGap(
                 sessions.expected_seq(session, producer), producer.seq, producer, req.name
