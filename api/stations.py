@@ -81,7 +81,8 @@ async def produce(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "results": [
-                {"offset": encode(offset), "duplicate": dup} for offset, dup in result.results
+                {"offset": None if offset is None else encode(offset), "duplicate": dup}
+                for offset, dup in result.results
             ],
             "nextOffset": encode(result.tail),
         }

@@ -291,7 +291,8 @@ def append_response(result: AppendResult, with_producer: bool, with_msg_id: bool
     if with_msg_id and result.results:
         offset, duplicate = result.results[0]
         response.headers["Msg-Duplicate"] = "true" if duplicate else "false"
-        response.headers["Msg-Offset"] = encode(offset)
+        if offset is not None:
+            response.headers["Msg-Offset"] = encode(offset)
     elif with_msg_id:
         response.headers["Msg-Duplicate"] = "true" if not stored else "false"
     return response

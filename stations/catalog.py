@@ -46,12 +46,6 @@ def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
         config=config,
         compare_config=True,
     )
-    if batch.conn.dialect.name == "postgresql":
-        # Another process may be creating the same station right now: its INSERT would make
-        # ours fail on the unique name. Creates of one name wait for each other instead (the
-        # lock lasts until the commit), so the later one finds the station and compares.
-        key = func.hashtextextended(req.name, 0)
-        batch.conn.execute(select(func.pg_advisory_xact_lock(key)))
     result = create(batch, window, req)
     if result.created:
         _announce_window(batch, result.state.window_ms)

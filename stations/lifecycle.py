@@ -79,6 +79,11 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
     batch.forget()
     conn, now = batch.conn, batch.now
     spec = _spec(req)
+    if conn.dialect.name == "postgresql":
+        # Another process may be creating the same stream right now: its INSERT would make ours
+        # fail on the unique name. Creates of one name wait for each other instead (the lock
+        # lasts until the commit), so the later one finds the stream and compares.
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(req.name, 0))))
     existing = load(conn, req.name, lock=True)
     if existing is not None and not existing.deleted and existing.expired(now):
         purge(batch, window, existing)

@@ -72,7 +72,8 @@ class AppendResult:
     producer_duplicate: bool = False
     producer: Producer | None = None
     producer_seq: int | None = None  # highest accepted seq of the producer's epoch
-    results: list[tuple[int, bool]] = field(default_factory=list)  # (offset, duplicate)
+    # (offset, duplicate) per message; offset None when a duplicate's original is unknown
+    results: list[tuple[int | None, bool]] = field(default_factory=list)
 
 
 def _session(batch: Batch, state: StreamState, producer_id: str) -> sessions.Session | None:
@@ -145,7 +146,7 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
             f"Stream-Seq {req.stream_seq!r} is not above {state.stream_seq!r}", "Stream-Seq"
         )
 
-    results: list[tuple[int, bool]] = []
+    results: list[tuple[int | None, bool]] = []
     for i, data in enumerate(req.messages):
         msg_id = req.msg_ids[i] if req.msg_ids else None
         if msg_id is not None:
@@ -192,14 +193,15 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
 
 def _original_offsets(
     batch: Batch, window: IdWindow, state: StreamState, req: AppendRequest
-) -> list[tuple[int, bool]]:
+) -> list[tuple[int | None, bool]]:
     """For a producer duplicate: where its tagged messages were stored, where still known."""
     if not req.msg_ids:
         return []
-    out = []
+    out: list[tuple[int | None, bool]] = []
     for msg_id in req.msg_ids:
         original = window.lookup(batch, state, msg_id) if msg_id else None
-        out.append(((original if original is not None else state.tail + 1) - 1, True))
+        # An id that has left the window no longer says where its message went.
+        out.append((None if original is None else original - 1, True))
     return out
 
 

@@ -31,7 +31,7 @@ def decode(token: str) -> int:
     """Turn a token this server minted back into a position (``-1`` means the start)."""
     if token == BEGINNING:
         return 0
-    match = _VALID.match(token)
+    match = _VALID.fullmatch(token)
     if match is None or match.group(2) != _ZERO_SUB:
         raise BadOffset(token)
     return int(match.group(1))
