@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import ipaddress
 import logging
 import os
 import socket
 import sys
+from typing import NoReturn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     print(f"stations: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one ``stations: error: ...`` line, like every other refusal."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(f"{message} (see: {self.prog} --help)")
 
 
 def _is_loopback(host: str) -> bool:
@@ -32,7 +41,8 @@ def _is_loopback(host: str) -> bool:
 def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="run the Stations service")
     p.add_argument("--host", default=os.environ.get("STATIONS_HOST", DEFAULT_HOST))
-    p.add_argument("--port", type=int, default=int(os.environ.get("STATIONS_PORT", DEFAULT_PORT)))
+    # A string default goes through ``type`` too, so a bad STATIONS_PORT is a usage error.
+    p.add_argument("--port", type=int, default=os.environ.get("STATIONS_PORT", str(DEFAULT_PORT)))
     p.add_argument(
         "--db",
         default=os.environ.get("STATIONS_DB_URL"),
@@ -45,7 +55,12 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--insecure", action="store_true", help="serve a non-loopback host without tokens"
     )
     p.add_argument("--durability", choices=["fsync", "process"], default="fsync")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error", "critical"],
+        default="warning",
+    )
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -53,6 +68,8 @@ def serve(args: argparse.Namespace) -> None:
         _fail(f"--port must be between 1 and 65535 (got {args.port})")
     if args.long_poll_timeout_ms <= 0:
         _fail("--long-poll-timeout-ms must be positive")
+    if args.sse_lifetime_ms <= 0:
+        _fail("--sse-lifetime-ms must be positive")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
         _fail(
             f"refusing to serve {args.host} without --tokens; "
@@ -67,7 +84,11 @@ def serve(args: argparse.Namespace) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(args))
+    from aiohttp.web import GracefulExit
+
+    # SIGTERM / SIGINT end the loop with GracefulExit after a clean shutdown: exit 0.
+    with contextlib.suppress(GracefulExit, KeyboardInterrupt):
+        asyncio.run(_serve(args))
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -123,12 +144,17 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="stations")
+    parser = _Parser(prog="stations")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
+    from stations import pipeline  # light: PySpark is imported only when a job runs
+
+    pipeline.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(args)
+    elif args.command == "pipeline":
+        sys.exit(pipeline.run(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,499 @@
+"""``stations pipeline``: the common Spark jobs over the ``stations`` data source.
+
+- ``stations pipeline ingest --from PATH --format parquet|json|csv --station NAME
+  --msg-id-column COL``: every row becomes a message whose id is ``COL``; running it again (or a
+  retried task) stores nothing twice within the station's idempotency window.
+- ``stations pipeline export --station NAME --to PATH [--format parquet] [--dls]``: the station's
+  messages (or its dead-letter store) as files, for analysis.
+
+Both run on ``local[*]`` unless ``--master`` names another Spark master, show a progress bar on a
+terminal and close with a summary. PySpark is the optional extra ``stations[spark]``; this module
+imports it only when a job runs, so ``stations --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+FORMATS = ("parquet", "json", "csv")
+DEFAULT_URL = "http://127.0.0.1:4437"
+_runs = iter(range(1, 1 << 62))
+
+
+class PipelineError(Exception):
+    """A problem to report in one line (exit status 2)."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``pipeline`` with its ``ingest`` and ``export`` commands on ``sub``."""
+    p = sub.add_parser(
+        "pipeline",
+        help="Spark jobs: ingest files into a station, export a station or its DLS",
+        description="Spark jobs over the stations data source: ingest files into a station "
+        "(each row stored once by its id) and export a station's messages or its dead-letter "
+        "store to files. Runs on local[*] unless --master says otherwise.",
+    )
+    jobs = p.add_subparsers(dest="job", required=True)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "--url",
+            default=os.environ.get("STATIONS_URL", DEFAULT_URL),
+            help="Stations server (default: $STATIONS_URL or %(default)s)",
+        )
+        q.add_argument("--token", default=os.environ.get("STATIONS_TOKEN"), help="bearer token")
+        q.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+        q.add_argument(
+            "--conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="extra Spark configuration (repeatable)",
+        )
+        q.add_argument(
+            "--partitions", type=int, default=None, help="Spark tasks (default: 2 per core)"
+        )
+        q.add_argument(
+            "--progress",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="progress bar (default: when stderr is a terminal)",
+        )
+
+    ingest = jobs.add_parser("ingest", help="write the rows of files into a station, once each")
+    ingest.add_argument("--from", dest="source", required=True, metavar="PATH")
+    ingest.add_argument("--format", choices=FORMATS, help="default: from the file extension")
+    ingest.add_argument("--station", required=True)
+    ids = ingest.add_mutually_exclusive_group(required=True)
+    ids.add_argument("--msg-id-column", metavar="COL", help="the column holding each row's id")
+    ids.add_argument(
+        "--allow-duplicates",
+        action="store_true",
+        help="write without message ids: a re-run stores every row again",
+    )
+    ingest.add_argument(
+        "--chunk-size", type=int, default=1000, help="messages per request (default %(default)s)"
+    )
+    ingest.add_argument(
+        "--no-create", action="store_true", help="fail when the station does not exist"
+    )
+    common(ingest)
+
+    export = jobs.add_parser("export", help="write a station's messages (or its DLS) to files")
+    export.add_argument("--station", required=True)
+    export.add_argument("--to", dest="target", required=True, metavar="PATH")
+    export.add_argument("--format", choices=FORMATS, default="parquet")
+    export.add_argument("--dls", action="store_true", help="export the dead-letter store")
+    export.add_argument("--group", help="with --dls: only this consumer group's entries")
+    export.add_argument("--from-offset", default="-1", help="first offset (default: the start)")
+    export.add_argument("--to-offset", default="latest", help="end offset, exclusive")
+    export.add_argument("--overwrite", action="store_true", help="replace PATH if it exists")
+    common(export)
+
+
+# -- the jobs --------------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    job: str
+    station: str
+    rows_read: int
+    stored: int
+    duplicates: int
+    seconds: float
+    target: str | None = None
+
+    def lines(self) -> list[str]:
+        rate = self.rows_read / self.seconds if self.seconds > 0 else 0.0
+        if self.job == "ingest":
+            return [
+                f"ingest into {self.station}: {self.rows_read:,} rows read, "
+                f"{self.stored:,} stored, {self.duplicates:,} duplicates "
+                f"in {self.seconds:.1f} s ({rate:,.0f} rows/s)"
+            ]
+        what = "DLS entries" if self.job == "export-dls" else "messages"
+        return [
+            f"export of {self.station}: {self.rows_read:,} {what} read, {self.stored:,} rows "
+            f"written to {self.target} in {self.seconds:.1f} s ({rate:,.0f} rows/s)"
+        ]
+
+
+def run(
+    args: argparse.Namespace, spark: SparkSession | None = None, out: TextIO | None = None
+) -> int:
+    """Run the job in ``args``; with ``spark`` given, use that session and leave it running."""
+    out = out or sys.stdout
+    try:
+        preflight(args)
+        with _session(args, spark) as session:
+            summary = _ingest(session, args) if args.job == "ingest" else _export(session, args)
+    except PipelineError as exc:
+        print(f"stations pipeline: error: {exc}", file=sys.stderr)
+        return 2
+    for line in summary.lines():
+        print(line, file=out)
+    return 0
+
+
+def execute(spark: SparkSession, args: argparse.Namespace) -> Summary:
+    """Check and run the job in ``args`` on ``spark`` (with the ``stations`` format registered)."""
+    preflight(args)
+    return _ingest(spark, args) if args.job == "ingest" else _export(spark, args)
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """The checks that need no Spark: arguments, paths, the server and the station."""
+    _connector()
+    if args.partitions is not None and args.partitions < 1:
+        raise PipelineError("--partitions must be at least 1")
+    if args.job == "ingest":
+        args.format = args.format or _format_of(args.source)
+        if "://" not in args.source and not Path(args.source).exists():
+            raise PipelineError(f"--from {args.source}: no such file or directory")
+        if args.chunk_size < 1:
+            raise PipelineError("--chunk-size must be at least 1")
+        _check_station(args, create=not args.no_create)
+    else:
+        if args.group and not args.dls:
+            raise PipelineError("--group goes with --dls")
+        if os.path.exists(args.target) and not args.overwrite:
+            raise PipelineError(f"--to {args.target} exists (give --overwrite to replace it)")
+        from stations.spark import _Config
+
+        try:
+            _Config.parse(
+                {
+                    "station": args.station,
+                    "startingOffset": args.from_offset,
+                    "endingOffset": args.to_offset,
+                }
+            )
+        except ValueError as exc:
+            raise PipelineError(str(exc)) from None
+        _check_station(args, create=False)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse the arguments that follow ``stations pipeline``."""
+    parser = argparse.ArgumentParser(prog="stations")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["pipeline", *argv])
+
+
+def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> int:
+    """``stations pipeline ...`` on its own (for tests and ``python3 -m stations.pipeline``)."""
+    return run(parse_args(argv if argv is not None else sys.argv[1:]), spark)
+
+
+def _connector() -> ModuleType:
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+
+        import stations.spark
+    except ImportError as exc:
+        raise PipelineError(
+            f"stations pipeline needs PySpark and pyarrow ({exc.name} is missing): "
+            "pip install 'stations[spark]'"
+        ) from None
+    return stations.spark
+
+
+@contextmanager
+def _session(args: argparse.Namespace, spark: SparkSession | None) -> Iterator[SparkSession]:
+    connector = _connector()
+    from pyspark.sql import SparkSession
+
+    if spark is not None:
+        connector.register(spark)
+        yield spark
+        return
+    if args.master.startswith("local"):  # workers must run this interpreter
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    confs: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise PipelineError(f"--conf takes KEY=VALUE (got {item!r})")
+        confs[key] = value
+    logdir = tempfile.mkdtemp(prefix="stations-pipeline-log-")
+    if "spark.driver.extraJavaOptions" not in confs:  # errors only, not Spark's start-up chatter
+        config = os.path.join(logdir, "log4j2.properties")
+        Path(config).write_text(_LOG4J2)
+        confs["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{config}"
+    builder = (
+        SparkSession.builder.appName(f"stations pipeline {args.job}")
+        .master(args.master)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+    )
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    try:
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        connector.register(session)
+        try:
+            yield session
+        finally:
+            session.stop()
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _options(args: argparse.Namespace, station: str) -> dict[str, str]:
+    options = {"url": args.url, "station": station}
+    if args.token:
+        options["token"] = args.token
+    return options
+
+
+def _partitions(spark: SparkSession, args: argparse.Namespace) -> int:
+    return args.partitions or max(2, 2 * spark.sparkContext.defaultParallelism)
+
+
+def _check_station(args: argparse.Namespace, *, create: bool) -> None:
+    """Fail early, in one line, when the server is unreachable or the station is missing;
+    with ``create``, make a missing station with default settings."""
+    from stations.spark import StationsError, _Config
+
+    cfg = _Config.parse(_options(args, args.station))
+    http = cfg.client()
+    try:
+        try:
+            http.json("GET", f"/api/stations/{cfg.quoted}")
+            return
+        except StationsError as exc:
+            if exc.status != 404:
+                raise PipelineError(str(exc)) from None
+        if not create:
+            raise PipelineError(f"station {args.station} does not exist at {args.url}")
+        http.json("POST", "/api/stations", {"name": args.station})
+        print(f"created station {args.station} (default settings)", file=sys.stderr)
+    except StationsError as exc:
+        raise PipelineError(str(exc)) from None
+    except OSError as exc:
+        raise PipelineError(f"cannot reach {args.url}: {exc}") from None
+    finally:
+        http.close()
+
+
+def _ingest(spark: SparkSession, args: argparse.Namespace) -> Summary:
+    reader = spark.read.format(args.format)
+    if args.format == "csv":
+        reader = reader.option("header", "true").option("inferSchema", "true")
+    df = reader.load(args.source)
+    if args.msg_id_column and args.msg_id_column not in df.columns:
+        raise PipelineError(
+            f"--msg-id-column {args.msg_id_column} is not a column of {args.source} "
+            f"(columns: {', '.join(df.columns)})"
+        )
+    parts = _partitions(spark, args)
+    with _conf(spark, "spark.sql.files.minPartitionNum", str(parts)):
+        # Split the files themselves (no shuffle, file order kept within a task); a file that
+        # cannot be split (one Parquet row group, gzip) is spread by a shuffle instead.
+        if df.rdd.getNumPartitions() < parts:
+            df = df.repartition(parts)
+        return _ingest_job(spark, args, df)
+
+
+def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) -> Summary:
+    tmp = tempfile.mkdtemp(prefix="stations-pipeline-")
+    report = os.path.join(tmp, "report.json")
+    writer = df.write.format("stations").mode("append").options(**_options(args, args.station))
+    writer = writer.option("chunkSize", str(args.chunk_size)).option("reportPath", report)
+    if args.msg_id_column:
+        writer = writer.option("msgIdColumn", args.msg_id_column)
+    else:
+        writer = writer.option("allowDuplicates", "true")
+    started = time.monotonic()
+    group = f"stations-pipeline-{next(_runs)}"
+    try:
+        with _progress(spark, args, group, f"ingest → {args.station}"):
+            _run_job(spark, group, writer.save)
+        with open(report) as f:
+            totals = json.load(f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Summary(
+        "ingest",
+        args.station,
+        totals["rows"],
+        totals["stored"],
+        totals["duplicates"],
+        time.monotonic() - started,
+    )
+
+
+def _export(spark: SparkSession, args: argparse.Namespace) -> Summary:
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("stations").options(**_options(args, args.station))
+    if args.dls:
+        reader = reader.option("dls", "true")
+        if args.group:
+            reader = reader.option("group", args.group)
+    else:
+        reader = reader.option("startingOffset", args.from_offset)
+        reader = reader.option("endingOffset", args.to_offset)
+        reader = reader.option("numPartitions", str(_partitions(spark, args)))
+    df: DataFrame = reader.load()
+    if args.format == "csv":  # CSV has no map type
+        df = df.withColumn("headers", F.to_json("headers"))
+    started = time.monotonic()
+    group = f"stations-pipeline-{next(_runs)}"
+    with _progress(spark, args, group, f"export {args.station} → {args.target}"):
+        writer = df.write.mode("overwrite").format(args.format)
+        if args.format == "csv":
+            writer = writer.option("header", "true")
+        _run_job(spark, group, lambda: writer.save(args.target))
+    seconds = time.monotonic() - started
+    written_df = spark.read.format(args.format)
+    if args.format == "csv":
+        written_df = written_df.option("header", "true")
+    written = written_df.load(args.target).count()
+    return Summary(
+        "export-dls" if args.dls else "export",
+        args.station,
+        written,
+        written,
+        0,
+        seconds,
+        target=f"{args.target} ({args.format})",
+    )
+
+
+@contextmanager
+def _conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def _format_of(path: str) -> str:
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix in ("jsonl", "ndjson"):
+        return "json"
+    if suffix in FORMATS:
+        return suffix
+    raise PipelineError(f"cannot tell the format of {path}: give --format {'|'.join(FORMATS)}")
+
+
+def _run_job(spark: SparkSession, group: str, job: Any) -> None:
+    """Run ``job`` under the job group ``group``; turn connector errors into one line."""
+    spark.sparkContext.setJobGroup(group, "stations pipeline")
+    try:
+        job()
+    except Exception as exc:
+        text = str(exc)
+        for marker in ("StationsError: ", "StationsFencedError: ", "ValueError: "):
+            if marker in text:
+                raise PipelineError(text.split(marker, 1)[1].splitlines()[0]) from None
+        raise
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+
+
+# -- progress --------------------------------------------------------------------------------
+
+
+class _Bar:
+    """A one-line progress bar on a terminal: tasks done of all tasks of the job group."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self.label = label
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def draw(self, done: int, total: int) -> None:
+        frac = done / total if total else 0.0
+        filled = int(frac * self.WIDTH)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        elapsed = time.monotonic() - self.started
+        self.stream.write(
+            f"\r{self.label} [{bar}] {frac:4.0%} {done}/{total} tasks {elapsed:6.1f} s"
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _task_counts(spark: SparkSession, group: str) -> tuple[int, int]:
+    tracker = spark.sparkContext.statusTracker()
+    done = total = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job else []:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                done += stage.numCompletedTasks
+                total += stage.numTasks
+    return done, total
+
+
+@contextmanager
+def _progress(
+    spark: SparkSession, args: argparse.Namespace, group: str, label: str
+) -> Iterator[None]:
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    if not show:
+        yield
+        return
+    bar = _Bar(label, sys.stderr)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.5):
+            bar.draw(*_task_counts(spark, group))
+
+    thread = threading.Thread(target=loop, name="stations-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.draw(*_task_counts(spark, group))
+        bar.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""``stations serve`` on the command line: every refusal is one ``stations: error: ...`` line on
+stderr and a non-zero exit, never a Python traceback; a running server answers ``/healthz``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import Server, free_port
+
+
+def run_cli(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "stations", *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output, output
+    assert proc.returncode != 0, output
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith("stations: error: "), line
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["serve", "--bogus"], "--bogus"),
+        (["serve", "--port", "abc"], "--port"),
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--port", "0"], "--port"),
+        (["serve", "--durability", "sometimes"], "--durability"),
+        (["serve", "--log-level", "loud"], "--log-level"),
+        (["serve", "--long-poll-timeout-ms", "0"], "--long-poll-timeout-ms"),
+        (["serve", "--long-poll-timeout-ms", "soon"], "--long-poll-timeout-ms"),
+        (["serve", "--sse-lifetime-ms", "-1"], "--sse-lifetime-ms"),
+        (["serve", "--db"], "--db"),
+        (["launch"], "launch"),
+        ([], "command"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_options(tmp_path: Path, args: list[str], fragment: str) -> None:
+    assert_one_line_error(run_cli(args, tmp_path), fragment)
+    assert not (tmp_path / "stations-data").exists()  # refused before touching anything
+
+
+def test_bad_option_from_the_environment(tmp_path: Path) -> None:
+    proc = run_cli(["serve"], tmp_path, env={"STATIONS_PORT": "eighty"})
+    assert_one_line_error(proc, "--port")
+
+
+def test_unreachable_database(tmp_path: Path) -> None:
+    started = time.monotonic()
+    db = "postgresql://postgres@127.0.0.1:1/x"
+    proc = run_cli(["serve", "--db", db, "--port", str(free_port())], tmp_path)
+    assert_one_line_error(proc, "database")
+    assert time.monotonic() - started < 30
+
+
+def test_database_url_that_is_not_one(tmp_path: Path) -> None:
+    proc = run_cli(["serve", "--db", "not a url", "--port", str(free_port())], tmp_path)
+    assert_one_line_error(proc, "--db")
+    proc = run_cli(["serve", "--db", "nosuchdb://x/y", "--port", str(free_port())], tmp_path)
+    assert_one_line_error(proc)
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli(["serve", "--port", str(port), "--db", sqlite_url(tmp_path)], tmp_path)
+    assert_one_line_error(proc, str(port), "in use")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.com"])
+def test_non_loopback_host_needs_tokens(tmp_path: Path, host: str) -> None:
+    proc = run_cli(["serve", "--host", host, "--port", str(free_port())], tmp_path)
+    assert_one_line_error(proc, host, "--tokens")
+    assert not (tmp_path / "stations-data").exists()
+
+
+def test_missing_tokens_file(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-tokens.json"
+    proc = run_cli(["serve", "--tokens", str(missing), "--port", str(free_port())], tmp_path)
+    assert_one_line_error(proc)
+
+
+def test_healthz(server: Server) -> None:
+    r = httpx.get(server.url + "/healthz", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {"status": "ok"}
+
+
+def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        command = [sys.executable, "-m", "stations", "serve", "--port", str(port)]
+        command += ["--db", sqlite_url(tmp_path)]
+        proc = subprocess.Popen(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            base = f"http://127.0.0.1:{port}/v1/stream/s"
+            assert httpx.put(base, headers={"Content-Type": "text/plain"}).status_code == 201
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "Task was destroyed" not in text, text

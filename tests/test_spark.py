@@ -1,0 +1,397 @@
+"""The PySpark connector (``stations.spark``) and ``stations pipeline``, against a live server.
+
+One ``local[2]`` SparkSession serves the module. PySpark is the optional extra ``stations[spark]``:
+without it these tests skip locally and fail in CI (``CI=true``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.harness import IN_CI, Server
+
+try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.errors import StreamingQueryException
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from stations.spark import (
+        StationsDataSource,
+        StationsFencedError,
+        StationsStreamWriter,
+        StreamProducer,
+        _Config,
+    )
+except ImportError:
+    if IN_CI:  # the CI installs the spark extra: a missing PySpark is a failure there
+        raise
+    pytest.skip(
+        "PySpark / pyarrow not installed: pip install -e '.[spark]'", allow_module_level=True
+    )
+
+from stations import pipeline  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- fixtures and helpers ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    saved = {key: os.environ.get(key) for key in ("PYSPARK_PYTHON", "PYTHONPATH")}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Workers unpickle the test's own data source subclass: they must find this package.
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("stations-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.pollingDelay", "10ms")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(StationsDataSource)
+    session.dataSource.register(FailingCommitSource)
+    yield session
+    session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("spark")
+    server = Server(f"sqlite:///{workdir / 'stations-data' / 'stations.db'}", workdir).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def api(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        yield client
+
+
+def new_station(api: httpx.Client, **config: Any) -> str:
+    name = f"sp-{uuid.uuid4().hex[:10]}"
+    r = api.post("/api/stations", json={"name": name, **config})
+    assert r.status_code == 201, r.text
+    return name
+
+
+def produce(api: httpx.Client, name: str, messages: list[dict[str, Any]]) -> list[str]:
+    r = api.post(f"/api/stations/{quote(name, safe='')}/messages", json={"messages": messages})
+    assert r.status_code == 200, r.text
+    return [x["offset"] for x in r.json()["results"]]
+
+
+def stats(api: httpx.Client, name: str) -> dict[str, Any]:
+    r = api.get(f"/api/stations/{quote(name, safe='')}")
+    assert r.status_code == 200, r.text
+    return r.json()["stats"]  # type: ignore[no-any-return]
+
+
+def all_messages(api: httpx.Client, name: str) -> list[dict[str, Any]]:
+    out, offset = [], "-1"
+    while True:
+        r = api.get(f"/api/stations/{quote(name, safe='')}/messages?offset={offset}&limit=1000")
+        page = r.json()
+        out += page["messages"]
+        if page["upToDate"]:
+            return out
+        offset = page["nextOffset"]
+
+
+def reader(spark: SparkSession, srv: Server, station: str) -> Any:
+    return spark.read.format("stations").option("url", srv.url).option("station", station)
+
+
+# -- a sink whose commit fails once, to make Spark replay a batch ------------------------------
+
+
+class FailOnceCommitWriter(StationsStreamWriter):
+    marker = ""
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(batchId))
+            raise RuntimeError(f"injected failure in commit of batch {batchId}")
+
+
+class FailingCommitSource(StationsDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "stations_fail_commit_once"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> FailOnceCommitWriter:
+        writer = FailOnceCommitWriter(self.cfg, schema, overwrite)
+        writer.marker = self.options["failMarker"]
+        return writer
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_importing_stations_does_not_import_pyspark() -> None:
+    code = "import sys, stations, stations.cli, stations.pipeline; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_batch_read_of_a_range_in_parallel_partitions(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    name = new_station(api)
+    sent = [
+        {"id": f"m-{i}", "data": {"n": i, "s": "é"}, "headers": {"k": str(i % 3)}}
+        for i in range(500)
+    ]
+    offsets = produce(api, name, sent)
+
+    df = (
+        reader(spark, srv, name)
+        .option("startingOffset", offsets[100])
+        .option("endingOffset", offsets[400])
+        .option("numPartitions", "3")
+        .option("pageSize", "70")
+        .load()
+    )
+    assert df.columns == ["offset", "msgId", "headers", "data", "timestamp"]
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.withColumn("part", F.spark_partition_id()).collect()
+    assert [r.offset for r in rows] == offsets[100:400]  # the range, once, in order
+    assert [r.msgId for r in rows] == [f"m-{i}" for i in range(100, 400)]
+    assert [json.loads(r.data) for r in rows] == [m["data"] for m in sent[100:400]]
+    assert [r.headers for r in rows] == [m["headers"] for m in sent[100:400]]
+    assert all(r.timestamp is not None for r in rows)
+    by_part: dict[int, list[str]] = {}
+    for r in rows:
+        by_part.setdefault(r.part, []).append(r.offset)
+    assert sorted(len(v) for v in by_part.values()) == [100, 100, 100]  # split by offset range
+
+    everything = reader(spark, srv, name).option("startingOffset", "-1").load()
+    assert everything.count() == 500
+
+    text = new_station(api, contentType="text/plain")
+    produce(api, text, [{"data": "plain"}, {"data": "{not json"}])
+    assert [r.data for r in reader(spark, srv, text).load().collect()] == ["plain", "{not json"]
+
+
+def test_stream_read_resumes_from_its_checkpoint_exactly_once(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    name = new_station(api)
+    produce(api, name, [{"id": f"a-{i}", "data": i} for i in range(250)])
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def run() -> list[tuple[int, int]]:
+        query = (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", name)
+            .option("maxMessagesPerTrigger", "100")
+            .option("numPartitions", "2")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert not query.isActive
+        return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
+
+    first = run()
+    assert first == [(0, 100), (1, 100), (2, 50)]  # admission control: at most 100 a batch
+    produce(api, name, [{"id": f"b-{i}", "data": 250 + i} for i in range(150)])
+    second = run()
+    assert second == [(3, 100), (4, 50)]  # resumes right after batch 2: nothing repeated
+
+    rows = spark.read.parquet(out).select("offset", "msgId", "data").collect()
+    expected = [m["offset"] for m in all_messages(api, name)]
+    assert sorted(r.offset for r in rows) == expected  # every message exactly once
+    assert sorted(int(r.data) for r in rows) == list(range(400))
+
+
+def test_batch_write_run_twice_stores_once(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    name = new_station(api)
+    df = spark.range(0, 300, numPartitions=3).select(
+        F.concat(F.lit("order-"), (F.col("id") % 250).cast("string")).alias("order"),
+        (F.col("id") * 2).alias("total"),
+        F.create_map(F.lit("src"), F.lit("spark")).alias("headers"),
+    )
+    report = tmp_path / "report.json"
+
+    def write() -> dict[str, Any]:
+        (
+            df.write.format("stations")
+            .mode("append")
+            .option("url", srv.url)
+            .option("station", name)
+            .option("msgIdColumn", "order")
+            .option("chunkSize", "64")
+            .option("reportPath", str(report))
+            .save()
+        )
+        return json.loads(report.read_text())  # type: ignore[no-any-return]
+
+    first = write()
+    assert (first["rows"], first["stored"], first["duplicates"]) == (300, 250, 50)
+    second = write()
+    assert (second["rows"], second["stored"], second["duplicates"]) == (300, 0, 300)
+    assert stats(api, name)["messages"] == 250
+    stored = all_messages(api, name)
+    assert sorted(m["id"] for m in stored) == sorted(f"order-{i}" for i in range(250))
+    one = next(m for m in stored if m["id"] == "order-7")
+    assert one["data"] == {"order": "order-7", "total": 14} and one["headers"] == {"src": "spark"}
+
+    with pytest.raises(Exception, match="msgIdColumn"):  # no ids: refused, not silently doubled
+        df.write.format("stations").mode("append").option("url", srv.url).option(
+            "station", name
+        ).save()
+    assert stats(api, name)["messages"] == 250
+
+
+def test_stream_write_replayed_after_a_failed_commit_stores_once(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    source = new_station(api)
+    produce(api, source, [{"data": {"n": i}} for i in range(300)])
+    sink = new_station(api)
+    marker, checkpoint = tmp_path / "failed-once", str(tmp_path / "checkpoint")
+
+    def run() -> Any:
+        return (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", source)
+            .option("numPartitions", "3")
+            .load()
+            .writeStream.format("stations_fail_commit_once")
+            .option("url", srv.url)
+            .option("station", sink)
+            .option("chunkSize", "40")
+            .option("failMarker", str(marker))
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    query = run()
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        query.awaitTermination(120)
+    assert marker.read_text() == "0"
+    assert stats(api, sink)["messages"] == 300  # the tasks wrote before the commit failed
+
+    query = run()  # restart from the checkpoint: batch 0 runs again
+    query.awaitTermination(120)
+    assert [p["batchId"] for p in query.recentProgress] == [0]
+    assert query.recentProgress[0]["numInputRows"] == 300
+    assert stats(api, sink)["messages"] == 300  # the replay was answered as duplicates
+    assert sorted(m["data"]["n"] for m in all_messages(api, sink)) == list(range(300))
+
+
+def test_a_zombie_producer_of_an_older_batch_is_fenced(srv: Server, api: httpx.Client) -> None:
+    name = new_station(api)
+    cfg = _Config.parse({"url": srv.url, "station": name})
+
+    def producer(epoch: int) -> StreamProducer:
+        return StreamProducer(cfg, producer_id="q:0", epoch=epoch, content_type="application/json")
+
+    new = producer(5)
+    assert new.append(b"[1,2]") is True
+    replay = producer(5)
+    assert replay.append(b"[1,2]") is False  # same (epoch, seq): a duplicate
+    zombie = producer(4)
+    with pytest.raises(StationsFencedError, match="fenced by epoch 5"):
+        zombie.append(b"[3]")
+    for p in (new, replay, zombie):
+        p.close()
+    assert stats(api, name)["messages"] == 2
+
+
+def test_pipeline_ingest_of_parquet_with_repeated_ids(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    unique = 1800
+    ids = [f"user-{i}" for i in range(unique)] + [f"user-{i * 9}" for i in range(200)]  # 10 %
+    path = tmp_path / "events.parquet"
+    pq.write_table(
+        pa.table({"event_id": ids, "amount": [float(i) for i in range(2000)]}),
+        path,
+        row_group_size=500,
+    )
+    name = f"ingest-{uuid.uuid4().hex[:8]}"  # the pipeline creates the station
+    args = ["ingest", "--from", str(path), "--format", "parquet", "--station", name]
+    args += ["--msg-id-column", "event_id", "--url", srv.url, "--partitions", "3", "--progress"]
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert pipeline.main(args, spark=spark) == 0
+    assert "2,000 rows read, 1,800 stored, 200 duplicates" in out.getvalue()
+    assert stats(api, name)["messages"] == unique
+    assert sorted(m["id"] for m in all_messages(api, name)) == sorted(set(ids))
+
+    out = io.StringIO()
+    with redirect_stdout(out):  # running the job again stores nothing
+        assert pipeline.main(args, spark=spark) == 0
+    assert "2,000 rows read, 0 stored, 2,000 duplicates" in out.getvalue()
+    assert stats(api, name)["messages"] == unique
+
+
+def test_pipeline_export_of_the_dls(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    name = new_station(api)
+    produce(api, name, [{"id": f"p-{i}", "data": {"n": i}} for i in range(25)])
+    q = quote(name, safe="")
+    r = api.put(f"/api/stations/{q}/groups/g", json={"maxMsgDeliveries": 1})
+    assert r.status_code == 201, r.text
+    fetched = api.post(f"/api/stations/{q}/groups/g/fetch", json={"max": 25, "waitMs": 1000})
+    offsets = [m["offset"] for m in fetched.json()["messages"]]
+    assert len(offsets) == 25
+    r = api.post(f"/api/stations/{q}/groups/g/nack", json={"offsets": offsets})
+    assert r.json()["nacked"] == 25
+    assert stats(api, name)["deadLettered"] == 25
+
+    target = tmp_path / "dls"
+    args = ["export", "--station", name, "--to", str(target), "--dls", "--url", srv.url]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert pipeline.main(args, spark=spark) == 0
+    assert "25 DLS entries read, 25 rows written" in out.getvalue()
+    table = pq.read_table(target).to_pylist()
+    assert sorted(e["msgId"] for e in table) == sorted(f"p-{i}" for i in range(25))
+    assert {(e["group"], e["reason"], e["deliveryCount"]) for e in table} == {
+        ("g", "max_deliveries", 1)
+    }
+    assert sorted(json.loads(e["data"])["n"] for e in table) == list(range(25))
+
+    paged = reader(spark, srv, name).option("dls", "true").option("pageSize", "7").load()
+    assert paged.count() == 25  # four pages, followed through `next`
