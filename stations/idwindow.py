@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 CACHE_SIZE = 50_000  # ids per station kept in RAM
 SWEEP_CHUNK = 5_000
+LOOKUP_CHUNK = 500  # ids per IN (...) query
 
 
 class IdWindow:
@@ -43,37 +44,58 @@ class IdWindow:
 
     def lookup(self, batch: Batch, state: StreamState, msg_id: str) -> int | None:
         """The position of the message stored under ``msg_id`` if it is still in the window."""
-        key = (state.id, msg_id)
-        if key in batch.pending_ids:
-            return batch.pending_ids[key]
-        window = state.window_ms
-        hit = self._cache(state).get(msg_id)
-        if hit is not None and batch.now < hit[1] + window:
-            return hit[0]
-        row = batch.conn.execute(
-            select(msg_ids.c.seq, msg_ids.c.stored_at).where(
-                msg_ids.c.stream_id == state.id, msg_ids.c.msg_id == msg_id
-            )
-        ).first()
-        if row is None:
-            return None
-        if batch.now < row.stored_at + window:
-            return row.seq
-        # Expired but not yet swept: the id is free again.
-        batch.conn.execute(
-            delete(msg_ids).where(msg_ids.c.stream_id == state.id, msg_ids.c.msg_id == msg_id)
-        )
-        return None
+        return self.lookup_many(batch, state, [msg_id]).get(msg_id)
 
-    def remember(self, batch: Batch, state: StreamState, msg_id: str, seq: int) -> None:
-        batch.pending_ids[(state.id, msg_id)] = seq
-        batch.ids.append(
-            {"stream_id": state.id, "msg_id": msg_id, "seq": seq, "stored_at": batch.now}
-        )
+    def lookup_many(self, batch: Batch, state: StreamState, wanted: list[str]) -> dict[str, int]:
+        """``lookup`` for many ids at once: one query for all that the cache cannot answer."""
+        found: dict[str, int] = {}
+        window = state.window_ms
         cache = self._cache(state)
-        stored_at = batch.now
-        # Only a committed id may answer a retry as a duplicate.
-        batch.after_commit.append(lambda: cache.__setitem__(msg_id, (seq, stored_at)))
+        misses = []
+        for msg_id in dict.fromkeys(wanted):
+            pending = batch.pending_ids.get((state.id, msg_id))
+            if pending is not None:
+                found[msg_id] = pending
+                continue
+            hit = cache.get(msg_id)
+            if hit is not None and batch.now < hit[1] + window:
+                found[msg_id] = hit[0]
+            else:
+                misses.append(msg_id)
+        expired = []
+        mark = "?" if batch.conn.dialect.paramstyle == "qmark" else "%s"
+        for start in range(0, len(misses), LOOKUP_CHUNK):
+            chunk = misses[start : start + LOOKUP_CHUNK]
+            # Driver-level SQL: compiling an IN list of hundreds of bound parameters through
+            # SQLAlchemy would cost more than the lookup itself.
+            rows = batch.conn.exec_driver_sql(
+                f"SELECT msg_id, seq, stored_at FROM msg_ids WHERE stream_id = {mark} "
+                f"AND msg_id IN ({', '.join([mark] * len(chunk))})",
+                (state.id, *chunk),
+            )
+            for msg_id, seq, stored_at in rows:
+                if batch.now < stored_at + window:
+                    found[msg_id] = seq
+                else:
+                    expired.append(msg_id)
+        if expired:
+            # Expired but not yet swept: the ids are free again.
+            batch.conn.execute(
+                delete(msg_ids).where(
+                    msg_ids.c.stream_id == state.id, msg_ids.c.msg_id.in_(expired)
+                )
+            )
+        return found
+
+    def remember(self, batch: Batch, state: StreamState, stored: list[tuple[str, int]]) -> None:
+        """Record ``(msg_id, position)`` pairs stored by this batch."""
+        cache, now = self._cache(state), batch.now
+        for msg_id, seq in stored:
+            batch.pending_ids[(state.id, msg_id)] = seq
+            batch.ids.append((state.id, msg_id, seq, now))
+            # Only a committed id may answer a retry as a duplicate: the writer fills the
+            # cache after the commit.
+            batch.cache_fills.append((cache, msg_id, (seq, now)))
 
     def forget_station(self, stream_id: int) -> None:
         self._caches.pop(stream_id, None)

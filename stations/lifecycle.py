@@ -146,16 +146,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         state.tail += 1
         state.msg_count += 1
         state.byte_count += len(data)
-        batch.rows.append(
-            {
-                "stream_id": state.id,
-                "seq": state.tail,
-                "data": data,
-                "msg_id": None,
-                "headers": None,
-                "stored_at": now,
-            }
-        )
+        batch.rows.append((state.id, state.tail, data, None, None, now))
     state.closed = req.closed
     batch.streams[state.name] = state
     batch.touch(state)

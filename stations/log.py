@@ -146,30 +146,21 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
             f"Stream-Seq {req.stream_seq!r} is not above {state.stream_seq!r}", "Stream-Seq"
         )
 
-    results: list[tuple[int | None, bool]] = []
-    for i, data in enumerate(req.messages):
-        msg_id = req.msg_ids[i] if req.msg_ids else None
-        if msg_id is not None:
-            original = window.lookup(batch, state, msg_id)
-            if original is not None:
-                results.append((original - 1, True))
-                continue
-        state.tail += 1
-        batch.rows.append(
-            {
-                "stream_id": state.id,
-                "seq": state.tail,
-                "data": data,
-                "msg_id": msg_id,
-                "headers": req.headers[i] if req.headers else None,
-                "stored_at": batch.now,
-            }
+    results: list[tuple[int | None, bool]]
+    headers = req.headers or [None] * len(req.messages)
+    if not req.msg_ids:
+        # The common case, kept tight: every message is new.
+        base, now = state.tail, batch.now
+        batch.rows.extend(
+            (state.id, base + k, data, None, headers[k - 1], now)
+            for k, data in enumerate(req.messages, 1)
         )
-        state.msg_count += 1
-        state.byte_count += len(data)
-        if msg_id is not None:
-            window.remember(batch, state, msg_id, state.tail)
-        results.append((state.tail - 1, False))
+        state.tail += len(req.messages)
+        state.msg_count += len(req.messages)
+        state.byte_count += sum(map(len, req.messages))
+        results = [(position, False) for position in range(base, state.tail)]
+    else:
+        results = _append_tagged(batch, window, state, req, headers)
 
     if producer is not None:
         batch.sessions[(state.id, producer.id)] = sessions.Session(producer.epoch, producer.seq)
@@ -189,6 +180,36 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     return AppendResult(
         state.tail, state.closed, False, producer, producer.seq if producer else None, results
     )
+
+
+def _append_tagged(
+    batch: Batch,
+    window: IdWindow,
+    state: StreamState,
+    req: AppendRequest,
+    headers: list[str | None],
+) -> list[tuple[int | None, bool]]:
+    """Messages with Msg-Ids: those still in the window are duplicates, not stored."""
+    assert req.msg_ids is not None
+    known = window.lookup_many(batch, state, [m for m in req.msg_ids if m is not None])
+    results: list[tuple[int | None, bool]] = []
+    stored: dict[str, int] = {}
+    for data, msg_id, header in zip(req.messages, req.msg_ids, headers, strict=True):
+        if msg_id is not None:
+            # Ids repeated inside one request are duplicates of the first.
+            original = stored.get(msg_id) or known.get(msg_id)
+            if original is not None:
+                results.append((original - 1, True))
+                continue
+        state.tail += 1
+        batch.rows.append((state.id, state.tail, data, msg_id, header, batch.now))
+        state.msg_count += 1
+        state.byte_count += len(data)
+        if msg_id is not None:
+            stored[msg_id] = state.tail
+        results.append((state.tail - 1, False))
+    window.remember(batch, state, list(stored.items()))
+    return results
 
 
 def _original_offsets(

@@ -117,19 +117,38 @@ def parse_batch(state: StreamState, body: Any) -> AppendRequest:
     if len(items) > MAX_BATCH:
         raise BadRequest(f"at most {MAX_BATCH} messages per request", "messages")
     req = AppendRequest(name=state.name, content_type=state.content_type)
-    req.msg_ids, req.headers = [], []
+    ids: list[str | None] = []
+    headers: list[str | None] = []
+    datas: list[bytes] = []
+    is_json = state.is_json
+    fields = {"id", "data", "dataBase64", "headers"}
     for i, item in enumerate(items):
+        # The common shape is checked inline; anything else takes the careful path that
+        # names the offending field.
+        if type(item) is dict and item.keys() <= fields:
+            msg_id = item.get("id")
+            if msg_id is not None and (type(msg_id) is not str or not _MSG_ID.fullmatch(msg_id)):
+                valid_msg_id(msg_id, f"messages.{i}.id")
+            raw_headers = item.get("headers")
+            if is_json and "data" in item and "dataBase64" not in item:
+                try:
+                    data = framing.dumps(item["data"])
+                except (RecursionError, UnicodeEncodeError):
+                    data = _data(item, state, f"messages.{i}")
+            else:
+                data = _data(item, state, f"messages.{i}")
+            ids.append(msg_id)
+            headers.append(
+                None if raw_headers is None else _headers(raw_headers, f"messages.{i}.headers")
+            )
+            datas.append(data)
+            continue
         field = f"messages.{i}"
         if not isinstance(item, dict):
             raise BadRequest(f"{field} must be an object", field)
-        unknown = set(item) - {"id", "data", "dataBase64", "headers"}
-        if unknown:
-            path = f"{field}.{sorted(unknown)[0]}"
-            raise BadRequest(f"unknown field {path}", path)
-        msg_id = item.get("id")
-        req.msg_ids.append(None if msg_id is None else valid_msg_id(msg_id, f"{field}.id"))
-        req.headers.append(_headers(item.get("headers"), f"{field}.headers"))
-        req.messages.append(_data(item, state, field))
+        path = f"{field}.{sorted(set(item) - fields)[0]}"
+        raise BadRequest(f"unknown field {path}", path)
+    req.msg_ids, req.headers, req.messages = ids, headers, datas
     return req
 
 

@@ -46,13 +46,15 @@ class Batch:
     now: int
     streams: dict[str, StreamState | None] = field(default_factory=dict)
     dirty: dict[int, StreamState] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    ids: list[dict[str, Any]] = field(default_factory=list)
+    # Rows to insert at commit, as tuples in column order (see _INSERT_MESSAGE / _INSERT_ID).
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    ids: list[tuple[Any, ...]] = field(default_factory=list)
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     dirty_sessions: set[tuple[int, str]] = field(default_factory=set)
     pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)  # written this batch
     changed: set[str] = field(default_factory=set)  # stream names whose readers must wake
     after_commit: list[Callable[[], None]] = field(default_factory=list)
+    cache_fills: list[tuple[Any, str, Any]] = field(default_factory=list)  # (cache, key, value)
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
@@ -65,11 +67,13 @@ class Batch:
 
     def flush(self) -> None:
         """Write what the batch holds; ops that change structure call this first."""
+        # The bulk inserts go to the driver's executemany directly: SQLAlchemy's per-row
+        # parameter processing would cost more than the insert itself on this hot path.
         if self.rows:
-            self.conn.execute(insert(messages), self.rows)
+            self.conn.exec_driver_sql(_insert_sql(self.conn, messages), self.rows)
             self.rows = []
         if self.ids:
-            self.conn.execute(insert(msg_ids), self.ids)
+            self.conn.exec_driver_sql(_insert_sql(self.conn, msg_ids), self.ids)
             self.ids = []
         self.pending_ids.clear()
         for state in self.dirty.values():
@@ -100,6 +104,18 @@ class Batch:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()
         self.sessions.clear()
+
+
+def _insert_sql(conn: Connection, table: Any) -> str:
+    """INSERT with positional placeholders in the driver's own style, for every column."""
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    columns = ", ".join(c.name for c in table.columns)
+    return f"INSERT INTO {table.name} ({columns}) VALUES ({', '.join([mark] * len(table.columns))})"
+
+
+def _fill(fills: list[tuple[Any, str, Any]]) -> None:
+    for cache, key, value in fills:
+        cache[key] = value
 
 
 @dataclass
@@ -238,4 +254,6 @@ class Writer:
             if conn.invalidated:
                 self._conn = None
             raise
+        if batch.cache_fills:
+            batch.after_commit.append(lambda: _fill(batch.cache_fills))
         return outcomes, batch.changed, batch.after_commit
