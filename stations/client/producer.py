@@ -8,6 +8,11 @@ a retrying one gets a 409 "expected an earlier seq", waits for it, and is sent a
 
 Memory is bounded: ``append()`` raises ``BufferFull`` while ``max_buffered_bytes`` of data are
 unacknowledged; ``await wait_for_capacity()`` waits for room.
+
+Throughput: JSON values are encoded with orjson (json.dumps where orjson would differ) straight
+into the batch being filled; a batch whose ``linger_ms`` is up while every send slot is busy
+keeps filling until one is free, as Kafka's producer does; and ``wait_for_capacity()`` in a tight
+append loop yields to the event loop now and then, so batches are sent while the loop goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from stations.client.errors import (
     BufferFull,
@@ -39,14 +46,24 @@ logger = logging.getLogger("stations.client.producer")
 
 _MISSING: Any = object()
 
+# wait_for_capacity() yields to the event loop at least once in this many calls (about 1 ms of
+# appending), so that a loop that never awaits anything else still lets sends and answers run.
+_YIELD_EVERY = 1000
+
 # Item kinds: ready bytes, UTF-8 text whose meaning depends on the stream (a JSON string, or
 # text), or an already JSON-encoded value (only valid on a JSON stream).
 _RAW, _TEXT, _OBJ = 0, 1, 2
+_CONTAINERS = (dict, list)  # tuples, not X | Y: no union object built on every call
+_BYTES = (bytes, bytearray, memoryview)
 
 
 @dataclass(eq=False)
 class _Batch:
-    items: list[tuple[int, bytes]]
+    # Either the messages already joined (JSON values separated by ",", or the bytes of a byte
+    # stream, back to back) or, for messages appended before the stream's content type was
+    # known, a list of (kind, bytes) items, turned into a body when the batch is sent.
+    data: bytes | None
+    items: list[tuple[int, bytes]] | None
     size: int
     order: int  # position among all batches, never changes (seq does, on an epoch change)
     epoch: int = 0
@@ -115,9 +132,20 @@ class IdempotentProducer:
         # first answer may move us to another epoch anyway.
         self._established = False
         self._orders = 0
-        self._pending: list[tuple[int, bytes]] = []
+        # The batch being filled: messages joined in _pending_data once the content type is
+        # known (cheaper than a list of small bytes objects kept alive), else in _pending_items.
+        self._pending_data = bytearray()
+        self._pending_items: list[tuple[int, bytes]] | None = None
+        self._pending_count = 0
         self._pending_bytes = 0
+        # A batch was sealed since wait_for_capacity() last yielded to the event loop, and how
+        # often it returned at once since: see wait_for_capacity().
+        self._kick = False
+        self._calls_since_yield = 0
         self._linger_timer: asyncio.TimerHandle | None = None
+        # The pending batch has lingered long enough but every send slot was busy: it goes on
+        # growing (up to max_batch_bytes) and is sealed as soon as a slot is free.
+        self._linger_due = False
         self._queue: deque[_Batch] = deque()  # sealed, not yet sent
         self._unsettled: deque[_Batch] = deque()  # sealed, not yet settled, in order
         self._in_flight: dict[_Batch, asyncio.Task[None]] = {}
@@ -174,7 +202,10 @@ class IdempotentProducer:
 
     def append(self, data: Any) -> None:
         """Queue one message and return at once; it is sent within ``linger_ms``, when the batch
-        reaches ``max_batch_bytes``, or on ``flush()``. Needs a running event loop."""
+        reaches ``max_batch_bytes``, or on ``flush()``. Needs a running event loop.
+
+        The batches go out while the caller's code lets the event loop run: any ``await``, and
+        ``await wait_for_capacity()`` in an append loop does it whenever a batch is ready."""
         if self._error is not None:
             raise self._error
         if self._closed:
@@ -184,45 +215,76 @@ class IdempotentProducer:
                 f"{self._buffered} bytes are waiting for the server "
                 f"(max_buffered_bytes={self.max_buffered_bytes}); await wait_for_capacity()"
             )
-        item = self._encode(data)
-        loop = asyncio.get_running_loop()
-        size = len(item[1]) + 1  # + the separator in a JSON array
-        if self._pending and self._pending_bytes + size > self.max_batch_bytes:
+        kind, payload = self._encode(data)
+        size = len(payload) + 1  # + the separator in a JSON array
+        if self._pending_count and self._pending_bytes + size > self.max_batch_bytes:
             self._seal()
-        self._pending.append(item)
+        if self._pending_items is not None or self._json is None:
+            if self._pending_items is None:  # the first message of the batch decides
+                self._pending_items = []
+            self._pending_items.append((kind, payload))
+        else:
+            if self._json and self._pending_count:
+                self._pending_data += b","
+            self._pending_data += payload
+        self._pending_count += 1
         self._pending_bytes += size
         self._buffered += size
         if self._pending_bytes >= self.max_batch_bytes:
             self._seal()
-        elif self._linger_timer is None:
-            self._linger_timer = loop.call_later(self.linger, self._seal)
+        elif self._linger_timer is None and not self._linger_due:
+            self._linger_timer = asyncio.get_running_loop().call_later(self.linger, self._lingered)
 
     def _encode(self, data: Any) -> tuple[int, bytes]:
-        if isinstance(data, bytes | bytearray | memoryview):
+        if isinstance(data, _CONTAINERS) and self._json:  # the common case first
+            return _RAW, _json_bytes(data)
+        if isinstance(data, _BYTES):
             return _RAW, bytes(data)
         if isinstance(data, str):
             if self._json is None:
                 return _TEXT, data.encode()
-            return _RAW, (_dumps(data) if self._json else data).encode()
+            return _RAW, (_json_bytes(data) if self._json else data.encode())
         if self._json is False:
             raise TypeError(f"a {self._content_type} stream takes bytes or str, not {type(data)}")
-        return (_OBJ if self._json is None else _RAW), _dumps(data).encode()
+        return (_OBJ if self._json is None else _RAW), _json_bytes(data)
+
+    def _lingered(self) -> None:
+        """``linger_ms`` after the first message of the pending batch: seal it, unless it would
+        only wait in the queue; then it keeps filling until a send slot is free (as Kafka's
+        producer does), so that a busy producer sends fewer, fuller batches."""
+        self._linger_timer = None
+        if self._slot_free():
+            self._seal()
+        else:
+            self._linger_due = True
+
+    def _slot_free(self) -> bool:
+        limit = self.max_in_flight if self._established else 1
+        return not self._queue and len(self._in_flight) < limit
 
     def _seal(self) -> None:
         """Close the pending batch and queue it for sending."""
+        self._linger_due = False
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
-        if not self._pending:
+        if not self._pending_count:
             return
-        batch = _Batch(self._pending, self._pending_bytes, self._orders)
+        data = None if self._pending_items is not None else bytes(self._pending_data)
+        batch = _Batch(data, self._pending_items, self._pending_bytes, self._orders)
         self._orders += 1
-        self._pending, self._pending_bytes = [], 0
+        self._clear_pending()
+        self._kick = True
         batch.epoch, batch.seq = self._epoch, self._next_seq
         self._next_seq += 1
         self._queue.append(batch)
         self._unsettled.append(batch)
         self._pump()
+
+    def _clear_pending(self) -> None:
+        self._pending_data = bytearray()
+        self._pending_items = None
+        self._pending_count = self._pending_bytes = 0
 
     def _pump(self) -> None:
         """Start sending queued batches, up to the in-flight limit."""
@@ -237,6 +299,8 @@ class IdempotentProducer:
             batch = self._queue.popleft()
             task = asyncio.get_running_loop().create_task(self._send(batch))
             self._in_flight[batch] = task
+        if self._linger_due and self._slot_free():
+            self._seal()  # queues the batch that lingered and sends it (calls _pump again)
 
     async def start(self) -> None:
         """Learn the stream's content type now (otherwise done before the first batch), so a
@@ -269,9 +333,12 @@ class IdempotentProducer:
 
     # -- sending ----------------------------------------------------------------------------------
 
-    def _body(self, items: list[tuple[int, bytes]]) -> bytes:
+    def _body(self, batch: _Batch) -> bytes:
+        if batch.data is not None:
+            return b"[" + batch.data + b"]" if self._json else batch.data
+        items = batch.items or []
         if self._json:
-            parts = [_dumps(p.decode()).encode() if kind == _TEXT else p for kind, p in items]
+            parts = [_json_bytes(p.decode()) if kind == _TEXT else p for kind, p in items]
             return b"[" + b",".join(parts) + b"]"
         if any(kind == _OBJ for kind, _ in items):
             raise TypeError(f"a {self._content_type} stream takes bytes or str, not JSON values")
@@ -299,7 +366,7 @@ class IdempotentProducer:
         self._after_send()
 
     async def _send_until_settled(self, batch: _Batch) -> None:
-        body = self._body(batch.items)
+        body = self._body(batch)
         backoff = Backoff(self.retry)
         while True:
             if self._error is not None:
@@ -369,7 +436,8 @@ class IdempotentProducer:
         logger.warning("producer %s stopped: %s", self.producer_id, error)
         dropped = list(self._unsettled)
         self._queue.clear()
-        self._pending, self._pending_bytes = [], 0
+        self._clear_pending()
+        self._linger_due = False
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
@@ -418,7 +486,18 @@ class IdempotentProducer:
 
     async def wait_for_capacity(self) -> None:
         """Wait until ``append()`` accepts data again (the buffer is below
-        ``max_buffered_bytes``). Raises the producer's error if it stopped."""
+        ``max_buffered_bytes``). Raises the producer's error if it stopped.
+
+        Also the point where a tight append loop lets the producer work: when there is room it
+        still yields to the event loop once a batch was sealed, and every so many calls, so that
+        batches go out (and answers come in) while the caller goes on appending."""
+        if self._buffered < self.max_buffered_bytes and self._error is None:
+            self._calls_since_yield += 1
+            if self._kick or self._calls_since_yield >= _YIELD_EVERY:
+                self._kick = False
+                self._calls_since_yield = 0
+                await asyncio.sleep(0)
+            return
         if self._buffered >= self.max_buffered_bytes:
             self._seal()  # no point lingering while the caller is blocked
         await self._wait_until(
@@ -449,7 +528,8 @@ class IdempotentProducer:
             await self.start()
             body = b""
             if final_message is not _MISSING:
-                body = self._body([self._encode(final_message)])
+                final = _Batch(None, [self._encode(final_message)], 0, -1)
+                body = self._body(final)
             offset = await self._post_close(body)
             if offset and (self._last_offset or "") < offset:
                 self._last_offset = offset
@@ -511,9 +591,22 @@ class IdempotentProducer:
             await self.detach()
 
 
-def _dumps(value: Any) -> str:
-    # NaN and Infinity are not JSON: refuse them in append(), not as a 400 that stops the producer.
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+# orjson's own types beyond JSON that json.dumps refuses too stay refused (TypeError).
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _json_bytes(value: Any) -> bytes:
+    """One JSON value, compact. orjson for speed; json.dumps for what orjson does not take
+    (non-string keys, integers beyond 64 bits, lone surrogates) and whenever orjson wrote a
+    ``null``, because orjson writes NaN and Infinity as null where json.dumps refuses them: NaN
+    and Infinity are not JSON, refuse them in append(), not as a 400 that stops the producer."""
+    try:
+        data = orjson.dumps(value, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError
+        data = b"null"
+    if b"null" in data:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    return data
 
 
 def _as_retryable(exc: StationsError) -> StationsError:
