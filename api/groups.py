@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from api.stations import _int_param, json_body, service, station_name
-from stations import messages
+from stations import dls, messages
 from stations.errors import BadRequest
 from stations.groups import MAX_FETCH, parse_offsets, validate_name
 
@@ -53,7 +53,9 @@ async def delete_group(request: web.Request) -> web.Response:
 
 
 async def fetch(request: web.Request) -> web.Response:
-    body = _object(await json_body(request), {"max", "waitMs", "consumer"})
+    # Every field has a default, so an empty body is a fetch with the defaults.
+    raw = await json_body(request) if request.can_read_body else {}
+    body = _object(raw, {"max", "waitMs", "consumer"})
     max_count = _body_int(body, "max", 10, 1, MAX_FETCH)
     wait_ms = _body_int(body, "waitMs", 0, 0, MAX_WAIT_MS)
     consumer = body.get("consumer", "default")
@@ -107,11 +109,13 @@ async def list_dls(request: web.Request) -> web.Response:
     group = request.query.get("group") or None
     limit = _int_param(request, "limit", 100, 1, 1000)
     after_raw = request.query.get("after")
-    if after_raw is not None and not after_raw.isdigit():
-        raise BadRequest("after must be a DLS entry id", "after")
-    entries, nxt = await service(request).dls_entries(
-        station_name(request), group, limit, int(after_raw) if after_raw else None
-    )
+    after = None
+    if after_raw:
+        after = dls.parse_entry_id(after_raw)
+        if after is None:
+            raise BadRequest("after must be a DLS entry id", "after")
+        after = min(after, dls.MAX_ENTRY_ID)  # past every entry: an empty page
+    entries, nxt = await service(request).dls_entries(station_name(request), group, limit, after)
     return web.json_response({"entries": entries, "next": nxt})
 
 

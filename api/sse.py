@@ -40,8 +40,8 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
         while True:
             # A data event and its control event go out in one write, so a reader never sees
             # one without the other.
-            chunk = _event("data", sse_payload(state, result)) if result.messages else b""
-            if result.messages or result is first or result.closed:
+            chunk = _event("data", sse_payload(state, result)) if result.count else b""
+            if result.count or result is first or result.closed:
                 control: dict[str, object] = {"streamNextOffset": encode(result.next)}
                 if result.closed:
                     control["streamClosed"] = True

@@ -14,9 +14,10 @@ from aiohttp import web
 from stations import framing
 from stations.errors import BadRequest
 from stations.lifecycle import CreateRequest
-from stations.log import AppendRequest, AppendResult, ReadResult
+from stations.log import AppendRequest, AppendResult
 from stations.offsets import NOW, BadOffset, decode, encode
 from stations.producers import parse_headers
+from stations.reads import ReadResult
 from stations.station import default_config
 from stations.streams import StreamState, is_json_type
 
@@ -302,8 +303,7 @@ def append_response(result: AppendResult, with_producer: bool, with_msg_id: bool
 
 
 def _body(state: StreamState, result: ReadResult) -> bytes:
-    items = [m.data for m in result.messages]
-    return framing.join_json(items) if state.is_json else b"".join(items)
+    return framing.join_json(result.parts) if state.is_json else b"".join(result.parts)
 
 
 def _etag(result: ReadResult) -> str:
@@ -340,7 +340,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     if live == "long-poll":
         timeout = request.app["long_poll_timeout_s"]
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
-        if not result.messages:
+        if not result.count:
             response = web.Response(status=204)
             _read_headers(response, result)
             response.headers["Stream-Up-To-Date"] = "true"
@@ -395,7 +395,7 @@ def sse_payload(state: StreamState, result: ReadResult) -> str:
     """The text of one ``data`` event: JSON array, text as is, other types base64."""
     if state.is_json:
         return _body(state, result).decode()
-    raw = b"".join(m.data for m in result.messages)
+    raw = b"".join(result.parts)
     if state.content_type.lower().startswith("text/"):
         return raw.decode("utf-8", errors="replace")
     return base64.b64encode(raw).decode()

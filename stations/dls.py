@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, select
 
 from stations.errors import BadRequest, StationsError
 from stations.idwindow import IdWindow
@@ -28,6 +29,52 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("stations.dls")
 _NO_IDS = IdWindow(cache_size=1)  # forwarded copies carry no Msg-Id
+_ENTRY_ID = re.compile(r"[0-9]{1,20}")
+MAX_ENTRY_ID = 2**31 - 1  # ``dls.id`` is a 32-bit integer on PostgreSQL
+# A placeholder row, in no station, that holds the highest entry id ever used (SQLite only).
+_PLACEHOLDER = 0
+
+
+def parse_entry_id(value: object) -> int | None:
+    """A DLS entry id from JSON or a query string (a decimal string or a non-negative integer);
+    ``None`` if it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    if isinstance(value, str) and _ENTRY_ID.fullmatch(value):
+        return int(value)
+    return None
+
+
+def _delete(batch: Batch, cond: ColumnElement[bool]) -> int:
+    """Delete entries; entry ids are never reused.
+
+    Clients replay and drop by id and page with ``after``, so an id must name one entry for
+    ever. PostgreSQL's sequence never hands an id out twice, but SQLite (the table has no
+    AUTOINCREMENT) gives the next row ``max(id) + 1``: once the newest entry is deleted its id
+    would come back. A placeholder row in no station keeps the highest id taken.
+    """
+    conn = batch.conn
+    top = None
+    if conn.dialect.name == "sqlite":
+        top = conn.execute(select(func.max(dls.c.id))).scalar()
+    count = conn.execute(delete(dls).where(cond)).rowcount or 0
+    if top is not None and count:
+        left = conn.execute(select(func.max(dls.c.id))).scalar()
+        if left is None or left < top:
+            conn.execute(
+                insert(dls).values(
+                    id=top,
+                    stream_id=_PLACEHOLDER,
+                    group_id=_PLACEHOLDER,
+                    group_name="",
+                    seq=0,
+                    data=b"",
+                    delivery_count=0,
+                    reason="",
+                    dead_lettered_at=0,
+                )
+            )
+    return count
 
 
 def add(
@@ -71,6 +118,8 @@ def add(
             dead_lettered_at=batch.now,
         )
     )
+    # The new entry now holds the highest id: the placeholder has done its job.
+    conn.execute(delete(dls).where(dls.c.stream_id == _PLACEHOLDER))
     target = settings.get("forwardTo")
     if target:
         _forward(batch, state, group.name, reason, target, headers, data)
@@ -101,7 +150,7 @@ def _forward(
 
 
 def drop_group(batch: Batch, group_id: int) -> None:
-    batch.conn.execute(delete(dls).where(dls.c.group_id == group_id))
+    _delete(batch, dls.c.group_id == group_id)
 
 
 def count_group(conn: Connection, group_id: int) -> int:
@@ -123,7 +172,7 @@ def entries(
     more = len(rows) > limit
     out = []
     for row in rows[:limit]:
-        from stations.log import Message
+        from stations.reads import Message
 
         view = to_view(state, Message(row.seq, row.data, row.msg_id, row.headers, 0))
         out.append(
@@ -153,14 +202,14 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Any:
         field = sorted(unknown)[0]
         raise BadRequest(f"unknown field {field}", field)
     cond = dls.c.stream_id == state.id
+    group = raw.get("group")
+    if group is not None:
+        if not isinstance(group, str):
+            raise BadRequest("group must be a string", "group")
+        cond = cond & (dls.c.group_name == group)  # with ids too: only that group's entries
     if raw.get("all") is True:
         if "ids" in raw:
             raise BadRequest("give ids or all, not both", "ids")
-        group = raw.get("group")
-        if group is not None:
-            if not isinstance(group, str):
-                raise BadRequest("group must be a string", "group")
-            cond = cond & (dls.c.group_name == group)
         return cond
     if "all" in raw and raw["all"] is not False:
         raise BadRequest("all must be true", "all")
@@ -169,10 +218,11 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Any:
         raise BadRequest("ids must be a non-empty array (or send all: true)", "ids")
     numbers = []
     for i, value in enumerate(ids):
-        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(text, str) or not text.isdigit():
+        number = parse_entry_id(value)
+        if number is None:
             raise BadRequest(f"ids.{i} is not a DLS entry id", f"ids.{i}")
-        numbers.append(int(text))
+        if number <= MAX_ENTRY_ID:  # a larger one names no entry
+            numbers.append(number)
     return cond & dls.c.id.in_(numbers)
 
 
@@ -186,7 +236,13 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
         batch.conn.execute(select(groups.c.id).where(groups.c.stream_id == state.id)).scalars()
     )
     replayed = 0
+    gone: set[int] = set()
     for entry_id, group_id, seq in rows:
+        if seq <= state.head:
+            # Retention dropped the original: there is nothing to put back in the queue, so
+            # the entry (which keeps its own copy) stays where the user can still read it.
+            gone.add(entry_id)
+            continue
         if group_id in live_groups:
             batch.conn.execute(
                 delete(deliveries).where(deliveries.c.group_id == group_id, deliveries.c.seq == seq)
@@ -197,7 +253,9 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
                 )
             )
             replayed += 1
-        batch.conn.execute(delete(dls).where(dls.c.id == entry_id))
+    done = [entry_id for entry_id, _, _ in rows if entry_id not in gone]
+    if done:
+        _delete(batch, dls.c.id.in_(done))
     if replayed:
         batch.changed.add(state.name)
     return replayed
@@ -206,7 +264,7 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
 def drop(batch: Batch, station: str, raw: Any) -> int:
     state = live_stream(batch.stream(station), station, batch.now)
     cond = _selection(state, raw, allow_group=False)
-    return batch.conn.execute(delete(dls).where(cond)).rowcount or 0
+    return _delete(batch, cond)
 
 
 def expire(batch: Batch) -> int:
@@ -218,13 +276,9 @@ def expire(batch: Batch) -> int:
         state = StreamState.from_row(row)
         keep = (state.config.get("dls") or {}).get("retentionMs")
         if keep is not None:
-            total += (
-                batch.conn.execute(
-                    delete(dls).where(
-                        dls.c.stream_id == state.id, dls.c.dead_lettered_at <= batch.now - keep
-                    )
-                ).rowcount
-                or 0
+            total += _delete(
+                batch,
+                (dls.c.stream_id == state.id) & (dls.c.dead_lettered_at <= batch.now - keep),
             )
     return total
 
@@ -239,4 +293,4 @@ def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:
 
 
 def purge_stream(batch: Batch, state: StreamState) -> None:
-    batch.conn.execute(delete(dls).where(dls.c.stream_id == state.id))
+    _delete(batch, dls.c.stream_id == state.id)

@@ -8,13 +8,15 @@ one opaque message and read back as the concatenated bytes.
 from __future__ import annotations
 
 import json
-import re
 
 import orjson
 
 from stations.errors import BadRequest
 
-_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+# Every digit becomes "0", everything else a space: a run of 20 zeros is then a run of 20 digits,
+# which bytes.translate and a substring search find far faster than a regular expression.
+_DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for b in range(256))
+_TWENTY_DIGITS = b"0" * 20
 
 
 def _reject_constant(name: str) -> object:
@@ -33,7 +35,7 @@ def _loads(body: bytes) -> object:
         value = orjson.loads(body)
         # orjson turns an integer beyond 64 bits into a float, losing digits; only a run of 20
         # or more digits can be one, and then the standard library parses it exactly.
-        if _LONG_DIGITS.search(body) is None:
+        if _TWENTY_DIGITS not in body.translate(_DIGITS_ONLY):
             return value
     except orjson.JSONDecodeError:
         pass
@@ -71,7 +73,10 @@ def split_json(body: bytes, *, allow_empty: bool) -> list[bytes]:
     if isinstance(value, list):
         if not value and not allow_empty:
             raise BadRequest("an empty JSON array appends nothing", "body")
-        return [dumps(v) for v in value]
+        try:
+            return list(map(orjson.dumps, value))  # the fast path: every value is plain JSON
+        except TypeError:
+            return [dumps(v) for v in value]
     return [dumps(value)]
 
 

@@ -6,6 +6,12 @@ Each handed-out message is leased to one consumer until its ack deadline. A leas
 a nack sends the message round again until it has been delivered ``maxMsgDeliveries`` times; then
 it leaves the queue for the dead-letter store. Every step is a writer op, so it is durable and,
 on PostgreSQL, serialized per group by a row lock across processes.
+
+A ``deliveries`` row is leased (``consumer`` set, until ``due``) or waiting (``consumer`` null,
+due at ``due``). The sign of ``delivery_count`` tells waiting rows apart: positive for a lease
+that expired (its delivery is still open: ack, nack and dead-letter accept it), negative for a
+nacked delivery (settled: they answer unknown until it is delivered again), zero for a DLS
+replay (not delivered yet). Its magnitude is the number of deliveries so far.
 """
 
 from __future__ import annotations
@@ -16,13 +22,13 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, insert, select, update
 
-from stations import dls
+from stations import dls, reads
 from stations.errors import BadRequest, NotFound
 from stations.log import live_stream
-from stations.offsets import BadOffset, decode, encode
-from stations.schema import deliveries, groups, messages
+from stations.offsets import BEGINNING, BadOffset, decode, encode
+from stations.schema import deliveries, groups
 from stations.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
-from stations.streams import StreamState, load, segments
+from stations.streams import StreamState, load
 from stations.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")
@@ -51,8 +57,13 @@ class Delivered:
 
 
 def validate_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise BadRequest("a group name is 1 to 256 letters, digits, '.', '_', '~' or '-'", "group")
+    # "." and ".." are path segments every URL client resolves away: such a group could be
+    # created by a raw request and never be reached again.
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise BadRequest(
+            "a group name is 1 to 256 letters, digits, '.', '_', '~' or '-', not . or ..",
+            "group",
+        )
     return name
 
 
@@ -91,13 +102,13 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     max_deliveries = _int(raw, "maxMsgDeliveries", 1, MAX_DELIVERIES)
     start = raw.get("startFrom", "earliest")
     state = live_stream(batch.stream(station), station, batch.now)
-    if start == "earliest":
+    if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
         cursor = state.head
     elif start == "latest":
         cursor = state.tail
     elif isinstance(start, str):
         try:
-            cursor = decode(start)
+            cursor = _message_offset(start)
         except BadOffset:
             raise BadRequest(
                 "startFrom must be earliest, latest or an offset", "startFrom"
@@ -214,7 +225,7 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
         .order_by(deliveries.c.seq)
         .limit(max_count)
     ).all()
-    picked: dict[int, int] = {seq: count for seq, count in due}
+    picked: dict[int, int] = {seq: abs(count) for seq, count in due}
     start = max(group.cursor, state.head)
     new = list(range(start + 1, min(state.tail, start + max_count - len(picked)) + 1))
     deadline = batch.now + group.max_ack_time_ms
@@ -237,7 +248,11 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
         batch.conn.execute(
             update(deliveries)
             .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(list(picked)))
-            .values(delivery_count=deliveries.c.delivery_count + 1, consumer=consumer, due=deadline)
+            .values(
+                delivery_count=func.abs(deliveries.c.delivery_count) + 1,
+                consumer=consumer,
+                due=deadline,
+            )
         )
     counts = {seq: count + 1 for seq, count in picked.items()} | {s: 1 for s in new}
     out = []
@@ -254,23 +269,15 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     return out
 
 
-def _messages_at(conn: Connection, state: StreamState, seqs: list[int]):  # type: ignore[no-untyped-def]
-    if not seqs:
-        return []
-    rows = []
-    for stream_id, lo, hi in segments(conn, state):
-        wanted = [s for s in seqs if s > lo and (hi is None or s <= hi)]
-        if wanted:
-            rows += conn.execute(
-                select(
-                    messages.c.seq, messages.c.msg_id, messages.c.headers, messages.c.data
-                ).where(messages.c.stream_id == stream_id, messages.c.seq.in_(wanted))
-            ).all()
-    return sorted(rows, key=lambda r: r[0])
+def _messages_at(
+    conn: Connection, state: StreamState, seqs: list[int]
+) -> list[tuple[int, str | None, str | None, bytes]]:
+    """(seq, msg_id, headers, data) of the messages at ``seqs`` that still exist."""
+    return [(m.seq, m.msg_id, m.headers, m.data) for m in reads.messages_at(conn, state, seqs)]
 
 
 def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
-    """Delivered and not yet settled: seq → delivery count."""
+    """Delivered and not yet settled (leased, or its lease expired): seq → delivery count."""
     rows = batch.conn.execute(
         select(deliveries.c.seq, deliveries.c.delivery_count).where(
             deliveries.c.group_id == group.id,
@@ -281,15 +288,24 @@ def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     return {seq: count for seq, count in rows}
 
 
+def _message_offset(token: Any) -> int:
+    """The position of an offset token exactly as the server mints them: not the "-1"
+    sentinel (not the offset of a message), nothing around it (a trailing newline)."""
+    if not isinstance(token, str) or token == BEGINNING:
+        raise BadOffset(token)
+    position = decode(token)
+    if encode(position) != token:
+        raise BadOffset(token)
+    return position
+
+
 def parse_offsets(raw: Any) -> list[int]:
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise BadRequest("offsets must be a non-empty array of at most 10000 offsets", "offsets")
     out = []
     for i, token in enumerate(raw):
         try:
-            if not isinstance(token, str):
-                raise BadOffset(token)
-            out.append(decode(token) + 1)
+            out.append(_message_offset(token) + 1)
         except BadOffset:
             raise BadRequest(f"offsets.{i} is not an offset", f"offsets.{i}") from None
     return out
@@ -323,7 +339,11 @@ def nack(
         batch.conn.execute(
             update(deliveries)
             .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(again))
-            .values(consumer=None, due=batch.now + delay_ms)
+            .values(
+                consumer=None,
+                due=batch.now + delay_ms,
+                delivery_count=-deliveries.c.delivery_count,  # settled: see the module doc
+            )
         )
     for seq, count in known.items():
         if count >= group.max_msg_deliveries:
@@ -358,13 +378,20 @@ def expire_all(batch: Batch, since: int) -> int | None:
                 )
             )
         )
+        # One lock order for every process's tick (PostgreSQL): stations by name.
+        .order_by(streams.c.name, groups.c.name)
     ).all()
     for row in rows:
         values = dict(row._mapping)
         station = values.pop("station")
         state = batch.stream(station)
-        if state is not None:
-            _settle_expired(batch, state, _load(batch, state, values["name"], lock=True))
+        if state is None:
+            continue
+        try:
+            group = _load(batch, state, values["name"], lock=True)
+        except NotFound:  # deleted by another process since the query above
+            continue
+        _settle_expired(batch, state, group)
     batch.changed |= _due_stations(batch, since)
     return batch.conn.execute(
         select(func.min(deliveries.c.due)).where(deliveries.c.due > batch.now)

@@ -146,7 +146,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         state.tail += 1
         state.msg_count += 1
         state.byte_count += len(data)
-        batch.rows.append((state.id, state.tail, data, None, None, now))
+        batch.rows.append((state.id, state.tail, data, None, None, now, 1))
     state.closed = req.closed
     batch.streams[state.name] = state
     batch.touch(state)
@@ -155,7 +155,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
 
 def _sub_offset(conn, source: StreamState, offset: int, sub: int) -> tuple[int, list[bytes]]:  # type: ignore[no-untyped-def]
     """Resolve (offset, sub-offset) on the source: whole messages for JSON, bytes otherwise."""
-    from stations.log import _scan
+    from stations.reads import scan
 
     if is_json_type(source.content_type):
         if offset + sub > source.tail:
@@ -163,7 +163,7 @@ def _sub_offset(conn, source: StreamState, offset: int, sub: int) -> tuple[int, 
                 "Stream-Fork-Sub-Offset is past the source's data", "Stream-Fork-Sub-Offset"
             )
         return offset + sub, []
-    nxt = next(iter(_scan(conn, source, offset)), None)
+    nxt = next(iter(scan(conn, source, offset)), None)
     if nxt is None or sub > len(nxt.data):
         raise BadRequest(
             "Stream-Fork-Sub-Offset is past the next data boundary", "Stream-Fork-Sub-Offset"

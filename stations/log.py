@@ -6,18 +6,19 @@ tail, the producer session and the message ids commit together or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import select
 
 from stations import producers as sessions
 from stations.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
 from stations.idwindow import IdWindow
 from stations.producers import Producer, Verdict
-from stations.schema import messages, producers
-from stations.streams import StreamState, load, same_content_type, segments
+from stations.schema import producers
+from stations.streams import StreamState, same_content_type
 from stations.writer import Batch
+
+SEP = b"\n"  # between the messages of a multi-message JSON row (see schema.messages)
 
 
 class SequenceGap(Conflict):
@@ -150,12 +151,16 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     headers = req.headers or [None] * len(req.messages)
     if not req.msg_ids:
         # The common case, kept tight: every message is new.
-        base, now = state.tail, batch.now
-        batch.rows.extend(
-            (state.id, base + k, data, None, headers[k - 1], now)
-            for k, data in enumerate(req.messages, 1)
-        )
-        state.tail += len(req.messages)
+        base, now, n = state.tail, batch.now, len(req.messages)
+        if n > 1 and state.is_json and not req.headers:
+            # One row for the whole request: positions stay per message, the row is shared.
+            batch.rows.append((state.id, base + n, SEP.join(req.messages), None, None, now, n))
+        else:
+            batch.rows.extend(
+                (state.id, base + k, data, None, headers[k - 1], now, 1)
+                for k, data in enumerate(req.messages, 1)
+            )
+        state.tail += n
         state.msg_count += len(req.messages)
         state.byte_count += sum(map(len, req.messages))
         results = [(position, False) for position in range(base, state.tail)]
@@ -202,7 +207,7 @@ def _append_tagged(
                 results.append((original - 1, True))
                 continue
         state.tail += 1
-        batch.rows.append((state.id, state.tail, data, msg_id, header, batch.now))
+        batch.rows.append((state.id, state.tail, data, msg_id, header, batch.now, 1))
         state.msg_count += 1
         state.byte_count += len(data)
         if msg_id is not None:
@@ -224,80 +229,3 @@ def _original_offsets(
         # An id that has left the window no longer says where its message went.
         out.append((None if original is None else original - 1, True))
     return out
-
-
-@dataclass
-class Message:
-    seq: int
-    data: bytes
-    msg_id: str | None
-    headers: str | None
-    stored_at: int
-
-
-@dataclass
-class ReadResult:
-    state: StreamState
-    start: int
-    messages: list[Message]
-    next: int
-    up_to_date: bool
-
-    @property
-    def closed(self) -> bool:
-        """EOF: the stream is closed and this response reaches its final offset."""
-        return self.state.closed and self.next >= self.state.tail
-
-
-def open_stream(conn: Connection, name: str, now: int) -> StreamState:
-    return live_stream(load(conn, name), name, now)
-
-
-def read(
-    conn: Connection,
-    name: str,
-    position: int | None,
-    *,
-    now: int,
-    max_bytes: int,
-    max_messages: int | None = None,
-) -> ReadResult:
-    """Messages after ``position`` (None: the tail), up to about ``max_bytes``."""
-    state = open_stream(conn, name, now)
-    if position is None:
-        position = state.tail
-    if position > state.tail:
-        raise BadRequest("offset is beyond the tail of the stream", "offset")
-    if 0 < position < state.head:
-        raise Gone("offset is before the earliest retained message", "offset")
-    out: list[Message] = []
-    size = 0
-    for msg in _scan(conn, state, max(position, state.head if position == 0 else position)):
-        out.append(msg)
-        size += len(msg.data)
-        if size >= max_bytes or (max_messages is not None and len(out) >= max_messages):
-            break
-    next_pos = out[-1].seq if out else max(position, state.head if position == 0 else position)
-    return ReadResult(state, position, out, next_pos, next_pos >= state.tail)
-
-
-def _scan(conn: Connection, state: StreamState, position: int) -> Iterator[Message]:
-    for stream_id, lo, hi in segments(conn, state):
-        if hi is not None and hi <= position:
-            continue
-        cond = [messages.c.stream_id == stream_id, messages.c.seq > max(lo, position)]
-        if hi is not None:
-            cond.append(messages.c.seq <= hi)
-        query = (
-            select(
-                messages.c.seq,
-                messages.c.data,
-                messages.c.msg_id,
-                messages.c.headers,
-                messages.c.stored_at,
-            )
-            .where(and_(*cond))
-            .order_by(messages.c.seq)
-        )
-        for row in conn.execute(query.execution_options(yield_per=2000)):
-            yield Message(row[0], row[1], row[2], row[3], row[4])

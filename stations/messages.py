@@ -16,8 +16,9 @@ from typing import Any
 
 from stations import framing
 from stations.errors import BadRequest
-from stations.log import AppendRequest, Message
+from stations.log import AppendRequest
 from stations.offsets import encode
+from stations.reads import Message
 from stations.streams import StreamState
 
 MAX_BATCH = 10_000

@@ -16,11 +16,13 @@ CHUNK = 10_000
 
 
 def _new_head(batch: Batch, state: StreamState) -> int:
+    """The new head: every position at or below it is dropped. Positions are dense, so a
+    message count is a subtraction; age and size go by whole rows."""
     rules = state.config.get("retention") or {}
     head = state.head
     max_messages = rules.get("maxMessages")
-    if max_messages is not None and state.msg_count > max_messages:
-        head = max(head, _nth_seq(batch, state, state.msg_count - max_messages))
+    if max_messages is not None:
+        head = max(head, state.tail - max_messages)
     max_age = rules.get("maxAgeMs")
     if max_age is not None:
         newest_old = batch.conn.execute(
@@ -50,20 +52,6 @@ def _new_head(batch: Batch, state: StreamState) -> int:
     return min(head, state.tail)
 
 
-def _nth_seq(batch: Batch, state: StreamState, n: int) -> int:
-    """The seq of the n-th retained message (1-based), counting from the head."""
-    return (
-        batch.conn.execute(
-            select(messages.c.seq)
-            .where(messages.c.stream_id == state.id, messages.c.seq > state.head)
-            .order_by(messages.c.seq)
-            .offset(n - 1)
-            .limit(1)
-        ).scalar()
-        or state.head
-    )
-
-
 def enforce(batch: Batch) -> int:
     """Drop what each station's rules no longer keep; returns messages dropped."""
     batch.flush()
@@ -83,28 +71,26 @@ def enforce(batch: Batch) -> int:
         head = _new_head(batch, state)
         if head <= state.head:
             continue
-        dropped = batch.conn.execute(
-            select(func.count(), func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
-                messages.c.stream_id == state.id,
-                messages.c.seq > state.head,
-                messages.c.seq <= head,
+        # Rows wholly at or below the head go; a multi-message row the head cuts through stays
+        # until its last message goes too (reads start after the head either way).
+        dropped_bytes = batch.conn.execute(
+            select(func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
+                messages.c.stream_id == state.id, messages.c.seq <= head
             )
-        ).one()
+        ).scalar_one()
         batch.conn.execute(
-            delete(messages).where(
-                messages.c.stream_id == state.id,
-                messages.c.seq > state.head,
-                messages.c.seq <= head,
-            )
+            delete(messages).where(messages.c.stream_id == state.id, messages.c.seq <= head)
         )
+        # A fork's own messages start after its fork offset; inherited ones are not counted.
+        dropped = max(0, head - max(state.head, state.fork_offset or 0))
         batch.conn.execute(
             streams.update()
             .where(streams.c.id == state.id)
             .values(
                 head=head,
-                msg_count=streams.c.msg_count - dropped[0],
-                byte_count=streams.c.byte_count - dropped[1],
+                msg_count=streams.c.msg_count - dropped,
+                byte_count=streams.c.byte_count - dropped_bytes,
             )
         )
-        total += dropped[0]
+        total += dropped
     return total

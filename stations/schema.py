@@ -59,6 +59,10 @@ messages = Table(
     Column("msg_id", String(256)),
     Column("headers", Text),
     Column("stored_at", BigInteger, nullable=False),
+    # A row holds the messages at positions seq - span + 1 .. seq. Plain JSON appends of many
+    # messages store one row per request, the messages joined by "\n" (compact JSON never
+    # contains a raw newline); a message with an id or headers always has a row of its own.
+    Column("span", Integer, nullable=False, server_default="1"),
 )
 
 producers = Table(

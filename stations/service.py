@@ -14,11 +14,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from stations import catalog, db, dls, groups, lifecycle, log, messages
+from stations import catalog, db, dls, groups, lifecycle, log, messages, reads
 from stations.idwindow import IdWindow
 from stations.lifecycle import CreateRequest, CreateResult
-from stations.log import AppendRequest, AppendResult, ReadResult, SequenceGap
+from stations.log import AppendRequest, AppendResult, SequenceGap
 from stations.notify import Notifier
+from stations.reads import ReadResult
 from stations.streams import StreamState
 from stations.writer import Writer, now_ms
 
@@ -110,7 +111,7 @@ class Service:
         await self.write(lifecycle.remove, self.ids, name)
 
     async def stream(self, name: str) -> StreamState:
-        return await self.read_db(log.open_stream, name, now_ms())
+        return await self.read_db(reads.open_stream, name, now_ms())
 
     async def touch(self, state: StreamState) -> None:
         if state.ttl_seconds is not None:
@@ -135,26 +136,11 @@ class Service:
             finally:
                 self.notifier.unsubscribe(req.name, woken)
 
-    async def read(
-        self, name: str, position: int | None, *, max_bytes: int, max_messages: int | None = None
-    ) -> ReadResult:
-        return await self.read_db(
-            log.read,
-            name,
-            position,
-            now=now_ms(),
-            max_bytes=max_bytes,
-            max_messages=max_messages,
-        )
+    async def read(self, name: str, position: int | None, *, max_bytes: int) -> ReadResult:
+        return await self.read_db(reads.read, name, position, now=now_ms(), max_bytes=max_bytes)
 
     async def read_or_wait(
-        self,
-        name: str,
-        position: int | None,
-        timeout: float,
-        *,
-        max_bytes: int,
-        max_messages: int | None = None,
+        self, name: str, position: int | None, timeout: float, *, max_bytes: int
     ) -> ReadResult:
         """Long-poll: return at once if there is data (or EOF), else wait up to ``timeout``."""
         loop = asyncio.get_running_loop()
@@ -162,12 +148,10 @@ class Service:
         while True:
             woken = self.notifier.subscribe(name)
             try:
-                result = await self.read(
-                    name, position, max_bytes=max_bytes, max_messages=max_messages
-                )
+                result = await self.read(name, position, max_bytes=max_bytes)
                 if position is None:
                     position = result.start
-                if result.messages or result.closed:
+                if result.count or result.closed:
                     return result
                 if not await self.notifier.wait(woken, deadline - loop.time()):
                     return result
@@ -196,7 +180,9 @@ class Service:
         return await self.append(messages.parse_batch(state, body)), state
 
     async def browse(self, name: str, position: int, limit: int) -> ReadResult:
-        return await self.read(name, position, max_bytes=8 * 1024 * 1024, max_messages=limit)
+        return await self.read_db(
+            reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
+        )
 
     # -- consumer groups and the DLS ------------------------------------------------------------
 
