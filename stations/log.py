@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
-
 from stations import producers as sessions
+from stations import sql
 from stations.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
 from stations.idwindow import IdWindow
 from stations.producers import Producer, Verdict
-from stations.schema import producers
 from stations.streams import StreamState, same_content_type
 from stations.writer import Batch
 
@@ -80,12 +78,8 @@ class AppendResult:
 def _session(batch: Batch, state: StreamState, producer_id: str) -> sessions.Session | None:
     key = (state.id, producer_id)
     if key not in batch.sessions:
-        row = batch.conn.execute(
-            select(producers.c.epoch, producers.c.last_seq).where(
-                producers.c.stream_id == state.id, producers.c.producer_id == producer_id
-            )
-        ).first()
-        batch.sessions[key] = sessions.Session(row.epoch, row.last_seq) if row else None
+        row = sql.one(batch.conn, "session", key)
+        batch.sessions[key] = sessions.Session(row[0], row[1]) if row else None
     return batch.sessions[key]
 
 

@@ -45,6 +45,15 @@ class StreamState:
         values["config"] = json.loads(values["config"])
         return cls(**values)
 
+    @classmethod
+    def from_tuple(cls, row: tuple[Any, ...]) -> StreamState:
+        """From a driver row in ``streams`` column order."""
+        state = cls(*row)
+        state.config = json.loads(state.config)  # type: ignore[arg-type]
+        state.closed = bool(state.closed)
+        state.deleted = bool(state.deleted)
+        return state
+
     def expired(self, now: int) -> bool:
         if self.expires_at is not None and now >= self.expires_at:
             return True
@@ -58,10 +67,11 @@ class StreamState:
     def window_ms(self) -> int:
         return int(self.config.get("idempotencyWindowMs", 120_000))
 
-    def row_values(self) -> dict[str, Any]:
-        values = dict(self.__dict__)
-        values["config"] = json.dumps(self.config, separators=(",", ":"))
-        return values
+    def column(self, name: str) -> Any:
+        """A column's value as stored (the config as JSON text)."""
+        if name == "config":
+            return json.dumps(self.config, separators=(",", ":"))
+        return getattr(self, name)
 
 
 def media_type(content_type: str) -> str:
@@ -77,12 +87,11 @@ def same_content_type(a: str, b: str) -> bool:
 
 
 def load(conn: Connection, name: str, *, lock: bool = False) -> StreamState | None:
-    query = select(streams).where(streams.c.name == name)
-    if lock:
-        # On PostgreSQL the row lock orders appends to one stream across processes.
-        query = query.with_for_update()
-    row = conn.execute(query).first()
-    return StreamState.from_row(row) if row else None
+    from stations import sql
+
+    # On PostgreSQL the row lock orders appends to one stream across processes.
+    row = sql.one(conn, "load_lock" if lock else "load", (name,))
+    return StreamState.from_tuple(row) if row else None
 
 
 def load_by_id(conn: Connection, stream_id: int) -> StreamState | None:

@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import DBAPIError
 
+from stations import sql
 from stations.errors import StationsError
 from stations.pgnotify import CHANNEL
-from stations.schema import messages, msg_ids, producers, streams
+from stations.schema import messages, msg_ids
 from stations.streams import StreamState, load
 
 log = logging.getLogger("stations.writer")
@@ -70,33 +71,36 @@ class Batch:
         # The bulk inserts go to the driver's executemany directly: SQLAlchemy's per-row
         # parameter processing would cost more than the insert itself on this hot path.
         if self.rows:
-            self.conn.exec_driver_sql(_insert_sql(self.conn, messages), self.rows)
+            sql.execute(self.conn, sql.insert(self.conn, messages), self.rows)
             self.rows = []
         if self.ids:
-            self.conn.exec_driver_sql(_insert_sql(self.conn, msg_ids), self.ids)
+            sql.execute(self.conn, sql.insert(self.conn, msg_ids), self.ids)
             self.ids = []
         self.pending_ids.clear()
-        for state in self.dirty.values():
-            values = state.row_values()
-            values.pop("id")
-            self.conn.execute(update(streams).where(streams.c.id == state.id).values(**values))
-        self.dirty.clear()
-        for key in self.dirty_sessions:
-            session = self.sessions[key]
-            stream_id, producer_id = key
-            self.conn.execute(
-                delete(producers).where(
-                    producers.c.stream_id == stream_id, producers.c.producer_id == producer_id
-                )
+        if self.dirty:
+            sql.run(
+                self.conn,
+                "update",
+                [
+                    (*[state.column(c) for c in sql.STREAM_UPDATES], state.id)
+                    for state in self.dirty.values()
+                ],
             )
-            self.conn.execute(
-                insert(producers).values(
-                    stream_id=stream_id,
-                    producer_id=producer_id,
-                    epoch=session.epoch,
-                    last_seq=session.last_seq,
-                    updated_at=self.now,
-                )
+        self.dirty.clear()
+        if self.dirty_sessions:
+            sql.run(
+                self.conn,
+                "upsert_session",
+                [
+                    (
+                        sid,
+                        pid,
+                        self.sessions[(sid, pid)].epoch,
+                        self.sessions[(sid, pid)].last_seq,
+                        self.now,
+                    )
+                    for sid, pid in self.dirty_sessions
+                ],
             )
         self.dirty_sessions.clear()
 
@@ -104,13 +108,6 @@ class Batch:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()
         self.sessions.clear()
-
-
-def _insert_sql(conn: Connection, table: Any) -> str:
-    """INSERT with positional placeholders in the driver's own style, for every column."""
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    columns = ", ".join(c.name for c in table.columns)
-    return f"INSERT INTO {table.name} ({columns}) VALUES ({', '.join([mark] * len(table.columns))})"
 
 
 def _fill(fills: list[tuple[Any, str, Any]]) -> None:
