@@ -31,10 +31,6 @@ logger = logging.getLogger("stations.dls")
 _NO_IDS = IdWindow(cache_size=1)  # forwarded copies carry no Msg-Id
 _ENTRY_ID = re.compile(r"[0-9]{1,20}")
 MAX_ENTRY_ID = 2**31 - 1  # ``dls.id`` is a 32-bit integer on PostgreSQL
-# A placeholder row, in no station, that holds the highest entry id ever used (SQLite only).
-_PLACEHOLDER = 0
-
-
 def parse_entry_id(value: object) -> int | None:
     """A DLS entry id from JSON or a query string (a decimal string or a non-negative integer);
     ``None`` if it is not one."""
@@ -46,35 +42,9 @@ def parse_entry_id(value: object) -> int | None:
 
 
 def _delete(batch: Batch, cond: ColumnElement[bool]) -> int:
-    """Delete entries; entry ids are never reused.
-
-    Clients replay and drop by id and page with ``after``, so an id must name one entry for
-    ever. PostgreSQL's sequence never hands an id out twice, but SQLite (the table has no
-    AUTOINCREMENT) gives the next row ``max(id) + 1``: once the newest entry is deleted its id
-    would come back. A placeholder row in no station keeps the highest id taken.
-    """
-    conn = batch.conn
-    top = None
-    if conn.dialect.name == "sqlite":
-        top = conn.execute(select(func.max(dls.c.id))).scalar()
-    count = conn.execute(delete(dls).where(cond)).rowcount or 0
-    if top is not None and count:
-        left = conn.execute(select(func.max(dls.c.id))).scalar()
-        if left is None or left < top:
-            conn.execute(
-                insert(dls).values(
-                    id=top,
-                    stream_id=_PLACEHOLDER,
-                    group_id=_PLACEHOLDER,
-                    group_name="",
-                    seq=0,
-                    data=b"",
-                    delivery_count=0,
-                    reason="",
-                    dead_lettered_at=0,
-                )
-            )
-    return count
+    """Delete entries. Ids are never reused (an AUTOINCREMENT key on SQLite, a sequence on
+    PostgreSQL): clients replay and drop by id and page with ``after``."""
+    return batch.conn.execute(delete(dls).where(cond)).rowcount or 0
 
 
 def add(
@@ -118,8 +88,6 @@ def add(
             dead_lettered_at=batch.now,
         )
     )
-    # The new entry now holds the highest id: the placeholder has done its job.
-    conn.execute(delete(dls).where(dls.c.stream_id == _PLACEHOLDER))
     target = settings.get("forwardTo")
     if target:
         _forward(batch, state, group.name, reason, target, headers, data)

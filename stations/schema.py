@@ -130,5 +130,8 @@ dls = Table(
     Column("reason", String(32), nullable=False),
     Column("error", Text),
     Column("dead_lettered_at", BigInteger, nullable=False),
+    # Entry ids name one entry for ever (replay, drop and paging use them): on SQLite that
+    # needs AUTOINCREMENT, or a deleted newest id would be handed out again.
+    sqlite_autoincrement=True,
 )
 Index("ix_dls_stream", dls.c.stream_id, dls.c.id)
