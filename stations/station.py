@@ -47,8 +47,12 @@ def validate_name(name: Any, field: str = "name") -> str:
             f"{field} may hold letters, digits, '.', '_', '~', '-' and single '/' between segments",
             field,
         )
-    if name.split("/")[0] == "__ds":
+    segments = name.split("/")
+    if segments[0] == "__ds":
         raise BadRequest(f"{field}: names starting with '__ds' are reserved", field)
+    if "." in segments or ".." in segments:
+        # URL clients resolve these away: such a station could never be reached again.
+        raise BadRequest(f"{field} may not have '.' or '..' as a segment", field)
     return name
 
 

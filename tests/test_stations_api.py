@@ -599,6 +599,9 @@ BAD_NAMES: list[Any] = [
     "line\n",
     "__ds",
     "__ds/internal",
+    "a/../b",
+    "..",
+    "x/.",
     TOO_LONG,
 ]
 
