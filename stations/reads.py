@@ -19,7 +19,10 @@ from stations.log import live_stream
 from stations.streams import StreamState, load, segments
 
 SEP = b"\n"  # between the messages of a multi-message JSON row
-FIRST_PAGE, MAX_PAGE = 64, 4096  # rows per query: start small, grow while the reader wants more
+# Rows per query: the first query asks for one row (a row may hold thousands of messages, and a
+# consumer fetch may want only a few), each next one for four times more, while the reader
+# wants more.
+FIRST_PAGE, MAX_PAGE = 1, 4096
 
 
 @dataclass
