@@ -14,13 +14,13 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import IN_CI, Server, drop_pg_database, new_pg_database, pg_available
+from tests.harness import Server
+from tests.module_server import ENGINES, module_server
 
 JSON = {"Content-Type": "application/json"}
 DEFAULTS: dict[str, Any] = {
@@ -40,27 +40,11 @@ def offset(position: int) -> str:
 # -- fixtures ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=ENGINES)
 def srv(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    engine: str = request.param
-    workdir: Path = tmp_path_factory.mktemp(f"stations-api-{engine}")
-    if engine == "postgresql":
-        if not pg_available():
-            if IN_CI:
-                pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (required in CI)")
-            pytest.skip("PostgreSQL is not reachable")
-        url = new_pg_database()
-    else:
-        url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
-    server = Server(url, workdir, ["--long-poll-timeout-ms", "300"]).start()
-    try:
-        yield server
-    finally:
-        server.kill()
-        if engine == "postgresql":
-            drop_pg_database(url)
+    yield from module_server(request.param, tmp_path_factory, "--long-poll-timeout-ms", "300")
 
 
 @pytest.fixture(scope="module")
