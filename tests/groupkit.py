@@ -1,5 +1,5 @@
 """Helpers for the consumer-group and DLS tests: a thin async client for the management API,
-a module-wide server per engine, and timing helpers."""
+a module-wide server per engine with a clean log, and timing helpers."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import IN_CI, Server, drop_pg_database, new_pg_database, pg_available
+from tests.harness import Server
+from tests.module_server import ENGINES
+from tests.module_server import module_server as shared_server
 
-ENGINES = ["sqlite", "postgresql"]
+__all__ = ["ENGINES"]
 
 # Lease expiry is promised within 100 ms of the deadline; other engineers share this machine,
 # so the hard bound is looser and 100 ms is only reported.
@@ -32,28 +33,17 @@ TROUBLE = (
 )
 
 
-def require_pg() -> None:
-    if not pg_available():
-        if IN_CI:
-            pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (required in CI)")
-        pytest.skip("PostgreSQL is not reachable")
-
-
-def module_server(request: pytest.FixtureRequest, tmp: Path) -> Iterator[Server]:
-    """One server per engine for a whole test module (tests use their own station names)."""
-    if request.param == "postgresql":
-        require_pg()
-        url = new_pg_database()
-    else:
-        url = f"sqlite:///{tmp / 'stations-data' / 'stations.db'}"
-    server = Server(url, tmp, ["--long-poll-timeout-ms", "1000"]).start()
+def module_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The shared module server (tests/module_server.py), whose log must stay clean."""
+    servers = shared_server(request.param, tmp_path_factory, "--long-poll-timeout-ms", "1000")
+    server = next(servers)
     try:
         yield server
         assert_clean_log(server)
     finally:
-        server.kill()
-        if request.param == "postgresql":
-            drop_pg_database(url)
+        servers.close()  # the shared server's own clean-up: kill it, drop its database
 
 
 def assert_clean_log(server: Server) -> None:

@@ -28,7 +28,7 @@ from tests.harness import Server
 def shared(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    yield from module_server(request, tmp_path_factory.mktemp("dls"))
+    yield from module_server(request, tmp_path_factory)
 
 
 @pytest.fixture
