@@ -10,8 +10,9 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 
+from stations import idwindow
 from stations import station as config_rules
 from stations.errors import NotFound
 from stations.idwindow import IdWindow
@@ -19,7 +20,7 @@ from stations.lifecycle import CreateRequest, CreateResult, create
 from stations.log import live_stream
 from stations.messages import iso
 from stations.offsets import encode
-from stations.schema import msg_ids, streams
+from stations.schema import streams
 from stations.streams import StreamState, load
 from stations.writer import Batch
 
@@ -78,11 +79,7 @@ def views(conn: Connection, now: int, name: str | None = None) -> list[dict[str,
     ids = [s.id for s in states]
     in_window: dict[int, int] = {}
     for state in states:
-        in_window[state.id] = conn.execute(
-            select(func.count())
-            .select_from(msg_ids)
-            .where(msg_ids.c.stream_id == state.id, msg_ids.c.stored_at > now - state.window_ms)
-        ).scalar_one()
+        in_window[state.id] = idwindow.count(conn, state, now)
     extra: dict[int, dict[str, int]] = {}
     for provider in stats_providers:
         for sid, values in provider(conn, ids).items():

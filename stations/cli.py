@@ -56,6 +56,19 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("--durability", choices=["fsync", "process"], default="fsync")
     p.add_argument(
+        "--id-cache-size",
+        type=int,
+        default=50_000,
+        help="message ids per station answered from RAM (default %(default)s)",
+    )
+    p.add_argument(
+        "--recent-ids",
+        type=int,
+        default=100_000,
+        help="ids per station kept in the recent-id table; older ones move to sorted runs "
+        "(SQLite; default %(default)s)",
+    )
+    p.add_argument(
         "--log-level",
         type=str.lower,
         choices=["debug", "info", "warning", "error", "critical"],
@@ -70,6 +83,10 @@ def serve(args: argparse.Namespace) -> None:
         _fail("--long-poll-timeout-ms must be positive")
     if args.sse_lifetime_ms <= 0:
         _fail("--sse-lifetime-ms must be positive")
+    if args.id_cache_size < 1:
+        _fail("--id-cache-size must be at least 1")
+    if args.recent_ids < 2:
+        _fail("--recent-ids must be at least 2")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
         _fail(
             f"refusing to serve {args.host} without --tokens; "
@@ -115,7 +132,12 @@ async def _serve(args: argparse.Namespace) -> None:
         except TokensFileError as exc:
             _fail(str(exc))
     try:
-        service = Service(args.db, durability=args.durability)
+        service = Service(
+            args.db,
+            durability=args.durability,
+            id_cache_size=args.id_cache_size,
+            recent_ids=args.recent_ids,
+        )
     except ArgumentError as exc:
         _fail(f"--db is not a database URL: {exc}")
     app = make_app(

@@ -6,7 +6,9 @@ TTL cache per station answers hot retries, and the durable ``msg_ids`` table (wr
 append's own transaction) answers everything else, across restarts, retention and processes.
 Whether an id is still a duplicate is always decided by ``stored_at + the window in force now``,
 so a PATCH of the window applies to ids already stored. Memory is bounded by the cache size,
-not by the number of ids in the window.
+not by the number of ids in the window. On SQLite, ``msg_ids`` holds a station's recent ids
+only and older ones move to sorted runs (``stations.idruns``), so a window of millions of ids
+costs about what a small one does.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import time
 from typing import TYPE_CHECKING
 
 from cachetools import TTLCache
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import Connection, delete, func, select, tuple_
 
+from stations import idruns
+from stations.idruns import IdRuns
 from stations.schema import msg_ids
 
 if TYPE_CHECKING:
@@ -29,9 +33,10 @@ LOOKUP_CHUNK = 500  # ids per IN (...) query
 
 
 class IdWindow:
-    def __init__(self, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(self, cache_size: int = CACHE_SIZE, runs: IdRuns | None = None) -> None:
         self._cache_size = cache_size
         self._caches: dict[int, TTLCache[str, tuple[int, int]]] = {}
+        self.runs = runs
 
     def _cache(self, state: StreamState) -> TTLCache[str, tuple[int, int]]:
         cache = self._caches.get(state.id)
@@ -62,7 +67,7 @@ class IdWindow:
                 found[msg_id] = hit[0]
             else:
                 misses.append(msg_id)
-        expired = []
+        expired: list[str] = []
         mark = "?" if batch.conn.dialect.paramstyle == "qmark" else "%s"
         for start in range(0, len(misses), LOOKUP_CHUNK):
             chunk = misses[start : start + LOOKUP_CHUNK]
@@ -78,13 +83,20 @@ class IdWindow:
                     found[msg_id] = seq
                 else:
                     expired.append(msg_id)
+        if self.runs is not None and len(found) < len(misses):
+            older = self.runs.lookup(batch, state, [m for m in misses if m not in found])
+            for msg_id, (seq, stored_at) in older.items():
+                if batch.now < stored_at + window:
+                    found[msg_id] = seq
         if expired:
             # Expired but not yet swept: the ids are free again.
-            batch.conn.execute(
+            gone = batch.conn.execute(
                 delete(msg_ids).where(
                     msg_ids.c.stream_id == state.id, msg_ids.c.msg_id.in_(expired)
                 )
-            )
+            ).rowcount
+            if self.runs is not None:
+                self.runs.swept_hot(state.id, gone or 0)
         return found
 
     def remember(self, batch: Batch, state: StreamState, stored: list[tuple[str, int]]) -> None:
@@ -96,9 +108,13 @@ class IdWindow:
             # Only a committed id may answer a retry as a duplicate: the writer fills the
             # cache after the commit.
             batch.cache_fills.append((cache, msg_id, (seq, now)))
+        if self.runs is not None and stored:
+            self.runs.stored(batch, state, len(stored))
 
     def forget_station(self, stream_id: int) -> None:
         self._caches.pop(stream_id, None)
+        if self.runs is not None:
+            self.runs.forget_station(stream_id)
 
     def sweep(self, batch: Batch, state: StreamState) -> int:
         """Delete one chunk of expired ids of a station; returns how many went."""
@@ -114,13 +130,22 @@ class IdWindow:
         cache = self._caches.get(state.id)
         if cache is not None:
             cache.expire()
-        return result.rowcount or 0
+        gone = result.rowcount or 0
+        if self.runs is not None:
+            self.runs.swept_hot(state.id, gone)
+            gone += self.runs.sweep(batch, state)
+        return gone
 
-    def count(self, conn, state: StreamState, now: int) -> int:  # type: ignore[no-untyped-def]
-        from sqlalchemy import func
 
-        return conn.execute(
-            select(func.count()).where(
-                msg_ids.c.stream_id == state.id, msg_ids.c.stored_at > now - state.window_ms
-            )
-        ).scalar_one()
+def count(conn: Connection, state: StreamState, now: int) -> int:
+    """Ids of the station still in its window (the ``idsInWindow`` stat)."""
+    cutoff = now - state.window_ms
+    recent = conn.execute(
+        select(func.count()).where(msg_ids.c.stream_id == state.id, msg_ids.c.stored_at > cutoff)
+    ).scalar_one()
+    return recent + idruns.count(conn, state.id, cutoff)
+
+
+def purge(conn: Connection, stream_id: int) -> None:
+    conn.execute(delete(msg_ids).where(msg_ids.c.stream_id == stream_id))
+    idruns.purge(conn, stream_id)

@@ -13,9 +13,10 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 
+from stations import idwindow
 from stations.errors import BadRequest, Conflict, Gone, NotFound
 from stations.idwindow import IdWindow
-from stations.schema import messages, msg_ids, producers, streams
+from stations.schema import messages, producers, streams
 from stations.streams import StreamState, is_json_type, load, load_by_id, same_content_type
 from stations.writer import Batch
 
@@ -198,8 +199,9 @@ def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
     if _fork_count(batch, state.id):
         conn.execute(streams.update().where(streams.c.id == state.id).values(deleted=True))
         return
-    for table in (messages, producers, msg_ids):
+    for table in (messages, producers):
         conn.execute(delete(table).where(table.c.stream_id == state.id))
+    idwindow.purge(conn, state.id)
     for hook in purge_hooks:
         hook(batch, state)
     conn.execute(delete(streams).where(streams.c.id == state.id))

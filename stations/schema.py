@@ -87,6 +87,29 @@ msg_ids = Table(
 )
 Index("ix_msg_ids_stored_at", msg_ids.c.stream_id, msg_ids.c.stored_at)
 
+# Older ids of a station, moved out of msg_ids in sorted, immutable runs (SQLite; see
+# stations/idruns.py). ``id_runs`` has one row per run, ``id_run_entries`` its ids, keyed so a
+# run is written as one sequential stretch of its B-tree.
+id_runs = Table(
+    "id_runs",
+    metadata,
+    Column("stream_id", Integer, primary_key=True, autoincrement=False),
+    Column("run", BigInteger, primary_key=True, autoincrement=False),
+    Column("ids", BigInteger, nullable=False),
+    Column("oldest", BigInteger, nullable=False),  # smallest stored_at in the run
+    Column("newest", BigInteger, nullable=False),  # largest stored_at in the run
+)
+id_run_entries = Table(
+    "id_run_entries",
+    metadata,
+    Column("stream_id", Integer, primary_key=True, autoincrement=False),
+    Column("run", BigInteger, primary_key=True, autoincrement=False),
+    Column("msg_id", String(256), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("stored_at", BigInteger, nullable=False),
+    sqlite_with_rowid=False,
+)
+
 # Consumer groups: a cursor over the log plus one ``deliveries`` row per message the group has
 # taken from the log and not yet settled. A row with a consumer is leased until ``due``; a row
 # without one is waiting (nacked with a delay, lease expired, or replayed) and is due at ``due``.

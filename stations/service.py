@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from stations import catalog, db, dls, groups, lifecycle, log, messages, reads
-from stations.idwindow import IdWindow
+from stations.idruns import SPILL_AT, IdRuns
+from stations.idwindow import CACHE_SIZE, IdWindow
 from stations.lifecycle import CreateRequest, CreateResult
 from stations.log import AppendRequest, AppendResult, SequenceGap
 from stations.notify import Notifier
@@ -39,11 +40,14 @@ class Service:
         durability: str = "fsync",
         read_threads: int = 4,
         id_cache_size: int | None = None,
+        recent_ids: int = SPILL_AT,
     ) -> None:
         self.url = db.normalize_url(url or db.default_url())
         self.durability = durability
         self.notifier = Notifier()
-        self.ids = IdWindow() if id_cache_size is None else IdWindow(id_cache_size)
+        # Sorted runs of older ids need one writer process: SQLite only (see stations.idruns).
+        runs = IdRuns(recent_ids, recent_ids // 2) if db.is_sqlite(self.url) else None
+        self.ids = IdWindow(id_cache_size or CACHE_SIZE, runs)
         self._read_threads = read_threads
         self._started = False
         # Groups and the DLS keep per-station rows: delete them with the station, count them
@@ -60,6 +64,8 @@ class Service:
         self.read_engine = db.make_engine(self.url, durability=self.durability)
         self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix="stations-read")
         await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
+        if self.ids.runs is not None:
+            await loop.run_in_executor(self._readers, self.ids.runs.load, self.read_engine)
         self.writer = Writer(self.write_engine, self.notifier.fire)
         self.writer.start()
         self._listener: Any = None

@@ -55,6 +55,8 @@ class Batch:
     pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)  # written this batch
     changed: set[str] = field(default_factory=set)  # stream names whose readers must wake
     after_commit: list[Callable[[], None]] = field(default_factory=list)
+    # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
+    before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
     cache_fills: list[tuple[Any, str, Any]] = field(default_factory=list)  # (cache, key, value)
 
     def stream(self, name: str) -> StreamState | None:
@@ -244,6 +246,8 @@ class Writer:
                     except StationsError as exc:
                         outcomes.append((False, exc))
                 batch.flush()
+                for hook in batch.before_commit.values():
+                    hook(batch)
                 if self._pg and batch.changed:
                     for name in batch.changed:
                         conn.execute(select(func.pg_notify(CHANNEL, name)))

@@ -1,0 +1,242 @@
+"""Older message ids in sorted runs (stations/idruns.py), over HTTP against a live SQLite server.
+
+The server keeps only ``--recent-ids`` ids per station in ``msg_ids`` and answers from RAM for
+``--id-cache-size`` ids, both set tiny here, so every retry below is decided by the runs: their
+Bloom filters while the server runs, and a plain probe of every run right after a restart until
+the filters are rebuilt. The database file is read directly to show where the ids are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from stations import idruns
+from tests.harness import Server
+
+RECENT = 100  # ids per station in msg_ids before older ones move to a run (50 per run)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    url = f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+    srv = Server(url, tmp_path, ["--id-cache-size", "5", "--recent-ids", str(RECENT)]).start()
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+def db_path(server: Server) -> Path:
+    return server.workdir / "stations-data" / "stations.db"
+
+
+def query(server: Server, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(db_path(server))) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def station(client: httpx.Client, window_ms: int = 600_000) -> str:
+    name = f"runs-{uuid.uuid4().hex[:8]}"
+    r = client.post("/api/stations", json={"name": name, "idempotencyWindowMs": window_ms})
+    assert r.status_code == 201, r.text
+    return name
+
+
+def produce(client: httpx.Client, name: str, ids: list[str]) -> list[dict[str, Any]]:
+    body = {"messages": [{"id": i, "data": {"id": i}} for i in ids]}
+    r = client.post(f"/api/stations/{name}/messages", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+def fill(
+    client: httpx.Client, name: str, n: int, per: int = 50, prefix: str = ""
+) -> dict[str, str]:
+    """``n`` new ids; their offsets."""
+    offsets: dict[str, str] = {}
+    for start in range(0, n, per):
+        ids = [f"{prefix}{name}-{k}" for k in range(start, min(n, start + per))]
+        for msg_id, result in zip(ids, produce(client, name, ids), strict=True):
+            assert result["duplicate"] is False
+            offsets[msg_id] = result["offset"]
+    return offsets
+
+
+def stats(client: httpx.Client, name: str) -> dict[str, Any]:
+    return client.get(f"/api/stations/{name}").json()["stats"]
+
+
+def assert_all_duplicates(client: httpx.Client, name: str, offsets: dict[str, str]) -> None:
+    ids = list(offsets)
+    before = stats(client, name)["messages"]
+    for start in range(0, len(ids), 70):
+        chunk = ids[start : start + 70]
+        for msg_id, result in zip(chunk, produce(client, name, chunk), strict=True):
+            assert result == {"offset": offsets[msg_id], "duplicate": True}, msg_id
+    assert stats(client, name)["messages"] == before
+
+
+def test_ids_moved_to_runs_stay_duplicates(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        name = station(client)
+        offsets = fill(client, name, 1000)
+        sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
+        (recent,) = query(server, "SELECT count(*) FROM msg_ids WHERE stream_id = ?", sid)[0]
+        runs = query(server, "SELECT run, ids FROM id_runs WHERE stream_id = ?", sid)
+        # msg_ids stays small; the rest sits in runs, every id exactly once.
+        assert recent <= RECENT
+        assert len(runs) >= (1000 - RECENT) // (RECENT // 2)
+        assert recent + sum(n for _, n in runs) == 1000
+        assert stats(client, name)["idsInWindow"] == 1000
+
+        assert_all_duplicates(client, name, offsets)
+        # A new id beside old ones in one request; an id repeated inside the request.
+        first = next(iter(offsets))
+        results = produce(client, name, [first, "fresh-1", "fresh-1"])
+        assert results[0] == {"offset": offsets[first], "duplicate": True}
+        assert results[1]["duplicate"] is False
+        assert results[2] == {"offset": results[1]["offset"], "duplicate": True}
+
+
+def test_runs_answer_after_kill_and_restart(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        name = station(client)
+        offsets = fill(client, name, 600)
+    server.restart(hard=True)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        # At once (filters may still be rebuilding: every run is probed), and again later.
+        assert_all_duplicates(client, name, offsets)
+        more = fill(client, name, 300, per=30, prefix="more-")  # new runs beside the rebuilt ones
+        assert_all_duplicates(client, name, offsets | more)
+        assert stats(client, name)["idsInWindow"] == 900
+
+
+def test_runs_leave_with_the_window(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        name = station(client, window_ms=1500)
+        fill(client, name, 400)
+        sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
+        assert query(server, "SELECT count(*) FROM id_runs WHERE stream_id = ?", sid)[0][0] > 0
+        time.sleep(1.6)
+        # Out of the window: the ids are free again, swept or not.
+        again = produce(client, name, [f"{name}-0", f"{name}-150"])
+        assert [r["duplicate"] for r in again] == [False, False]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = query(server, "SELECT count(*) FROM id_run_entries WHERE stream_id = ?", sid)
+            if left[0][0] == 0:
+                break
+            time.sleep(0.2)
+        assert query(server, "SELECT count(*) FROM id_runs WHERE stream_id = ?", sid) == [(0,)]
+        assert left == [(0,)]
+        assert stats(client, name)["idsInWindow"] == 2
+
+
+def test_window_patch_applies_to_ids_in_runs(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        name = station(client)
+        offsets = fill(client, name, 400)
+        time.sleep(0.3)
+        r = client.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": 200})
+        assert r.status_code == 200, r.text
+        old = list(offsets)[:150]  # all of these were moved to runs
+        assert all(not r["duplicate"] for r in produce(client, name, old))
+        r = client.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": 600_000})
+        assert r.status_code == 200, r.text
+        # The copies just stored are duplicates again; nothing was stored twice.
+        assert all(r["duplicate"] for r in produce(client, name, old))
+
+
+def test_station_delete_takes_its_runs(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        name = station(client)
+        fill(client, name, 300)
+        sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
+        assert client.delete(f"/api/stations/{name}").status_code == 204
+        for table in ("msg_ids", "id_runs", "id_run_entries"):
+            assert query(server, f"SELECT count(*) FROM {table} WHERE stream_id = ?", sid) == [(0,)]
+        # A new station of that name starts with an empty window.
+        assert client.post("/api/stations", json={"name": name}).status_code == 201
+        assert produce(client, name, [f"{name}-0"])[0]["duplicate"] is False
+
+
+def test_runs_without_filters_are_still_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the filter budget no run gets a filter; every lookup then probes every run."""
+    from stations.service import Service
+
+    monkeypatch.setattr(idruns, "FILTER_BUDGET", 0)
+
+    async def scenario() -> None:
+        service = Service(f"sqlite:///{tmp_path / 's.db'}", id_cache_size=1, recent_ids=10)
+        await service.start()
+        try:
+            await service.create_station({"name": "nofilter"})
+            bodies = [
+                {"messages": [{"id": f"m{k}", "data": k} for k in range(start, start + 5)]}
+                for start in range(0, 100, 5)
+            ]
+            first = [(await service.produce("nofilter", body))[0] for body in bodies]
+            assert service.ids.runs is not None
+            (station,) = service.ids.runs._stations.values()
+            assert len(station.runs) >= 15 and not station.epochs  # runs, none filtered
+            for body, before in zip(bodies, first, strict=True):
+                again, _ = await service.produce("nofilter", body)
+                assert again.results == [(offset, True) for offset, _ in before.results]
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_move_keeps_ids_and_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Moving ids into a run is housekeeping: if it fails, the batch's appends still commit
+    and the ids stay in msg_ids, still duplicates."""
+    from stations.service import Service
+
+    def broken(self: idruns.IdRuns, batch: Any, stream_id: int) -> None:
+        batch.conn.exec_driver_sql(
+            "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, 1, 0, 0, 0)",
+            (stream_id,),
+        )
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(idruns.IdRuns, "_move", broken)
+
+    async def scenario() -> None:
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        service = Service(url, id_cache_size=1, recent_ids=10)
+        await service.start()
+        try:
+            await service.create_station({"name": "broken"})
+            bodies = [
+                {"messages": [{"id": f"m{k}", "data": k} for k in range(start, start + 5)]}
+                for start in range(0, 50, 5)
+            ]
+            first = [(await service.produce("broken", body))[0] for body in bodies]
+            assert all(not dup for r in first for _, dup in r.results)
+            for body, before in zip(bodies, first, strict=True):
+                again, _ = await service.produce("broken", body)
+                assert again.results == [(offset, True) for offset, _ in before.results]
+        finally:
+            await service.close()
+        with closing(sqlite3.connect(tmp_path / "s.db")) as conn:
+            # The half-done move was rolled back to its savepoint; every id is in msg_ids.
+            assert conn.execute("SELECT count(*) FROM id_runs").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM msg_ids").fetchone() == (50,)
+            assert conn.execute("SELECT count(*) FROM messages").fetchone() == (50,)
+
+    asyncio.run(scenario())
