@@ -84,7 +84,6 @@ class IdRuns:
         self._stations: dict[int, StationRuns] = {}
         self._lock = threading.Lock()  # the writer thread and the filter builder
         self._filter_bytes = 0
-        self._builder: threading.Thread | None = None
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -101,10 +100,9 @@ class IdRuns:
                 station.last_run = max(station.last_run, run)
                 station.unfiltered.add(run)
         if rows:
-            self._builder = threading.Thread(
+            threading.Thread(
                 target=self._build, args=(engine,), name="stations-id-filters", daemon=True
-            )
-            self._builder.start()
+            ).start()
 
     def _build(self, engine: Engine) -> None:
         try:

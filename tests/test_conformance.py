@@ -5,28 +5,16 @@ engines. Every test that runs without the subscriptions option must pass."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from tests.nodekit import NODE_DIR, require_node
 
-from tests.harness import IN_CI
-
-NODE_DIR = Path(__file__).parent / "node"
 EXPECTED_TESTS = 332
 
 
-def _node_ready() -> None:
-    if shutil.which("npx") is None or not (NODE_DIR / "node_modules" / "vitest").exists():
-        message = "Node and the pinned npm packages are needed (run scripts/test.sh)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def test_conformance_suite(db_url: str, make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    _node_ready()
+    require_node("npx", "vitest")
     server = make_server(db_url, "--long-poll-timeout-ms", "500")
     report = tmp_path / "conformance.json"
     proc = subprocess.run(

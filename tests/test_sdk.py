@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -40,10 +39,10 @@ from stations.client import (
     Unauthorized,
     read_stream,
 )
-from tests.harness import IN_CI, Server, free_port
+from tests.harness import Server, free_port
+from tests.nodekit import reference_server
 
 ROOT = Path(__file__).parent.parent
-NODE_DIR = ROOT / "tests" / "node"
 FAST_RETRY = RetryPolicy(initial_delay=0.02, max_delay=0.3, give_up_after=30)
 
 
@@ -69,38 +68,8 @@ def stations(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Durable Streams reference server (Node, file-backed store); yields its base URL."""
-    if (
-        shutil.which("node") is None
-        or not (NODE_DIR / "node_modules" / "@durable-streams").exists()
-    ):
-        message = "Node and the pinned npm packages are needed (run scripts/test.sh)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    port = free_port()
-    data = tmp_path_factory.mktemp("ref")
-    log_path = data / "reference.log"
-    with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(
-            ["node", "reference-server.mjs", "--port", str(port), "--data-dir", str(data)]
-            + ["--long-poll-timeout", "1000"],
-            cwd=NODE_DIR,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 30
-    while "READY" not in log_path.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"reference server did not start: {log_path.read_text()[-2000:]}")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    """The Durable Streams reference server; yields its base URL."""
+    yield from reference_server(tmp_path_factory)
 
 
 @pytest.fixture

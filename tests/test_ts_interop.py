@@ -15,35 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stations.client import Client, IdempotentProducer
-from tests.harness import IN_CI, Server, free_port
+from tests.harness import Server
+from tests.nodekit import NODE_DIR, reference_server, require_node
 
-NODE_DIR = Path(__file__).parent / "node"
 SCRIPT = NODE_DIR / "ts-client-interop.mjs"
 MESSAGES = 300
 READS = ("longPoll", "sse", "catchup")
 Summary = dict[str, Any]
-
-
-def _node_ready() -> None:
-    if (
-        shutil.which("node") is None
-        or not (NODE_DIR / "node_modules" / "@durable-streams").is_dir()
-    ):
-        message = "Node and the pinned npm packages are needed (run scripts/test.sh)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 def _unique(prefix: str) -> str:
@@ -85,39 +70,13 @@ async def run_ts_client(base: str, stream: str, *extra: str) -> Summary:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The reference server (Node, file-backed store); yields its base URL."""
-    _node_ready()
-    port = free_port()
-    data = tmp_path_factory.mktemp("ts-ref")
-    log_path = data / "reference.log"
-    with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(
-            ["node", "reference-server.mjs", "--port", str(port), "--data-dir", str(data)]
-            + ["--long-poll-timeout", "1000"],
-            cwd=NODE_DIR,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while "READY" not in log_path.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"reference server did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    yield from reference_server(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 async def expected() -> list[Any]:
     """The messages the script appends, its final "bye" included."""
-    _node_ready()
+    require_node()
     messages: list[Any] = await _node("--print-messages")
     assert len(messages) == MESSAGES + 1 and messages[-1] == "bye"
     return messages

@@ -36,12 +36,14 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Put the runs' ids back into msg_ids first, so no id still in its window is forgotten.
+    # An id stored again after it expired sits in two runs: the newest copy is the one.
     op.execute(
         "INSERT INTO msg_ids (stream_id, msg_id, seq, stored_at) "
-        "SELECT stream_id, msg_id, MAX(seq), MAX(stored_at) FROM id_run_entries e "
+        "SELECT stream_id, msg_id, seq, stored_at FROM id_run_entries e "
         "WHERE NOT EXISTS (SELECT 1 FROM msg_ids m "
         "WHERE m.stream_id = e.stream_id AND m.msg_id = e.msg_id) "
-        "GROUP BY stream_id, msg_id"
+        "AND NOT EXISTS (SELECT 1 FROM id_run_entries f WHERE f.stream_id = e.stream_id "
+        "AND f.msg_id = e.msg_id AND (f.stored_at, f.run) > (e.stored_at, e.run))"
     )
     op.drop_table("id_run_entries")
     op.drop_table("id_runs")
