@@ -112,8 +112,8 @@ async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
     from sqlalchemy.exc import ArgumentError, OperationalError
 
-    from api import make_app
-    from stations.service import Service
+    from stations.api import make_app
+    from stations.domain.service import Service
 
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -125,7 +125,7 @@ async def _serve(args: argparse.Namespace) -> None:
         _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
     tokens = None
     if args.tokens:
-        from api.auth import TokensFileError, load_tokens
+        from stations.api.auth import TokensFileError, load_tokens
 
         try:
             tokens = load_tokens(args.tokens)

@@ -197,7 +197,7 @@ def test_open_paths(http: httpx.Client) -> None:
 
 
 def test_find_compares_every_token_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from api import auth
+    from stations.api import auth
 
     tokens = [
         auth.Token(s.encode(), "admin") for s in ("first-secret", "second-secret", "third!!!")

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from stations import idruns
+from stations.store import idruns
 from tests.harness import Server
 
 RECENT = 100  # ids per station in msg_ids before older ones move to a run (50 per run)
@@ -174,7 +174,7 @@ def test_runs_without_filters_are_still_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Over the filter budget no run gets a filter; every lookup then probes every run."""
-    from stations.service import Service
+    from stations.domain.service import Service
 
     monkeypatch.setattr(idruns, "FILTER_BUDGET", 0)
 
@@ -205,7 +205,7 @@ def test_a_failed_move_keeps_ids_and_appends(
 ) -> None:
     """Moving ids into a run is housekeeping: if it fails, the batch's appends still commit
     and the ids stay in msg_ids, still duplicates."""
-    from stations.service import Service
+    from stations.domain.service import Service
 
     def broken(self: idruns.IdRuns, batch: Any, stream_id: int) -> None:
         batch.conn.exec_driver_sql(

@@ -447,13 +447,14 @@ def test_retention_enforced_by_two_processes_at_once_counts_once(pg_url: str) ->
     second must not take the messages the first dropped off ``msg_count`` a second time."""
     from sqlalchemy import select
 
-    from stations import db, reads, retention
-    from stations.idwindow import IdWindow
-    from stations.lifecycle import CreateRequest, create
-    from stations.log import AppendRequest, append
-    from stations.schema import streams
-    from stations.station import parse_config
-    from stations.writer import Batch, now_ms
+    from stations.domain import reads, retention
+    from stations.domain.idwindow import IdWindow
+    from stations.domain.lifecycle import CreateRequest, create
+    from stations.domain.log import AppendRequest, append
+    from stations.domain.station import parse_config
+    from stations.store import db
+    from stations.store.schema import streams
+    from stations.store.writer import Batch, now_ms
 
     engine = db.make_engine(pg_url)
     try:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from api import make_app
-from stations.service import Service
+from stations.api import make_app
+from stations.domain.service import Service
 
-SPEC = Path(__file__).parent.parent / "api" / "openapi.yaml"
+SPEC = Path(__file__).parent.parent / "stations" / "api" / "openapi.yaml"
 NOT_API = {"/", "/ui", "/ui/"}
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from stations.service import GAP_HOLD_S
+from stations.domain.service import GAP_HOLD_S
 from tests.harness import Server
 from tests.module_server import ENGINES, module_server
 

@@ -1,5 +1,0 @@
-"""The HTTP face of Stations (aiohttp). It maps HTTP to the domain in ``stations`` and back."""
-
-from api.app import make_app
-
-__all__ = ["make_app"]

@@ -1,0 +1,97 @@
+"""The aiohttp application: routes, middlewares and the service's life cycle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+from stations.api import groups, stations, streams
+from stations.api.auth import Token, auth_middleware
+from stations.api.errors import error_middleware
+from stations.api.headers import headers_middleware, on_prepare
+from stations.api.metrics import Metrics, metrics_handler, metrics_middleware
+from stations.domain.service import Service
+
+MAX_BODY = 64 * 1024 * 1024
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+# The console runs no inline script and loads nothing from elsewhere.
+CONSOLE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def to_console(_request: web.Request) -> web.Response:
+    raise web.HTTPFound("/ui/")
+
+
+async def console_index(_request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+@web.middleware
+async def console_headers(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    response = await handler(request)
+    if request.path.startswith("/ui"):
+        response.headers["Content-Security-Policy"] = CONSOLE_CSP
+        response.headers["Cross-Origin-Resource-Policy"] = "same-origin"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
+async def openapi(_request: web.Request) -> web.FileResponse:
+    return web.FileResponse(Path(__file__).with_name("openapi.yaml"))
+
+
+def make_app(
+    service: Service,
+    *,
+    long_poll_timeout_ms: int = 30_000,
+    sse_lifetime_ms: int = 60_000,
+    tokens: list[Token] | None = None,
+) -> web.Application:
+    app = web.Application(
+        middlewares=[
+            metrics_middleware,
+            console_headers,
+            headers_middleware,
+            auth_middleware,
+            error_middleware,
+        ],
+        client_max_size=MAX_BODY,
+    )
+    app["service"] = service
+    app["tokens"] = tokens
+    app["metrics"] = Metrics()
+    app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
+    app["sse_lifetime_s"] = sse_lifetime_ms / 1000
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/api/openapi.yaml", openapi)
+    app.router.add_get("/", to_console)
+    app.router.add_get("/ui", to_console)
+    if WEB_DIR.is_dir():
+        app.router.add_get("/ui/", console_index)
+        app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
+    app.router.add_routes(streams.routes())
+    app.router.add_routes(groups.routes())
+    app.router.add_routes(stations.routes())
+    app.on_response_prepare.append(on_prepare)
+
+    async def start(_app: web.Application) -> None:
+        await service.start()
+
+    async def stop(_app: web.Application) -> None:
+        await service.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app

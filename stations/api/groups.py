@@ -1,0 +1,146 @@
+"""Consumer groups and the dead-letter store under ``/api/stations/{name}`` (CONTRACT.md §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from stations.api.stations import _int_param, json_body, service, station_name
+from stations.domain import dls, messages
+from stations.domain.errors import BadRequest
+from stations.domain.groups import MAX_FETCH, parse_offsets, validate_name
+
+MAX_WAIT_MS = 300_000
+
+
+def _group(request: web.Request) -> str:
+    return validate_name(request.match_info["group"])
+
+
+def _body_int(body: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadRequest(f"{key} must be an integer from {lo} to {hi}", key)
+    return value
+
+
+def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object", None)
+    unknown = set(body) - allowed
+    if unknown:
+        field = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {field}", field)
+    return body
+
+
+async def put_group(request: web.Request) -> web.Response:
+    body = await json_body(request) if request.can_read_body else {}
+    view, created = await service(request).ensure_group(
+        station_name(request), _group(request), body
+    )
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def list_groups(request: web.Request) -> web.Response:
+    return web.json_response({"groups": await service(request).groups(station_name(request))})
+
+
+async def delete_group(request: web.Request) -> web.Response:
+    await service(request).delete_group(station_name(request), _group(request))
+    return web.Response(status=204)
+
+
+async def fetch(request: web.Request) -> web.Response:
+    # Every field has a default, so an empty body is a fetch with the defaults.
+    raw = await json_body(request) if request.can_read_body else {}
+    body = _object(raw, {"max", "waitMs", "consumer"})
+    max_count = _body_int(body, "max", 10, 1, MAX_FETCH)
+    wait_ms = _body_int(body, "waitMs", 0, 0, MAX_WAIT_MS)
+    consumer = body.get("consumer", "default")
+    if not isinstance(consumer, str) or not 1 <= len(consumer) <= 256:
+        raise BadRequest("consumer must be a string of 1 to 256 characters", "consumer")
+    svc = service(request)
+    name = station_name(request)
+    out = await svc.fetch(name, _group(request), max_count, wait_ms / 1000, consumer)
+    state = await svc.stream(name) if out else None
+    result = []
+    for d in out:
+        assert state is not None
+        view = messages.to_view(state, messages.Message(d.seq, d.data, d.msg_id, d.headers, 0))
+        view.pop("time")
+        view["deliveryCount"] = d.delivery_count
+        view["ackDeadline"] = messages.iso(d.ack_deadline)
+        result.append(view)
+    return web.json_response({"messages": result})
+
+
+async def _settle(request: web.Request, extra: set[str]) -> tuple[dict[str, Any], list[int]]:
+    body = _object(await json_body(request), {"offsets", *extra})
+    return body, parse_offsets(body.get("offsets"))
+
+
+async def ack(request: web.Request) -> web.Response:
+    _, seqs = await _settle(request, set())
+    n, unknown = await service(request).ack(station_name(request), _group(request), seqs)
+    return web.json_response({"acked": n, "unknown": unknown})
+
+
+async def nack(request: web.Request) -> web.Response:
+    body, seqs = await _settle(request, {"delayMs"})
+    delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
+    n, unknown = await service(request).nack(station_name(request), _group(request), seqs, delay)
+    return web.json_response({"nacked": n, "unknown": unknown})
+
+
+async def dead_letter(request: web.Request) -> web.Response:
+    body, seqs = await _settle(request, {"reason"})
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise BadRequest("reason must be a string", "reason")
+    n, unknown = await service(request).dead_letter(
+        station_name(request), _group(request), seqs, reason
+    )
+    return web.json_response({"deadLettered": n, "unknown": unknown})
+
+
+async def list_dls(request: web.Request) -> web.Response:
+    group = request.query.get("group") or None
+    limit = _int_param(request, "limit", 100, 1, 1000)
+    after_raw = request.query.get("after")
+    after = None
+    if after_raw:
+        after = dls.parse_entry_id(after_raw)
+        if after is None:
+            raise BadRequest("after must be a DLS entry id", "after")
+        after = min(after, dls.MAX_ENTRY_ID)  # past every entry: an empty page
+    entries, nxt = await service(request).dls_entries(station_name(request), group, limit, after)
+    return web.json_response({"entries": entries, "next": nxt})
+
+
+async def replay(request: web.Request) -> web.Response:
+    n = await service(request).replay(station_name(request), await json_body(request))
+    return web.json_response({"replayed": n})
+
+
+async def drop(request: web.Request) -> web.Response:
+    n = await service(request).drop(station_name(request), await json_body(request))
+    return web.json_response({"dropped": n})
+
+
+def routes() -> list[web.RouteDef]:
+    one = "/api/stations/{name:[^{}]+?}"
+    group = one + "/groups/{group:[^/{}]+}"
+    return [
+        web.get(one + "/groups", list_groups),
+        web.put(group, put_group),
+        web.delete(group, delete_group),
+        web.post(group + "/fetch", fetch),
+        web.post(group + "/ack", ack),
+        web.post(group + "/nack", nack),
+        web.post(group + "/dead-letter", dead_letter),
+        web.get(one + "/dls", list_dls),
+        web.post(one + "/dls/replay", replay),
+        web.post(one + "/dls/drop", drop),
+    ]

@@ -1,0 +1,68 @@
+"""Server-Sent Events reads (Durable Streams §5.8): every data event is followed by a control
+event; the server ends the connection after ``sse_lifetime_s`` so CDNs can collapse."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from aiohttp import web
+
+from stations.api.streams import MAX_READ_BYTES, cursor, service, sse_payload
+from stations.domain.offsets import encode
+from stations.domain.streams import is_json_type
+
+_LINES = re.compile(r"\r\n|\r|\n")
+
+
+def _event(kind: str, payload: str) -> bytes:
+    lines = _LINES.split(payload)
+    return (f"event: {kind}\n" + "".join(f"data:{line}\n" for line in lines) + "\n").encode()
+
+
+async def serve_sse(request: web.Request, name: str, position: int | None) -> web.StreamResponse:
+    svc = service(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.app["sse_lifetime_s"]
+    first = await svc.read(name, position, max_bytes=MAX_READ_BYTES)
+    state = first.state
+    response = web.StreamResponse(status=200)
+    response.content_type = "text/event-stream"
+    response.headers["Cache-Control"] = "no-cache"
+    ct = state.content_type.lower()
+    if not (is_json_type(ct) or ct.startswith("text/")):
+        response.headers["Stream-SSE-Data-Encoding"] = "base64"
+    await response.prepare(request)
+    client_cursor = request.query.get("cursor")
+    result = first
+    try:
+        while True:
+            # A data event and its control event go out in one write, so a reader never sees
+            # one without the other.
+            chunk = _event("data", sse_payload(state, result)) if result.count else b""
+            if result.count or result is first or result.closed:
+                control: dict[str, object] = {"streamNextOffset": encode(result.next)}
+                if result.closed:
+                    control["streamClosed"] = True
+                    control["upToDate"] = True
+                else:
+                    client_cursor = cursor(client_cursor)
+                    control["streamCursor"] = client_cursor
+                    if result.up_to_date:
+                        control["upToDate"] = True
+                chunk += _event("control", json.dumps(control, separators=(",", ":")))
+            if chunk:
+                await response.write(chunk)
+            if result.closed:
+                break
+            position = result.next
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            result = await svc.read_or_wait(name, position, remaining, max_bytes=MAX_READ_BYTES)
+            state = result.state
+    except (ConnectionResetError, asyncio.CancelledError):
+        return response
+    await response.write_eof()
+    return response

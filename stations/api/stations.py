@@ -1,0 +1,129 @@
+"""The management API under ``/api`` (CONTRACT.md §4): stations and producing with ids."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from stations.domain import messages
+from stations.domain.errors import BadRequest
+from stations.domain.offsets import BadOffset, decode, encode
+
+
+def service(request: web.Request):  # type: ignore[no-untyped-def]
+    return request.app["service"]
+
+
+def station_name(request: web.Request) -> str:
+    # aiohttp has already decoded %2F into "/" in the matched path.
+    return request.match_info["name"]
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+async def json_body(request: web.Request) -> Any:
+    if not request.can_read_body:
+        raise BadRequest("a JSON body is required", None)
+    raw = await request.read()
+    try:
+        return messages.loads_strict(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8", None) from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply", None) from None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}", None) from None
+
+
+def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    values = request.query.getall(name, [])
+    if not values:
+        return default
+    raw = values[0]
+    if len(values) > 1 or not _DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
+        raise BadRequest(f"{name} must be an integer from {lo} to {hi}", name)
+    return int(raw)
+
+
+async def list_stations(request: web.Request) -> web.Response:
+    views = await service(request).stations()
+    token = request.get("token")
+    if token is not None:  # a token limited to some stations lists only those
+        views = [v for v in views if token.covers(v["name"])]
+    return web.json_response({"stations": views})
+
+
+async def create_station(request: web.Request) -> web.Response:
+    view, created = await service(request).create_station(await json_body(request))
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def get_station(request: web.Request) -> web.Response:
+    return web.json_response(await service(request).station(station_name(request)))
+
+
+async def patch_station(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    return web.json_response(await service(request).patch_station(station_name(request), body))
+
+
+async def delete_station(request: web.Request) -> web.Response:
+    await service(request).delete(station_name(request))
+    return web.Response(status=204)
+
+
+async def produce(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    result, _state = await service(request).produce(station_name(request), body)
+    return web.json_response(
+        {
+            "results": [
+                {"offset": None if offset is None else encode(offset), "duplicate": dup}
+                for offset, dup in result.results
+            ],
+            "nextOffset": encode(result.tail),
+        }
+    )
+
+
+async def browse(request: web.Request) -> web.Response:
+    tokens = request.query.getall("offset", ["-1"])
+    token = tokens[0]
+    if len(tokens) > 1:
+        raise BadRequest("offset may be given once", "offset")
+    try:
+        position = decode(token)
+        # Only the exact tokens the server mints (``decode`` lets a trailing newline through).
+        if token != "-1" and encode(position) != token:
+            raise BadOffset(token)
+    except BadOffset:
+        raise BadRequest(f"malformed offset {token[:80]!r}", "offset") from None
+    limit = _int_param(request, "limit", 100, 1, 1000)
+    result = await service(request).browse(station_name(request), position, limit)
+    return web.json_response(
+        {
+            "messages": [messages.to_view(result.state, m) for m in result.messages],
+            "nextOffset": encode(result.next),
+            "upToDate": result.up_to_date,
+        }
+    )
+
+
+async def not_found(request: web.Request) -> web.Response:
+    raise web.HTTPNotFound()
+
+
+def routes() -> list[web.RouteDef]:
+    one = "/api/stations/{name:[^{}]+?}"
+    return [
+        web.get("/api/stations", list_stations),
+        web.post("/api/stations", create_station),
+        web.post(one + "/messages", produce),
+        web.get(one + "/messages", browse),
+        web.get(one, get_station),
+        web.patch(one, patch_station),
+        web.delete(one, delete_station),
+    ]

@@ -1,0 +1,412 @@
+"""The Durable Streams protocol at ``/v1/stream/{name}``, plus the Msg-Id layer (§3)."""
+
+from __future__ import annotations
+
+import base64
+import random
+import re
+import time
+from datetime import UTC, datetime
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from stations.domain import framing
+from stations.domain.errors import BadRequest
+from stations.domain.lifecycle import CreateRequest
+from stations.domain.log import AppendRequest, AppendResult
+from stations.domain.offsets import NOW, BadOffset, decode, encode
+from stations.domain.producers import parse_headers
+from stations.domain.reads import ReadResult
+from stations.domain.station import default_config
+from stations.domain.streams import StreamState, is_json_type
+
+PREFIX = "/v1/stream/"
+MAX_READ_BYTES = 4 * 1024 * 1024  # a catch-up response carries at most about this much
+CURSOR_EPOCH = datetime(2024, 10, 9).timestamp()
+CURSOR_INTERVAL_S = 20
+_TTL = re.compile(r"^(0|[1-9][0-9]*)$")
+_SUB = re.compile(r"^(0|[1-9][0-9]*)$")
+_PRINTABLE = re.compile(r"^[\x21-\x7e]{1,256}$")
+_CURSOR = re.compile(r"^[0-9]{1,18}$")
+# Control characters, and the surrogates that stand for header bytes that were not UTF-8.
+_NOT_TEXT = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_MEDIA_TYPE = re.compile(rf"^{_TOKEN}/{_TOKEN}[ \t]*(;[\x20-\x7e\t]*)?$")
+# RFC 3339 date-time (its "T" and "Z" are case-insensitive); any number of fraction digits.
+_RFC3339 = re.compile(
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+MAX_NAME = 1024  # streams.name is a 1024-character column
+MAX_CONTENT_TYPE = 255  # streams.content_type is a 255-character column
+MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
+MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
+MAX_EXPIRES_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+
+
+def service(request: web.Request):  # type: ignore[no-untyped-def]
+    return request.app["service"]
+
+
+def stream_name(request: web.Request) -> str:
+    return _valid_name(request.match_info["name"], "path")
+
+
+def _valid_name(name: str, field: str) -> str:
+    if not name or len(name) > MAX_NAME:
+        raise BadRequest(f"the stream path must be 1 to {MAX_NAME} characters", field)
+    if _NOT_TEXT.search(name):
+        raise BadRequest("the stream path must not contain control characters", field)
+    return name
+
+
+def _content_type(value: str) -> str:
+    """A syntactically valid media type (RFC 9110 §8.3.1), or 400."""
+    value = value.strip()
+    if len(value) > MAX_CONTENT_TYPE or not _MEDIA_TYPE.match(value):
+        raise BadRequest(
+            "Content-Type must be a media type such as application/json", "Content-Type"
+        )
+    return value
+
+
+def _is_true(value: str | None) -> bool:
+    return value is not None and value.lower() == "true"
+
+
+def _offset(request: web.Request, param: str = "offset") -> int | None:
+    """The requested position; None means ``now`` (the tail)."""
+    values = request.query.getall(param, [])
+    if len(values) > 1:
+        raise BadRequest("offset may be given once", param)
+    token = values[0] if values else "-1"
+    if token == NOW:
+        return None
+    try:
+        return decode(token)
+    except BadOffset:
+        raise BadRequest(f"malformed offset {token!r}", param) from None
+
+
+def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
+    response.headers["Content-Type"] = state.content_type
+    if state.ttl_seconds is not None:
+        response.headers["Stream-TTL"] = str(state.ttl_seconds)
+    if state.expires_at is not None:
+        response.headers["Stream-Expires-At"] = _rfc3339(state.expires_at)
+
+
+def _rfc3339(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def cursor(client_cursor: str | None) -> str:
+    """Interval-based cursor, never going backwards for a client (§10.1)."""
+    current = int((time.time() - CURSOR_EPOCH) // CURSOR_INTERVAL_S)
+    # A cursor is only an echo: anything but a plausible interval number is ignored.
+    if client_cursor and _CURSOR.match(client_cursor) and int(client_cursor) >= current:
+        return str(int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S))
+    return str(current)
+
+
+# -- create -----------------------------------------------------------------------------------
+
+
+def _parse_expires(value: str) -> int:
+    match = _RFC3339.match(value)
+    if match is None:
+        raise BadRequest(
+            "Stream-Expires-At must be an RFC 3339 timestamp such as 2030-01-01T00:00:00Z",
+            "Stream-Expires-At",
+        )
+    date, time_of_day, fraction, zone = match.groups()
+    fraction = (fraction or ".0")[:7]  # Python takes at most microseconds
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        parsed = datetime.fromisoformat(f"{date}T{time_of_day}{fraction}{zone}")
+        ms = int(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise BadRequest(
+            f"Stream-Expires-At {value!r} is not a valid date and time", "Stream-Expires-At"
+        ) from None
+    if not 0 <= ms <= MAX_EXPIRES_MS:
+        raise BadRequest(
+            "Stream-Expires-At must lie between 1970 and 9999 (UTC)", "Stream-Expires-At"
+        )
+    return ms
+
+
+def _fork_source(value: str) -> str:
+    path = value.split("?", 1)[0]
+    if path.startswith(PREFIX):
+        path = path[len(PREFIX) :]
+    path = path.lstrip("/")
+    if not path:
+        raise BadRequest("Stream-Forked-From must name a stream", "Stream-Forked-From")
+    return _valid_name(unquote(path), "Stream-Forked-From")
+
+
+async def put_stream(request: web.Request) -> web.Response:
+    name = stream_name(request)
+    h = request.headers
+    content_type = h.get("Content-Type", "").strip()
+    content_type_given = bool(content_type)
+    content_type = _content_type(content_type) if content_type else "application/octet-stream"
+    ttl = h.get("Stream-TTL")
+    expires = h.get("Stream-Expires-At")
+    if ttl is not None and expires is not None:
+        raise BadRequest("send Stream-TTL or Stream-Expires-At, not both", "Stream-TTL")
+    ttl_seconds = None
+    if ttl is not None:
+        if not _TTL.match(ttl):
+            raise BadRequest("Stream-TTL must be a non-negative integer", "Stream-TTL")
+        if len(ttl) > len(str(MAX_TTL_S)) or int(ttl) > MAX_TTL_S:
+            raise BadRequest(f"Stream-TTL must be at most {MAX_TTL_S} seconds", "Stream-TTL")
+        ttl_seconds = int(ttl)
+    expires_at = _parse_expires(expires) if expires is not None else None
+    fork_from = h.get("Stream-Forked-From")
+    fork_offset = None
+    sub_offset = 0
+    if fork_from is None:
+        for header in ("Stream-Fork-Offset", "Stream-Fork-Sub-Offset"):
+            if header in h:
+                raise BadRequest(f"{header} needs Stream-Forked-From", header)
+    if fork_from is not None:
+        fork_from = _fork_source(fork_from)
+        if "Stream-Fork-Offset" in h:
+            token = h["Stream-Fork-Offset"]
+            try:
+                fork_offset = decode(token)
+            except BadOffset:
+                raise BadRequest("malformed Stream-Fork-Offset", "Stream-Fork-Offset") from None
+        if "Stream-Fork-Sub-Offset" in h:
+            # More digits than any stream has bytes is past every data boundary anyway.
+            sub = h["Stream-Fork-Sub-Offset"]
+            if not _SUB.match(sub) or len(sub) > 18:
+                raise BadRequest(
+                    "Stream-Fork-Sub-Offset must be a non-negative integer",
+                    "Stream-Fork-Sub-Offset",
+                )
+            sub_offset = int(h["Stream-Fork-Sub-Offset"])
+    body = await request.read()
+    svc = service(request)
+    json_mode = is_json_type(content_type)
+    initial = framing.split_json(body, allow_empty=True) if json_mode else ([body] if body else [])
+    req = CreateRequest(
+        name=name,
+        content_type=content_type,
+        config=default_config(name, content_type),
+        ttl_seconds=ttl_seconds,
+        expires_at=expires_at,
+        closed=_is_true(h.get("Stream-Closed")),
+        initial=initial,
+        fork_from=fork_from,
+        fork_offset=fork_offset,
+        fork_sub_offset=sub_offset,
+        content_type_given=content_type_given,
+    )
+    result = await svc.create(req)
+    state = result.state
+    response = web.Response(status=201 if result.created else 200)
+    _stream_headers(response, state)
+    response.headers["Stream-Next-Offset"] = encode(state.tail)
+    if state.closed:
+        response.headers["Stream-Closed"] = "true"
+    if result.created:
+        response.headers["Location"] = str(request.url.with_query(None))
+    return response
+
+
+# -- append -----------------------------------------------------------------------------------
+
+
+async def post_stream(request: web.Request) -> web.Response:
+    name = stream_name(request)
+    h = request.headers
+    close = _is_true(h.get("Stream-Closed"))
+    producer = parse_headers(h.get("Producer-Id"), h.get("Producer-Epoch"), h.get("Producer-Seq"))
+    msg_id = h.get("Msg-Id")
+    if msg_id is not None and not _PRINTABLE.match(msg_id):
+        raise BadRequest("Msg-Id must be 1 to 256 printable ASCII characters", "Msg-Id")
+    stream_seq = h.get("Stream-Seq")
+    if stream_seq is not None and (
+        len(stream_seq) > MAX_STREAM_SEQ or _NOT_TEXT.search(stream_seq)
+    ):
+        raise BadRequest(
+            f"Stream-Seq must be at most {MAX_STREAM_SEQ} characters of text", "Stream-Seq"
+        )
+    body = await request.read()
+    # An empty Content-Type is no Content-Type; a close-only request may carry any.
+    content_type = h.get("Content-Type", "").strip() or None
+    req = AppendRequest(
+        name=name,
+        content_type=content_type,
+        close=close,
+        producer=producer,
+        stream_seq=stream_seq,
+    )
+    if body:
+        try:
+            if content_type is None:
+                raise BadRequest("an append with a body needs a Content-Type", "Content-Type")
+            _content_type(content_type)
+            if is_json_type(content_type):
+                req.messages = framing.split_json(body, allow_empty=False)
+            else:
+                req.messages = [body]
+            if msg_id is not None:
+                if len(req.messages) != 1:
+                    raise BadRequest(
+                        "with Msg-Id the body must carry exactly one message", "Msg-Id"
+                    )
+                req.msg_ids = [msg_id]
+        except BadRequest as exc:
+            req.body_error = exc
+            req.messages = []
+    elif msg_id is not None:
+        # A close-only request stores no message for the id to name (CONTRACT.md §3).
+        req.body_error = BadRequest("with Msg-Id the body must carry exactly one message", "Msg-Id")
+    elif not close:
+        req.body_error = BadRequest("an append needs a body (or Stream-Closed: true)", "body")
+    result = await service(request).append(req)
+    return append_response(result, producer is not None, msg_id is not None)
+
+
+def append_response(result: AppendResult, with_producer: bool, with_msg_id: bool) -> web.Response:
+    stored = any(not dup for _, dup in result.results) or (
+        not result.results and not result.producer_duplicate
+    )
+    status = 204
+    if with_producer and not result.producer_duplicate and result.results:
+        status = 200
+    response = web.Response(status=status)
+    response.headers["Stream-Next-Offset"] = encode(result.tail)
+    if result.closed:
+        response.headers["Stream-Closed"] = "true"
+    if with_producer and result.producer is not None:
+        response.headers["Producer-Epoch"] = str(result.producer.epoch)
+        response.headers["Producer-Seq"] = str(result.producer_seq)
+    if with_msg_id and result.results:
+        offset, duplicate = result.results[0]
+        response.headers["Msg-Duplicate"] = "true" if duplicate else "false"
+        if offset is not None:
+            response.headers["Msg-Offset"] = encode(offset)
+    elif with_msg_id:
+        response.headers["Msg-Duplicate"] = "true" if not stored else "false"
+    return response
+
+
+# -- read -------------------------------------------------------------------------------------
+
+
+def _body(state: StreamState, result: ReadResult) -> bytes:
+    return framing.join_json(result.parts) if state.is_json else b"".join(result.parts)
+
+
+def _etag(result: ReadResult) -> str:
+    tag = f"{result.state.id}:{result.start}:{result.next}"
+    if result.closed:
+        tag += ":c"
+    return f'"{tag}"'
+
+
+def _read_headers(response: web.StreamResponse, result: ReadResult) -> None:
+    _stream_headers(response, result.state)
+    response.headers["Stream-Next-Offset"] = encode(result.next)
+    if result.up_to_date:
+        response.headers["Stream-Up-To-Date"] = "true"
+    if result.closed:
+        response.headers["Stream-Closed"] = "true"
+
+
+async def get_stream(request: web.Request) -> web.StreamResponse:
+    name = stream_name(request)
+    live = request.query.get("live")
+    if live not in (None, "long-poll", "sse"):
+        raise BadRequest("live must be long-poll or sse", "live")
+    if live is not None and "offset" not in request.query:
+        raise BadRequest("live reads need an offset", "offset")
+    position = _offset(request)
+    svc = service(request)
+    state = await svc.stream(name)
+    await svc.touch(state)
+    if live == "sse":
+        from stations.api.sse import serve_sse
+
+        return await serve_sse(request, name, position)
+    if live == "long-poll":
+        timeout = request.app["long_poll_timeout_s"]
+        result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
+        if not result.count:
+            response = web.Response(status=204)
+            _read_headers(response, result)
+            response.headers["Stream-Up-To-Date"] = "true"
+            if not result.closed:
+                response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
+            response.headers["Cache-Control"] = "no-store"
+            return response
+        response = web.Response(status=200, body=_body(result.state, result))
+        _read_headers(response, result)
+        response.headers["ETag"] = _etag(result)
+        response.headers["Cache-Control"] = CACHEABLE
+        if not result.closed:
+            response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
+        return response
+    result = await svc.read(name, position, max_bytes=MAX_READ_BYTES)
+    if position is None:
+        response = web.Response(status=200, body=b"[]" if state.is_json else b"")
+        _read_headers(response, result)
+        response.headers["Stream-Up-To-Date"] = "true"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+    etag = _etag(result)
+    if request.headers.get("If-None-Match") == etag:
+        response = web.Response(status=304)
+        response.headers["ETag"] = etag
+        response.headers["Stream-Next-Offset"] = encode(result.next)
+        return response
+    response = web.Response(status=200, body=_body(result.state, result))
+    _read_headers(response, result)
+    response.headers["ETag"] = etag
+    response.headers["Cache-Control"] = CACHEABLE
+    return response
+
+
+async def head_stream(request: web.Request) -> web.Response:
+    state = await service(request).stream(stream_name(request))
+    response = web.Response(status=200)
+    _stream_headers(response, state)
+    response.headers["Stream-Next-Offset"] = encode(state.tail)
+    if state.closed:
+        response.headers["Stream-Closed"] = "true"
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+async def delete_stream(request: web.Request) -> web.Response:
+    await service(request).delete(stream_name(request))
+    return web.Response(status=204)
+
+
+def sse_payload(state: StreamState, result: ReadResult) -> str:
+    """The text of one ``data`` event: JSON array, text as is, other types base64."""
+    if state.is_json:
+        return _body(state, result).decode()
+    raw = b"".join(result.parts)
+    if state.content_type.lower().startswith("text/"):
+        return raw.decode("utf-8", errors="replace")
+    return base64.b64encode(raw).decode()
+
+
+def routes() -> list[web.RouteDef]:
+    path = PREFIX + "{name:.+}"
+    return [
+        web.put(path, put_stream),
+        web.post(path, post_stream),
+        web.get(path, get_stream, allow_head=False),
+        web.head(path, head_stream),
+        web.delete(path, delete_stream),
+    ]

@@ -1,0 +1,111 @@
+"""Stations as resources: create through the management API, list, view with live stats, patch.
+
+The same row is the Durable Streams stream, so a station made here is readable at
+``/v1/stream/{name}`` and a stream made by PUT is listed here with default settings.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from stations.domain import idwindow
+from stations.domain import station as config_rules
+from stations.domain.errors import NotFound
+from stations.domain.idwindow import IdWindow
+from stations.domain.lifecycle import CreateRequest, CreateResult, create
+from stations.domain.log import live_stream
+from stations.domain.messages import iso
+from stations.domain.offsets import encode
+from stations.domain.streams import StreamState, load
+from stations.store.schema import streams
+from stations.store.writer import Batch
+
+# Modules with per-station state (consumer groups, the DLS) add their counts to the stats.
+StatsProvider = Callable[[Connection, list[int]], dict[int, dict[str, int]]]
+stats_providers: list[StatsProvider] = []
+
+# Told (on the event loop, after the commit) of every idempotency window a station was given,
+# so the id sweeper can shorten its period at once (see ``scheduler``).
+WindowListener = Callable[[int], None]
+window_listeners: list[WindowListener] = []
+
+
+def _announce_window(batch: Batch, window_ms: int) -> None:
+    for listener in list(window_listeners):
+        batch.after_commit.append(functools.partial(listener, window_ms))
+
+
+def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
+    config = config_rules.parse_config(raw)
+    req = CreateRequest(
+        name=config["name"],
+        content_type=config["contentType"],
+        config=config,
+        compare_config=True,
+    )
+    result = create(batch, window, req)
+    if result.created:
+        _announce_window(batch, result.state.window_ms)
+    return result
+
+
+def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
+    state = live_stream(batch.stream(name), name, batch.now)
+    state.config = config_rules.apply_patch(state.config, raw)
+    batch.touch(state)
+    _announce_window(batch, state.window_ms)
+    return state
+
+
+def _live(conn: Connection, now: int, rows: Sequence[Any]) -> list[StreamState]:
+    states = [StreamState.from_row(r) for r in rows]
+    return [s for s in states if not s.deleted and not s.expired(now)]
+
+
+def views(conn: Connection, now: int, name: str | None = None) -> list[dict[str, Any]]:
+    """StationViews: the config plus live stats, for one station or all."""
+    if name is not None:
+        state = load(conn, name)
+        states = [live_stream(state, name, now)]
+    else:
+        rows = conn.execute(select(streams).order_by(streams.c.name)).all()
+        states = _live(conn, now, rows)
+    if not states:
+        return []
+    ids = [s.id for s in states]
+    in_window: dict[int, int] = {}
+    for state in states:
+        in_window[state.id] = idwindow.count(conn, state, now)
+    extra: dict[int, dict[str, int]] = {}
+    for provider in stats_providers:
+        for sid, values in provider(conn, ids).items():
+            extra.setdefault(sid, {}).update(values)
+    return [_view(s, in_window[s.id], extra.get(s.id, {})) for s in states]
+
+
+def _view(state: StreamState, ids_in_window: int, extra: dict[str, int]) -> dict[str, Any]:
+    view = {key: state.config.get(key) for key in ("name", *config_rules.DEFAULTS)}
+    view["name"] = state.name
+    view["contentType"] = state.content_type
+    view["stats"] = {
+        "messages": state.msg_count,
+        "bytes": state.byte_count,
+        "tailOffset": encode(state.tail),
+        "idsInWindow": ids_in_window,
+        "groups": extra.get("groups", 0),
+        "deadLettered": extra.get("deadLettered", 0),
+    }
+    view["createdAt"] = iso(state.created_at)
+    view["closed"] = state.closed
+    return view
+
+
+def view_of(conn: Connection, now: int, name: str) -> dict[str, Any]:
+    found = views(conn, now, name)
+    if not found:
+        raise NotFound(f"station {name} not found")
+    return found[0]

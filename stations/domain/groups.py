@@ -1,0 +1,435 @@
+"""Consumer groups: a cursor over a station's log plus per-message leases.
+
+``fetch`` hands out, in offset order, first the group's waiting messages that are due (nacked
+with a delay that has passed, leases that expired, DLS replays), then new messages from the log.
+Each handed-out message is leased to one consumer until its ack deadline. A lease that expires or
+a nack sends the message round again until it has been delivered ``maxMsgDeliveries`` times; then
+it leaves the queue for the dead-letter store. Every step is a writer op, so it is durable and,
+on PostgreSQL, serialized per group by a row lock across processes.
+
+A ``deliveries`` row is leased (``consumer`` set, until ``due``) or waiting (``consumer`` null,
+due at ``due``). The sign of ``delivery_count`` tells waiting rows apart: positive for a lease
+that expired (its delivery is still open: ack, nack and dead-letter accept it), negative for a
+nacked delivery (settled: they answer unknown until it is delivered again), zero for a DLS
+replay (not delivered yet). Its magnitude is the number of deliveries so far.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, and_, delete, func, insert, select, update
+
+from stations.domain import dls, reads
+from stations.domain.errors import BadRequest, NotFound
+from stations.domain.log import live_stream
+from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
+from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
+from stations.domain.streams import StreamState, load
+from stations.store.schema import deliveries, groups
+from stations.store.writer import Batch
+
+_NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")
+MAX_FETCH = 1000
+
+
+@dataclass
+class Group:
+    id: int
+    stream_id: int
+    name: str
+    max_ack_time_ms: int
+    max_msg_deliveries: int
+    cursor: int
+    created_at: int
+
+
+@dataclass
+class Delivered:
+    seq: int
+    msg_id: str | None
+    headers: str | None
+    data: bytes
+    delivery_count: int
+    ack_deadline: int
+
+
+def validate_name(name: str) -> str:
+    # "." and ".." are path segments every URL client resolves away: such a group could be
+    # created by a raw request and never be reached again.
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise BadRequest(
+            "a group name is 1 to 256 letters, digits, '.', '_', '~' or '-', not . or ..",
+            "group",
+        )
+    return name
+
+
+def _int(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadRequest(f"{key} must be an integer from {lo} to {hi}", key)
+    return value
+
+
+def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock: bool) -> Group:
+    conn = batch_or_conn.conn if isinstance(batch_or_conn, Batch) else batch_or_conn
+    query = select(groups).where(groups.c.stream_id == state.id, groups.c.name == name)
+    if lock:
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    if row is None:
+        raise NotFound(f"group {name} not found on station {state.name}", "group")
+    return Group(**row._mapping)
+
+
+def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool]:
+    """PUT a group: create it, or update the limits of a standing one."""
+    validate_name(name)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise BadRequest("the body must be a JSON object", None)
+    unknown = set(raw) - {"maxAckTimeMs", "maxMsgDeliveries", "startFrom"}
+    if unknown:
+        field = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {field}", field)
+    ack_ms = _int(raw, "maxAckTimeMs", MIN_ACK_MS, MAX_ACK_MS)
+    max_deliveries = _int(raw, "maxMsgDeliveries", 1, MAX_DELIVERIES)
+    start = raw.get("startFrom", "earliest")
+    state = live_stream(batch.stream(station), station, batch.now)
+    if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
+        cursor = state.head
+    elif start == "latest":
+        cursor = state.tail
+    elif isinstance(start, str):
+        try:
+            cursor = _message_offset(start)
+        except BadOffset:
+            raise BadRequest(
+                "startFrom must be earliest, latest or an offset", "startFrom"
+            ) from None
+        if cursor > state.tail:
+            raise BadRequest("startFrom is beyond the station's tail", "startFrom")
+    else:
+        raise BadRequest("startFrom must be earliest, latest or an offset", "startFrom")
+    defaults = state.config.get("consumerDefaults", {})
+    try:
+        group = _load(batch, state, name, lock=True)
+    except NotFound:
+        values = {
+            "stream_id": state.id,
+            "name": name,
+            "max_ack_time_ms": ack_ms or defaults.get("maxAckTimeMs", 30_000),
+            "max_msg_deliveries": max_deliveries or defaults.get("maxMsgDeliveries", 2),
+            "cursor": cursor,
+            "created_at": batch.now,
+        }
+        group_id = batch.conn.execute(
+            insert(groups).values(**values).returning(groups.c.id)
+        ).scalar_one()
+        return Group(id=group_id, **values), True
+    changes = {}
+    if ack_ms is not None and ack_ms != group.max_ack_time_ms:
+        changes["max_ack_time_ms"] = group.max_ack_time_ms = ack_ms
+    if max_deliveries is not None and max_deliveries != group.max_msg_deliveries:
+        changes["max_msg_deliveries"] = group.max_msg_deliveries = max_deliveries
+    if changes:
+        batch.conn.execute(update(groups).where(groups.c.id == group.id).values(**changes))
+    return group, False
+
+
+def remove(batch: Batch, station: str, name: str) -> None:
+    state = live_stream(batch.stream(station), station, batch.now)
+    group = _load(batch, state, name, lock=True)
+    batch.conn.execute(delete(deliveries).where(deliveries.c.group_id == group.id))
+    dls.drop_group(batch, group.id)
+    batch.conn.execute(delete(groups).where(groups.c.id == group.id))
+
+
+def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
+    state = live_stream(load(conn, station), station, now)
+    rows = conn.execute(
+        select(groups).where(groups.c.stream_id == state.id).order_by(groups.c.name)
+    ).all()
+    out = []
+    for row in rows:
+        group = Group(**row._mapping)
+        waiting, in_flight = conn.execute(
+            select(
+                func.count().filter(deliveries.c.consumer.is_(None)),
+                func.count().filter(deliveries.c.consumer.is_not(None)),
+            ).where(deliveries.c.group_id == group.id)
+        ).one()
+        lag = max(0, state.tail - max(group.cursor, state.head))
+        out.append(
+            {
+                "name": group.name,
+                "maxAckTimeMs": group.max_ack_time_ms,
+                "maxMsgDeliveries": group.max_msg_deliveries,
+                "pending": lag + waiting,
+                "inFlight": in_flight,
+                "deadLettered": dls.count_group(conn, group.id),
+                "lag": lag,
+                "cursor": encode(group.cursor),
+            }
+        )
+    return out
+
+
+# -- delivery ---------------------------------------------------------------------------------
+
+
+def _settle_expired(batch: Batch, state: StreamState, group: Group) -> None:
+    """Leases past their deadline: the message goes round again, or to the DLS if that was
+    its last delivery."""
+    expired = batch.conn.execute(
+        select(deliveries.c.seq, deliveries.c.delivery_count).where(
+            deliveries.c.group_id == group.id,
+            deliveries.c.consumer.is_not(None),
+            deliveries.c.due <= batch.now,
+        )
+    ).all()
+    if not expired:
+        return
+    spent = [seq for seq, count in expired if count >= group.max_msg_deliveries]
+    again = [seq for seq, count in expired if count < group.max_msg_deliveries]
+    if again:
+        batch.conn.execute(
+            update(deliveries)
+            .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(again))
+            .values(consumer=None)
+        )
+    for seq, count in expired:
+        if seq in spent:
+            dls.add(batch, state, group, seq, count, "max_deliveries", "ack deadline passed")
+    batch.changed.add(state.name)
+
+
+def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> list[Delivered]:
+    batch.flush()  # appends earlier in this batch must be readable
+    state = live_stream(batch.stream(station), station, batch.now)
+    group = _load(batch, state, name, lock=True)
+    _settle_expired(batch, state, group)
+    due = batch.conn.execute(
+        select(deliveries.c.seq, deliveries.c.delivery_count)
+        .where(
+            deliveries.c.group_id == group.id,
+            deliveries.c.consumer.is_(None),
+            deliveries.c.due <= batch.now,
+        )
+        .order_by(deliveries.c.seq)
+        .limit(max_count)
+    ).all()
+    picked: dict[int, int] = {seq: abs(count) for seq, count in due}
+    start = max(group.cursor, state.head)
+    new = list(range(start + 1, min(state.tail, start + max_count - len(picked)) + 1))
+    deadline = batch.now + group.max_ack_time_ms
+    if new:
+        batch.conn.execute(
+            insert(deliveries),
+            [
+                {
+                    "group_id": group.id,
+                    "seq": s,
+                    "delivery_count": 1,
+                    "consumer": consumer,
+                    "due": deadline,
+                }
+                for s in new
+            ],
+        )
+        batch.conn.execute(update(groups).where(groups.c.id == group.id).values(cursor=new[-1]))
+    if picked:
+        batch.conn.execute(
+            update(deliveries)
+            .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(list(picked)))
+            .values(
+                delivery_count=func.abs(deliveries.c.delivery_count) + 1,
+                consumer=consumer,
+                due=deadline,
+            )
+        )
+    counts = {seq: count + 1 for seq, count in picked.items()} | {s: 1 for s in new}
+    out = []
+    for seq, msg_id, headers, data in _messages_at(batch.conn, state, sorted(counts)):
+        out.append(Delivered(seq, msg_id, headers, data, counts[seq], deadline))
+    found = {d.seq for d in out}
+    missing = [s for s in counts if s not in found]
+    if missing:  # dropped by retention while waiting: nothing left to deliver
+        batch.conn.execute(
+            delete(deliveries).where(
+                deliveries.c.group_id == group.id, deliveries.c.seq.in_(missing)
+            )
+        )
+    return out
+
+
+def _messages_at(
+    conn: Connection, state: StreamState, seqs: list[int]
+) -> list[tuple[int, str | None, str | None, bytes]]:
+    """(seq, msg_id, headers, data) of the messages at ``seqs`` that still exist."""
+    return [(m.seq, m.msg_id, m.headers, m.data) for m in reads.messages_at(conn, state, seqs)]
+
+
+def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
+    """Delivered and not yet settled (leased, or its lease expired): seq → delivery count."""
+    rows = batch.conn.execute(
+        select(deliveries.c.seq, deliveries.c.delivery_count).where(
+            deliveries.c.group_id == group.id,
+            deliveries.c.seq.in_(seqs),
+            deliveries.c.delivery_count > 0,
+        )
+    ).all()
+    return {seq: count for seq, count in rows}
+
+
+def _message_offset(token: Any) -> int:
+    """The position of an offset token exactly as the server mints them: not the "-1"
+    sentinel (not the offset of a message), nothing around it (a trailing newline)."""
+    if not isinstance(token, str) or token == BEGINNING:
+        raise BadOffset(token)
+    position = decode(token)
+    if encode(position) != token:
+        raise BadOffset(token)
+    return position
+
+
+def parse_offsets(raw: Any) -> list[int]:
+    if not isinstance(raw, list) or not raw or len(raw) > 10_000:
+        raise BadRequest("offsets must be a non-empty array of at most 10000 offsets", "offsets")
+    out = []
+    for i, token in enumerate(raw):
+        try:
+            out.append(_message_offset(token) + 1)
+        except BadOffset:
+            raise BadRequest(f"offsets.{i} is not an offset", f"offsets.{i}") from None
+    return out
+
+
+def _split(seqs: list[int], known: dict[int, int]) -> list[str]:
+    return [encode(s - 1) for s in seqs if s not in known]
+
+
+def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, list[str]]:
+    state = live_stream(batch.stream(station), station, batch.now)
+    group = _load(batch, state, name, lock=True)
+    known = _settleable(batch, group, seqs)
+    if known:
+        batch.conn.execute(
+            delete(deliveries).where(
+                deliveries.c.group_id == group.id, deliveries.c.seq.in_(list(known))
+            )
+        )
+    return len(known), _split(seqs, known)
+
+
+def nack(
+    batch: Batch, station: str, name: str, seqs: list[int], delay_ms: int
+) -> tuple[int, list[str]]:
+    state = live_stream(batch.stream(station), station, batch.now)
+    group = _load(batch, state, name, lock=True)
+    known = _settleable(batch, group, seqs)
+    again = [s for s, count in known.items() if count < group.max_msg_deliveries]
+    if again:
+        batch.conn.execute(
+            update(deliveries)
+            .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(again))
+            .values(
+                consumer=None,
+                due=batch.now + delay_ms,
+                delivery_count=-deliveries.c.delivery_count,  # settled: see the module doc
+            )
+        )
+    for seq, count in known.items():
+        if count >= group.max_msg_deliveries:
+            dls.add(batch, state, group, seq, count, "max_deliveries", "nacked")
+    batch.changed.add(state.name)
+    return len(known), _split(seqs, known)
+
+
+def dead_letter(
+    batch: Batch, station: str, name: str, seqs: list[int], reason: str | None
+) -> tuple[int, list[str]]:
+    state = live_stream(batch.stream(station), station, batch.now)
+    group = _load(batch, state, name, lock=True)
+    known = _settleable(batch, group, seqs)
+    for seq, count in sorted(known.items()):
+        dls.add(batch, state, group, seq, count, "dead_letter", reason, always=True)
+    return len(known), _split(seqs, known)
+
+
+def expire_all(batch: Batch, since: int) -> int | None:
+    """The scheduler's tick: settle expired leases of every group, wake fetchers of stations
+    whose waiting messages fell due since ``since``; returns when the next thing falls due."""
+    from stations.store.schema import streams
+
+    rows = batch.conn.execute(
+        select(groups, streams.c.name.label("station"))
+        .join(streams, streams.c.id == groups.c.stream_id)
+        .where(
+            groups.c.id.in_(
+                select(deliveries.c.group_id).where(
+                    deliveries.c.consumer.is_not(None), deliveries.c.due <= batch.now
+                )
+            )
+        )
+        # One lock order for every process's tick (PostgreSQL): stations by name.
+        .order_by(streams.c.name, groups.c.name)
+    ).all()
+    for row in rows:
+        values = dict(row._mapping)
+        station = values.pop("station")
+        state = batch.stream(station)
+        if state is None:
+            continue
+        try:
+            group = _load(batch, state, values["name"], lock=True)
+        except NotFound:  # deleted by another process since the query above
+            continue
+        _settle_expired(batch, state, group)
+    batch.changed |= _due_stations(batch, since)
+    return batch.conn.execute(
+        select(func.min(deliveries.c.due)).where(deliveries.c.due > batch.now)
+    ).scalar()
+
+
+def _due_stations(batch: Batch, since: int) -> set[str]:
+    from stations.store.schema import streams
+
+    rows = batch.conn.execute(
+        select(streams.c.name)
+        .select_from(
+            deliveries.join(groups, groups.c.id == deliveries.c.group_id).join(
+                streams, streams.c.id == groups.c.stream_id
+            )
+        )
+        .where(
+            and_(
+                deliveries.c.consumer.is_(None),
+                deliveries.c.due > since,
+                deliveries.c.due <= batch.now,
+            )
+        )
+        .distinct()
+    ).all()
+    return {r[0] for r in rows}
+
+
+def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:
+    rows = conn.execute(
+        select(groups.c.stream_id, func.count())
+        .where(groups.c.stream_id.in_(stream_ids))
+        .group_by(groups.c.stream_id)
+    ).all()
+    return {sid: {"groups": n} for sid, n in rows}
+
+
+def purge_stream(batch: Batch, state: StreamState) -> None:
+    ids = select(groups.c.id).where(groups.c.stream_id == state.id)
+    batch.conn.execute(delete(deliveries).where(deliveries.c.group_id.in_(ids)))
+    batch.conn.execute(delete(groups).where(groups.c.stream_id == state.id))

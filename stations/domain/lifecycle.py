@@ -1,0 +1,244 @@
+"""Creating, forking, expiring and deleting streams (= stations).
+
+Ops here run in the writer's transaction like appends. A stream with live forks is only
+soft-deleted: its URL answers 410, its data stays for the forks, and it is removed when the last
+fork goes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select
+
+from stations.domain import idwindow
+from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
+from stations.domain.idwindow import IdWindow
+from stations.domain.streams import StreamState, is_json_type, load, load_by_id, same_content_type
+from stations.store.schema import messages, producers, streams
+from stations.store.writer import Batch
+
+
+@dataclass
+class CreateRequest:
+    name: str
+    content_type: str
+    config: dict[str, Any]
+    ttl_seconds: int | None = None
+    expires_at: int | None = None
+    closed: bool = False
+    initial: list[bytes] = field(default_factory=list)
+    fork_from: str | None = None
+    fork_offset: int | None = None
+    fork_sub_offset: int = 0
+    # Station API creates compare the whole config; Durable Streams PUTs compare the stream part.
+    compare_config: bool = False
+    content_type_given: bool = True
+
+
+@dataclass
+class CreateResult:
+    state: StreamState
+    created: bool
+
+
+def _spec(req: CreateRequest) -> str:
+    return json.dumps(
+        {
+            "ttl": req.ttl_seconds,
+            "expiresAt": req.expires_at,
+            "forkFrom": req.fork_from,
+            "forkOffset": req.fork_offset,
+            "forkSubOffset": req.fork_sub_offset,
+        },
+        sort_keys=True,
+    )
+
+
+def _matches(existing: StreamState, req: CreateRequest, spec: str) -> bool:
+    if req.content_type_given and not same_content_type(existing.content_type, req.content_type):
+        return False
+    if existing.closed != req.closed:
+        return False
+    if req.compare_config:
+        return existing.config == req.config
+    if existing.create_spec is None:
+        # Made through the station API: a plain PUT of the same type and state ensures it.
+        return req.ttl_seconds is None and req.expires_at is None and req.fork_from is None
+    if req.fork_from is not None and req.fork_offset is None:
+        # "Fork at the tail" named no offset: any existing fork of that source matches.
+        stored = json.loads(existing.create_spec)
+        stored["forkOffset"] = None
+        return json.dumps(stored, sort_keys=True) == spec
+    return existing.create_spec == spec
+
+
+def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
+    batch.flush()
+    batch.forget()
+    conn, now = batch.conn, batch.now
+    spec = _spec(req)
+    if conn.dialect.name == "postgresql":
+        # Another process may be creating the same stream right now: its INSERT would make ours
+        # fail on the unique name. Creates of one name wait for each other instead (the lock
+        # lasts until the commit), so the later one finds the stream and compares.
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(req.name, 0))))
+    existing = load(conn, req.name, lock=True)
+    if existing is not None and not existing.deleted and existing.expired(now):
+        purge(batch, window, existing)
+        existing = None
+    if existing is not None:
+        if existing.deleted:
+            raise Conflict(f"stream {req.name} was deleted and still has forks", "name")
+        if _matches(existing, req, spec):
+            return CreateResult(existing, False)
+        raise Conflict(f"stream {req.name} already exists with another configuration", "name")
+
+    values: dict[str, Any] = {
+        "name": req.name,
+        "content_type": req.content_type,
+        "created_at": now,
+        "ttl_seconds": req.ttl_seconds,
+        "expires_at": req.expires_at,
+        "accessed_at": now,
+        "closed": False,
+        "tail": 0,
+        "head": 0,
+        "deleted": False,
+        "msg_count": 0,
+        "byte_count": 0,
+        "config": json.dumps(req.config, separators=(",", ":")),
+        "create_spec": None if req.compare_config else spec,
+    }
+    copied: list[bytes] = []
+    if req.fork_from is not None:
+        source = load(conn, req.fork_from, lock=True)
+        if source is None or (source.expired(now) and not source.deleted):
+            raise NotFound(f"fork source {req.fork_from} not found", "Stream-Forked-From")
+        if source.deleted:
+            raise Conflict(f"fork source {req.fork_from} was deleted", "Stream-Forked-From")
+        if req.content_type_given and not same_content_type(req.content_type, source.content_type):
+            raise Conflict("a fork keeps its source's Content-Type", "Content-Type")
+        offset = source.tail if req.fork_offset is None else req.fork_offset
+        if offset > source.tail:
+            raise BadRequest("Stream-Fork-Offset is beyond the source's tail", "Stream-Fork-Offset")
+        if offset < source.head:
+            raise BadRequest("Stream-Fork-Offset was dropped by retention", "Stream-Fork-Offset")
+        if req.fork_sub_offset:
+            offset, copied = _sub_offset(conn, source, offset, req.fork_sub_offset)
+        values.update(
+            content_type=source.content_type,
+            fork_of=source.id,
+            fork_offset=offset,
+            tail=offset,
+            head=0,
+        )
+        config = json.loads(values["config"])
+        config["contentType"] = source.content_type
+        values["config"] = json.dumps(config, separators=(",", ":"))
+        if req.ttl_seconds is None and req.expires_at is None:
+            values["ttl_seconds"], values["expires_at"] = source.ttl_seconds, source.expires_at
+    stream_id = conn.execute(insert(streams).values(**values).returning(streams.c.id)).scalar_one()
+    state = load_by_id(conn, stream_id)
+    assert state is not None
+    for data in [*copied, *req.initial]:
+        state.tail += 1
+        state.msg_count += 1
+        state.byte_count += len(data)
+        batch.rows.append((state.id, state.tail, data, None, None, now, 1))
+    state.closed = req.closed
+    batch.streams[state.name] = state
+    batch.touch(state)
+    return CreateResult(state, True)
+
+
+def _sub_offset(conn, source: StreamState, offset: int, sub: int) -> tuple[int, list[bytes]]:  # type: ignore[no-untyped-def]
+    """Resolve (offset, sub-offset) on the source: whole messages for JSON, bytes otherwise."""
+    from stations.domain.reads import scan
+
+    if is_json_type(source.content_type):
+        if offset + sub > source.tail:
+            raise BadRequest(
+                "Stream-Fork-Sub-Offset is past the source's data", "Stream-Fork-Sub-Offset"
+            )
+        return offset + sub, []
+    nxt = next(iter(scan(conn, source, offset)), None)
+    if nxt is None or sub > len(nxt.data):
+        raise BadRequest(
+            "Stream-Fork-Sub-Offset is past the next data boundary", "Stream-Fork-Sub-Offset"
+        )
+    if sub == len(nxt.data):
+        return nxt.seq, []
+    # The fork keeps a copy of the part of the source message it inherits.
+    return offset, [nxt.data[:sub]]
+
+
+def _fork_count(batch: Batch, stream_id: int) -> int:
+    return batch.conn.execute(
+        select(func.count()).select_from(streams).where(streams.c.fork_of == stream_id)
+    ).scalar_one()
+
+
+def remove(batch: Batch, window: IdWindow, name: str) -> None:
+    """DELETE: gone for good, or soft-deleted while forks still read it."""
+    batch.flush()
+    batch.forget()
+    state = load(batch.conn, name, lock=True)
+    if state is None or (state.expired(batch.now) and not state.deleted):
+        raise NotFound(f"stream {name} not found")
+    if state.deleted:
+        raise Gone(f"stream {name} was deleted")
+    purge(batch, window, state)
+
+
+def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
+    conn = batch.conn
+    batch.changed.add(state.name)
+    if _fork_count(batch, state.id):
+        conn.execute(streams.update().where(streams.c.id == state.id).values(deleted=True))
+        return
+    for table in (messages, producers):
+        conn.execute(delete(table).where(table.c.stream_id == state.id))
+    idwindow.purge(conn, state.id)
+    for hook in purge_hooks:
+        hook(batch, state)
+    conn.execute(delete(streams).where(streams.c.id == state.id))
+    window.forget_station(state.id)
+    # Cascade: a soft-deleted source whose last fork just went goes too.
+    if state.fork_of is not None:
+        source = load_by_id(conn, state.fork_of)
+        if source is not None and source.deleted and not _fork_count(batch, source.id):
+            purge(batch, window, source)
+
+
+# Other modules (groups, DLS) register what they keep per stream, to delete it with the stream.
+purge_hooks: list[Any] = []
+
+
+def touch(batch: Batch, name: str) -> None:
+    """A read refreshes a TTL stream's idle countdown."""
+    state = batch.stream(name)
+    if state is not None and state.ttl_seconds is not None and not state.expired(batch.now):
+        state.accessed_at = batch.now
+        batch.dirty[state.id] = state
+
+
+def expired_streams(batch: Batch, window: IdWindow) -> int:
+    """Purge streams whose TTL or Expires-At has passed (the scheduler calls this)."""
+    batch.flush()
+    batch.forget()
+    rows = batch.conn.execute(
+        select(streams).where(
+            streams.c.deleted.is_(False),
+            (streams.c.expires_at.is_not(None)) | (streams.c.ttl_seconds.is_not(None)),
+        )
+    ).all()
+    n = 0
+    for row in rows:
+        state = StreamState.from_row(row)
+        if state.expired(batch.now):
+            purge(batch, window, state)
+            n += 1
+    return n

@@ -1,0 +1,225 @@
+"""The log: appending messages to a stream and reading them back.
+
+An append is decided and written inside the writer's transaction: the messages, the stream's
+tail, the producer session and the message ids commit together or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stations.domain import producers as sessions
+from stations.domain.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
+from stations.domain.idwindow import IdWindow
+from stations.domain.producers import Producer, Verdict
+from stations.domain.streams import StreamState, same_content_type
+from stations.store import sql
+from stations.store.writer import Batch
+
+SEP = b"\n"  # between the messages of a multi-message JSON row (see schema.messages)
+
+
+class SequenceGap(Conflict):
+    """A producer request ahead of its turn; the caller may wait for the missing ones."""
+
+    def __init__(self, expected: int, received: int, producer: Producer, stream: str) -> None:
+        super().__init__(
+            f"Producer-Seq {received} is ahead of the expected {expected}",
+            "Producer-Seq",
+            expected=expected,
+            received=received,
+        )
+        self.producer = producer
+        self.stream = stream
+
+
+class NewEpochGap(SequenceGap, BadRequest):
+    """A new epoch must start at seq 0 (400, Durable Streams §5.2.1). As a gap it is held first:
+    a pipelining producer's seq 0 of its new epoch may still be on its way."""
+
+    code = BadRequest.code
+
+    def __init__(self, received: int, producer: Producer, stream: str) -> None:
+        super().__init__(0, received, producer, stream)
+        self.message = "a new Producer-Epoch must start at Producer-Seq 0"
+        self.args = (self.message,)
+
+
+class StreamClosed(Conflict):
+    def __init__(self, tail: int) -> None:
+        super().__init__("the stream is closed", None, closed=True, next_offset=tail)
+
+
+@dataclass
+class AppendRequest:
+    name: str
+    content_type: str | None = None
+    messages: list[bytes] = field(default_factory=list)
+    msg_ids: list[str | None] | None = None
+    headers: list[str | None] | None = None
+    close: bool = False
+    producer: Producer | None = None
+    stream_seq: str | None = None
+    # A body error is reported only after the closed check, as the protocol orders them.
+    body_error: BadRequest | None = None
+
+
+@dataclass
+class AppendResult:
+    tail: int
+    closed: bool
+    producer_duplicate: bool = False
+    producer: Producer | None = None
+    producer_seq: int | None = None  # highest accepted seq of the producer's epoch
+    # (offset, duplicate) per message; offset None when a duplicate's original is unknown
+    results: list[tuple[int | None, bool]] = field(default_factory=list)
+
+
+def _session(batch: Batch, state: StreamState, producer_id: str) -> sessions.Session | None:
+    key = (state.id, producer_id)
+    if key not in batch.sessions:
+        row = sql.one(batch.conn, "session", key)
+        batch.sessions[key] = sessions.Session(row[0], row[1]) if row else None
+    return batch.sessions[key]
+
+
+def live_stream(state: StreamState | None, name: str, now: int) -> StreamState:
+    if state is None or (state.expired(now) and not state.deleted):
+        raise NotFound(f"stream {name} not found")
+    if state.deleted:
+        raise Gone(f"stream {name} was deleted")
+    return state
+
+
+def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
+    state = live_stream(batch.stream(req.name), req.name, batch.now)
+    producer = req.producer
+
+    if state.closed:
+        closer = (state.closer_id, state.closer_epoch, state.closer_seq)
+        if producer is not None and closer == (producer.id, producer.epoch, producer.seq):
+            return AppendResult(state.tail, True, True, producer, producer.seq)
+        if req.close and not req.messages and req.body_error is None:
+            return AppendResult(state.tail, True)
+        raise StreamClosed(state.tail)
+    if req.body_error is not None:
+        raise req.body_error
+    if not req.messages and not req.close:
+        raise BadRequest("an append needs a body (or Stream-Closed: true to close)")
+    if req.messages and (
+        req.content_type is None or not same_content_type(req.content_type, state.content_type)
+    ):
+        raise Conflict(
+            f"Content-Type {req.content_type!r} does not match the stream's {state.content_type!r}",
+            "Content-Type",
+        )
+
+    session = None
+    if producer is not None:
+        session = _session(batch, state, producer.id)
+        verdict = sessions.decide(session, producer)
+        if verdict is Verdict.STALE_EPOCH:
+            assert session is not None
+            raise Forbidden("stale Producer-Epoch", "Producer-Epoch", epoch=session.epoch)
+        if verdict is Verdict.NEW_EPOCH_GAP:
+            raise NewEpochGap(producer.seq, producer, req.name)
+        if verdict is Verdict.GAP:
+            raise SequenceGap(
+                sessions.expected_seq(session, producer), producer.seq, producer, req.name
+            )
+        if verdict is Verdict.DUPLICATE:
+            assert session is not None
+            results = _original_offsets(batch, window, state, req)
+            return AppendResult(state.tail, state.closed, True, producer, session.last_seq, results)
+
+    if (
+        req.stream_seq is not None
+        and state.stream_seq is not None
+        and (req.stream_seq <= state.stream_seq)
+    ):
+        raise Conflict(
+            f"Stream-Seq {req.stream_seq!r} is not above {state.stream_seq!r}", "Stream-Seq"
+        )
+
+    results: list[tuple[int | None, bool]]
+    headers = req.headers or [None] * len(req.messages)
+    if not req.msg_ids:
+        # The common case, kept tight: every message is new.
+        base, now, n = state.tail, batch.now, len(req.messages)
+        if n > 1 and state.is_json and not req.headers:
+            # One row for the whole request: positions stay per message, the row is shared.
+            batch.rows.append((state.id, base + n, SEP.join(req.messages), None, None, now, n))
+        else:
+            batch.rows.extend(
+                (state.id, base + k, data, None, headers[k - 1], now, 1)
+                for k, data in enumerate(req.messages, 1)
+            )
+        state.tail += n
+        state.msg_count += len(req.messages)
+        state.byte_count += sum(map(len, req.messages))
+        results = [(position, False) for position in range(base, state.tail)]
+    else:
+        results = _append_tagged(batch, window, state, req, headers)
+
+    if producer is not None:
+        batch.sessions[(state.id, producer.id)] = sessions.Session(producer.epoch, producer.seq)
+        batch.dirty_sessions.add((state.id, producer.id))
+    if req.stream_seq is not None:
+        state.stream_seq = req.stream_seq
+    if req.close:
+        state.closed = True
+        if producer is not None:
+            state.closer_id, state.closer_epoch, state.closer_seq = (
+                producer.id,
+                producer.epoch,
+                producer.seq,
+            )
+    state.accessed_at = batch.now
+    batch.touch(state)
+    return AppendResult(
+        state.tail, state.closed, False, producer, producer.seq if producer else None, results
+    )
+
+
+def _append_tagged(
+    batch: Batch,
+    window: IdWindow,
+    state: StreamState,
+    req: AppendRequest,
+    headers: list[str | None],
+) -> list[tuple[int | None, bool]]:
+    """Messages with Msg-Ids: those still in the window are duplicates, not stored."""
+    assert req.msg_ids is not None
+    known = window.lookup_many(batch, state, [m for m in req.msg_ids if m is not None])
+    results: list[tuple[int | None, bool]] = []
+    stored: dict[str, int] = {}
+    for data, msg_id, header in zip(req.messages, req.msg_ids, headers, strict=True):
+        if msg_id is not None:
+            # Ids repeated inside one request are duplicates of the first.
+            original = stored.get(msg_id) or known.get(msg_id)
+            if original is not None:
+                results.append((original - 1, True))
+                continue
+        state.tail += 1
+        batch.rows.append((state.id, state.tail, data, msg_id, header, batch.now, 1))
+        state.msg_count += 1
+        state.byte_count += len(data)
+        if msg_id is not None:
+            stored[msg_id] = state.tail
+        results.append((state.tail - 1, False))
+    window.remember(batch, state, list(stored.items()))
+    return results
+
+
+def _original_offsets(
+    batch: Batch, window: IdWindow, state: StreamState, req: AppendRequest
+) -> list[tuple[int | None, bool]]:
+    """For a producer duplicate: where its tagged messages were stored, where still known."""
+    if not req.msg_ids:
+        return []
+    out: list[tuple[int | None, bool]] = []
+    for msg_id in req.msg_ids:
+        original = window.lookup(batch, state, msg_id) if msg_id else None
+        # An id that has left the window no longer says where its message went.
+        out.append((None if original is None else original - 1, True))
+    return out

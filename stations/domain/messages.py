@@ -1,0 +1,179 @@
+"""Messages as the management API and consumers see them: ids, headers and decoded data.
+
+``parse_batch`` turns ``{"messages": [{"id", "data" | "dataBase64", "headers"}]}`` into an
+append for a station; ``to_view`` turns stored messages back into JSON-ready dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from stations.domain import framing
+from stations.domain.errors import BadRequest
+from stations.domain.log import AppendRequest
+from stations.domain.offsets import encode
+from stations.domain.reads import Message
+from stations.domain.streams import StreamState
+
+MAX_BATCH = 10_000
+_MSG_ID = re.compile(r"[\x21-\x7e]{1,256}")
+
+
+def valid_msg_id(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _MSG_ID.fullmatch(value):
+        raise BadRequest(f"{field} must be 1 to 256 printable ASCII characters", field)
+    return value
+
+
+def _headers(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRequest(f"{field} must be an object of string values", field)
+    return json.dumps(value, separators=(",", ":")) if value else None
+
+
+def _one_json_value(data: bytes, field: str) -> bytes:
+    """``dataBase64`` on a JSON station: exactly one JSON value, stored in canonical form."""
+    try:
+        value = loads_strict(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadRequest(f"{field} must encode one UTF-8 JSON value", field) from None
+    return _dumps(value, field)
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` without the NaN / Infinity extensions and without numbers that overflow
+    to infinity (both would come back as ``null``). Raises ValueError or RecursionError."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _dumps(value: Any, field: str) -> bytes:
+    try:
+        return framing.dumps(value)
+    except RecursionError:
+        raise BadRequest(f"{field} is nested too deeply", field) from None
+    except UnicodeEncodeError:
+        raise BadRequest(f"{field} holds a lone surrogate, which is not Unicode", field) from None
+
+
+def _data(item: dict[str, Any], state: StreamState, field: str) -> bytes:
+    has_data, has_b64 = "data" in item, "dataBase64" in item
+    if has_data == has_b64:
+        raise BadRequest(f"{field} needs exactly one of data and dataBase64", f"{field}.data")
+    if has_b64:
+        raw = item["dataBase64"]
+        try:
+            data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
+        except (binascii.Error, ValueError):
+            data = None
+        if data is None:
+            raise BadRequest(f"{field}.dataBase64 must be base64", f"{field}.dataBase64")
+        if state.is_json:
+            return _one_json_value(data, f"{field}.dataBase64")
+        return data
+    if state.is_json:
+        return _dumps(item["data"], f"{field}.data")
+    if not isinstance(item["data"], str):
+        raise BadRequest(
+            f"{field}.data must be a string for a {state.content_type} station (or use dataBase64)",
+            f"{field}.data",
+        )
+    try:
+        return item["data"].encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (an escaped "\\ud800") is no UTF-8 text.
+        raise BadRequest(f"{field}.data must be valid Unicode text", f"{field}.data") from None
+
+
+def parse_batch(state: StreamState, body: Any) -> AppendRequest:
+    if not isinstance(body, dict):
+        raise BadRequest('the body must be {"messages": [...]}', None)
+    unknown = set(body) - {"messages"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {key}", key)
+    items = body.get("messages")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    if len(items) > MAX_BATCH:
+        raise BadRequest(f"at most {MAX_BATCH} messages per request", "messages")
+    req = AppendRequest(name=state.name, content_type=state.content_type)
+    ids: list[str | None] = []
+    headers: list[str | None] = []
+    datas: list[bytes] = []
+    is_json = state.is_json
+    fields = {"id", "data", "dataBase64", "headers"}
+    for i, item in enumerate(items):
+        # The common shape is checked inline; anything else takes the careful path that
+        # names the offending field.
+        if type(item) is dict and item.keys() <= fields:
+            msg_id = item.get("id")
+            if msg_id is not None and (type(msg_id) is not str or not _MSG_ID.fullmatch(msg_id)):
+                valid_msg_id(msg_id, f"messages.{i}.id")
+            raw_headers = item.get("headers")
+            if is_json and "data" in item and "dataBase64" not in item:
+                try:
+                    data = framing.dumps(item["data"])
+                except (RecursionError, UnicodeEncodeError):
+                    data = _data(item, state, f"messages.{i}")
+            else:
+                data = _data(item, state, f"messages.{i}")
+            ids.append(msg_id)
+            headers.append(
+                None if raw_headers is None else _headers(raw_headers, f"messages.{i}.headers")
+            )
+            datas.append(data)
+            continue
+        field = f"messages.{i}"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{field} must be an object", field)
+        path = f"{field}.{sorted(set(item) - fields)[0]}"
+        raise BadRequest(f"unknown field {path}", path)
+    req.msg_ids, req.headers, req.messages = ids, headers, datas
+    return req
+
+
+def iso(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def to_view(state: StreamState, msg: Message) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "offset": encode(msg.seq - 1),
+        "id": msg.msg_id,
+        "headers": json.loads(msg.headers) if msg.headers else {},
+        "time": iso(msg.stored_at),
+    }
+    if state.is_json:
+        view["data"] = json.loads(msg.data)
+    else:
+        try:
+            view["data"] = msg.data.decode()
+        except UnicodeDecodeError:
+            view["data"] = None
+            view["dataBase64"] = base64.b64encode(msg.data).decode()
+    return view

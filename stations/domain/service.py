@@ -1,0 +1,257 @@
+"""The Stations service: the domain's async face, used by the HTTP layer.
+
+It owns the engines, the group-commit writer, the readers' thread pool, the wake-ups and the
+scheduler. Everything it answers is a domain object; it knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from stations.domain import catalog, dls, groups, lifecycle, log, messages, reads
+from stations.domain.idwindow import CACHE_SIZE, IdWindow
+from stations.domain.lifecycle import CreateRequest, CreateResult
+from stations.domain.log import AppendRequest, AppendResult, SequenceGap
+from stations.domain.notify import Notifier
+from stations.domain.reads import ReadResult
+from stations.domain.streams import StreamState
+from stations.store import db
+from stations.store.idruns import SPILL_AT, IdRuns
+from stations.store.writer import Writer, now_ms
+
+logger = logging.getLogger("stations")
+T = TypeVar("T")
+
+# How long a pipelined producer request that arrived ahead of its turn waits for the missing
+# ones before it is answered 409 (the reference server answers 409 at once).
+GAP_HOLD_S = 2.0
+
+
+class Service:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        durability: str = "fsync",
+        read_threads: int = 4,
+        id_cache_size: int | None = None,
+        recent_ids: int = SPILL_AT,
+    ) -> None:
+        self.url = db.normalize_url(url or db.default_url())
+        self.durability = durability
+        self.notifier = Notifier()
+        # Sorted runs of older ids need one writer process: SQLite only (see stations.store.idruns).
+        runs = IdRuns(recent_ids, recent_ids // 2) if db.is_sqlite(self.url) else None
+        self.ids = IdWindow(id_cache_size or CACHE_SIZE, runs)
+        self._read_threads = read_threads
+        self._started = False
+        # Groups and the DLS keep per-station rows: delete them with the station, count them
+        # in its stats.
+        if groups.purge_stream not in lifecycle.purge_hooks:
+            lifecycle.purge_hooks += [groups.purge_stream, dls.purge_stream]
+            catalog.stats_providers += [groups.stats, dls.stats]
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.write_engine = db.make_engine(self.url, durability=self.durability, writer=True)
+        self.read_engine = db.make_engine(self.url, durability=self.durability)
+        self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix="stations-read")
+        await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
+        if self.ids.runs is not None:
+            await loop.run_in_executor(self._readers, self.ids.runs.load, self.read_engine)
+        self.writer = Writer(self.write_engine, self.notifier.fire)
+        self.writer.start()
+        self._listener: Any = None
+        if self.write_engine.dialect.name == "postgresql":
+            from stations.store.pgnotify import Listener
+
+            self._listener = Listener(self.url, self.notifier.fire)
+            await self._listener.start()
+        from stations.domain.scheduler import Scheduler
+
+        self.scheduler = Scheduler(self)
+        self.leases = self.scheduler.leases
+        self.scheduler.start()
+        self._started = True
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self.scheduler.stop()
+        if self._listener is not None:
+            await self._listener.stop()
+        await self.writer.stop()
+        self._readers.shutdown(wait=True)
+        self.write_engine.dispose()
+        self.read_engine.dispose()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
+        """Run ``fn(batch, *args)`` in the writer's next transaction."""
+        return await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+
+    async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, *args)`` in a read transaction on a reader thread."""
+
+        def run() -> T:
+            with self.read_engine.connect() as conn, conn.begin():
+                return fn(conn, *args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(self._readers, run)
+
+    # -- streams ----------------------------------------------------------------------------
+
+    async def create(self, req: CreateRequest) -> CreateResult:
+        return await self.write(lifecycle.create, self.ids, req)
+
+    async def delete(self, name: str) -> None:
+        await self.write(lifecycle.remove, self.ids, name)
+
+    async def stream(self, name: str) -> StreamState:
+        return await self.read_db(reads.open_stream, name, now_ms())
+
+    async def touch(self, state: StreamState) -> None:
+        if state.ttl_seconds is not None:
+            await self.write(lifecycle.touch, state.name)
+
+    async def append(self, req: AppendRequest) -> AppendResult:
+        """Append; a producer request ahead of its turn waits briefly for the missing ones."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GAP_HOLD_S
+        key = None
+        if req.producer is not None:
+            key = (req.name, req.producer.id, req.producer.epoch, req.producer.seq)
+        while True:
+            woken = self.notifier.subscribe(req.name)
+            try:
+                return await self.write(log.append, self.ids, req, sort_key=key)
+            except SequenceGap:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise
+                await self.notifier.wait(woken, remaining)
+            finally:
+                self.notifier.unsubscribe(req.name, woken)
+
+    async def read(self, name: str, position: int | None, *, max_bytes: int) -> ReadResult:
+        return await self.read_db(reads.read, name, position, now=now_ms(), max_bytes=max_bytes)
+
+    async def read_or_wait(
+        self, name: str, position: int | None, timeout: float, *, max_bytes: int
+    ) -> ReadResult:
+        """Long-poll: return at once if there is data (or EOF), else wait up to ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            woken = self.notifier.subscribe(name)
+            try:
+                result = await self.read(name, position, max_bytes=max_bytes)
+                if position is None:
+                    position = result.start
+                if result.count or result.closed:
+                    return result
+                if not await self.notifier.wait(woken, deadline - loop.time()):
+                    return result
+            finally:
+                self.notifier.unsubscribe(name, woken)
+
+    # -- stations (management API) -----------------------------------------------------------
+
+    async def create_station(self, raw: Any) -> tuple[dict[str, Any], bool]:
+        result = await self.write(catalog.create_station, self.ids, raw)
+        return await self.station(result.state.name), result.created
+
+    async def patch_station(self, name: str, raw: Any) -> dict[str, Any]:
+        await self.write(catalog.patch_station, name, raw)
+        return await self.station(name)
+
+    async def station(self, name: str) -> dict[str, Any]:
+        return await self.read_db(catalog.view_of, now_ms(), name)
+
+    async def stations(self) -> list[dict[str, Any]]:
+        return await self.read_db(catalog.views, now_ms())
+
+    async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
+        """Messages with ids and headers, as one append (one transaction)."""
+        state = await self.stream(name)
+        return await self.append(messages.parse_batch(state, body)), state
+
+    async def browse(self, name: str, position: int, limit: int) -> ReadResult:
+        return await self.read_db(
+            reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
+        )
+
+    # -- consumer groups and the DLS ------------------------------------------------------------
+
+    async def ensure_group(self, station: str, name: str, raw: Any) -> tuple[dict[str, Any], bool]:
+        group, created = await self.write(groups.ensure, station, name, raw)
+        views = await self.read_db(groups.views, station, now_ms())
+        return next(v for v in views if v["name"] == group.name), created
+
+    async def delete_group(self, station: str, name: str) -> None:
+        await self.write(groups.remove, station, name)
+
+    async def groups(self, station: str) -> list[dict[str, Any]]:
+        return await self.read_db(groups.views, station, now_ms())
+
+    async def fetch(
+        self, station: str, group: str, max_count: int, wait_s: float, consumer: str
+    ) -> list[groups.Delivered]:
+        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            woken = self.notifier.subscribe(station)
+            try:
+                out = await self.write(groups.fetch, station, group, max_count, consumer)
+                if out:
+                    self.leases.arm(out[0].ack_deadline)
+                    return out
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return out
+                await self.notifier.wait(woken, remaining)
+            finally:
+                self.notifier.unsubscribe(station, woken)
+
+    async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:
+        return await self.write(groups.ack, station, group, seqs)
+
+    async def nack(
+        self, station: str, group: str, seqs: list[int], delay_ms: int
+    ) -> tuple[int, list[str]]:
+        result = await self.write(groups.nack, station, group, seqs, delay_ms)
+        if delay_ms:
+            self.leases.arm(now_ms() + delay_ms)
+        return result
+
+    async def dead_letter(
+        self, station: str, group: str, seqs: list[int], reason: str | None
+    ) -> tuple[int, list[str]]:
+        return await self.write(groups.dead_letter, station, group, seqs, reason)
+
+    async def dls_entries(
+        self, station: str, group: str | None, limit: int, after: int | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        return await self.read_db(dls.entries, station, now_ms(), group, limit, after)
+
+    async def replay(self, station: str, raw: Any) -> int:
+        return await self.write(dls.replay, station, raw)
+
+    async def drop(self, station: str, raw: Any) -> int:
+        return await self.write(dls.drop, station, raw)
+
+    def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        """For tests and tools: run ``fn`` on a read connection, blocking."""
+        with self.read_engine.connect() as conn:
+            return fn(conn)

@@ -1,0 +1,174 @@
+"""Station configuration: defaults, validation and the mutable subset.
+
+A station is a Durable Streams stream with settings. The config is stored as JSON beside the
+stream; validation names the offending field as a dotted path, as the contract asks.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from stations.domain.errors import BadRequest
+
+DEFAULT_CONTENT_TYPE = "application/json"
+MIN_WINDOW_MS = 100
+MAX_WINDOW_MS = 86_400_000
+MIN_ACK_MS = 100
+MAX_ACK_MS = 43_200_000
+MAX_DELIVERIES = 1000
+MAX_NAME = 512
+
+# Printable ASCII without spaces or URL-structural characters that would make a path ambiguous;
+# "/" is allowed (names are stream paths) but not at either end or doubled.
+_NAME = re.compile(r"[A-Za-z0-9._~\-]+(/[A-Za-z0-9._~\-]+)*")
+_CONTENT_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+([ \t]*;[\x20-\x7e]*)?")
+
+DEFAULTS: dict[str, Any] = {
+    "contentType": DEFAULT_CONTENT_TYPE,
+    "idempotencyWindowMs": 120_000,
+    "retention": {"maxAgeMs": None, "maxMessages": None, "maxBytes": None},
+    "dls": {"poison": True, "forwardTo": None, "retentionMs": None},
+    "consumerDefaults": {"maxAckTimeMs": 30_000, "maxMsgDeliveries": 2},
+}
+
+# Everything but the name and content type may change on a standing station.
+MUTABLE = ("idempotencyWindowMs", "retention", "dls", "consumerDefaults")
+
+
+def validate_name(name: Any, field: str = "name") -> str:
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{field} is required and must be a station name (a string)", field)
+    if len(name) > MAX_NAME:
+        raise BadRequest(f"{field} is longer than {MAX_NAME} characters", field)
+    if not _NAME.fullmatch(name):
+        raise BadRequest(
+            f"{field} may hold letters, digits, '.', '_', '~', '-' and single '/' between segments",
+            field,
+        )
+    segments = name.split("/")
+    if segments[0] == "__ds":
+        raise BadRequest(f"{field}: names starting with '__ds' are reserved", field)
+    if "." in segments or ".." in segments:
+        # URL clients resolve these away: such a station could never be reached again.
+        raise BadRequest(f"{field} may not have '.' or '..' as a segment", field)
+    return name
+
+
+def validate_content_type(value: Any, field: str = "contentType") -> str:
+    if not isinstance(value, str) or not _CONTENT_TYPE.fullmatch(value) or len(value) > 255:
+        raise BadRequest("contentType must be a MIME type such as application/json", field)
+    return value
+
+
+def _int_in(value: Any, field: str, lo: int, hi: int | None, nullable: bool = False) -> int | None:
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an integer or null" if nullable else "an integer"
+        raise BadRequest(f"{field} must be {kind}", field)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise BadRequest(f"{field} must be {bound} (got {value})", field)
+    return value
+
+
+def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{key} must be an object", key)
+    unknown = set(value) - set(DEFAULTS[key])
+    if unknown:
+        field = f"{key}.{sorted(unknown)[0]}"
+        raise BadRequest(f"unknown field {field}", field)
+    return value
+
+
+def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> dict[str, Any]:
+    """Validate the mutable settings in ``raw`` on top of ``base``; return the merged config."""
+    out = copy.deepcopy(base)
+    if "idempotencyWindowMs" in raw:
+        out["idempotencyWindowMs"] = _int_in(
+            raw["idempotencyWindowMs"], "idempotencyWindowMs", MIN_WINDOW_MS, MAX_WINDOW_MS
+        )
+    if "retention" in raw:
+        section = _section(raw, "retention")
+        for key in ("maxAgeMs", "maxMessages", "maxBytes"):
+            if key in section:
+                out["retention"][key] = _int_in(section[key], f"retention.{key}", 1, None, True)
+    if "dls" in raw:
+        section = _section(raw, "dls")
+        if "poison" in section:
+            if not isinstance(section["poison"], bool):
+                raise BadRequest("dls.poison must be true or false", "dls.poison")
+            out["dls"]["poison"] = section["poison"]
+        if "forwardTo" in section:
+            target = section["forwardTo"]
+            if target is not None:
+                validate_name(target, "dls.forwardTo")
+                if target == name:
+                    # Dead letters forwarded into their own station could loop for ever.
+                    raise BadRequest(
+                        "dls.forwardTo must name another station, not the station itself",
+                        "dls.forwardTo",
+                    )
+            out["dls"]["forwardTo"] = target
+        if "retentionMs" in section:
+            out["dls"]["retentionMs"] = _int_in(
+                section["retentionMs"], "dls.retentionMs", 1, None, True
+            )
+    if "consumerDefaults" in raw:
+        section = _section(raw, "consumerDefaults")
+        if "maxAckTimeMs" in section:
+            out["consumerDefaults"]["maxAckTimeMs"] = _int_in(
+                section["maxAckTimeMs"], "consumerDefaults.maxAckTimeMs", MIN_ACK_MS, MAX_ACK_MS
+            )
+        if "maxMsgDeliveries" in section:
+            out["consumerDefaults"]["maxMsgDeliveries"] = _int_in(
+                section["maxMsgDeliveries"],
+                "consumerDefaults.maxMsgDeliveries",
+                1,
+                MAX_DELIVERIES,
+            )
+    return out
+
+
+def _check_object(raw: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise BadRequest("the body must be a JSON object", None)
+    unknown = set(raw) - allowed
+    if unknown:
+        field = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {field}", field)
+    return raw
+
+
+def parse_config(raw: Any) -> dict[str, Any]:
+    """A full StationConfig from a create request, defaults filled in."""
+    raw = _check_object(raw, {"name", *DEFAULTS})
+    config = {"name": validate_name(raw.get("name"))}
+    base = copy.deepcopy(DEFAULTS)
+    if "contentType" in raw:
+        base["contentType"] = validate_content_type(raw["contentType"])
+    config.update(_validate_settings(raw, base, config["name"]))
+    return config
+
+
+def apply_patch(current: dict[str, Any], raw: Any) -> dict[str, Any]:
+    """The config after a PATCH; name and content type are fixed at creation."""
+    raw = _check_object(raw, {"name", *DEFAULTS})
+    if "name" in raw and raw["name"] != current["name"]:
+        raise BadRequest("a station cannot be renamed", "name")
+    if "contentType" in raw and raw["contentType"] != current["contentType"]:
+        raise BadRequest("contentType is fixed when the station is created", "contentType")
+    return _validate_settings(raw, current, str(current.get("name", "")))
+
+
+def default_config(name: str, content_type: str) -> dict[str, Any]:
+    """The config of a stream created through the Durable Streams door (PUT)."""
+    config = {"name": name, **copy.deepcopy(DEFAULTS)}
+    config["contentType"] = content_type
+    return config

@@ -1,0 +1,119 @@
+"""Stream state as the storage layer sees it: one row of ``streams`` plus what follows from it.
+
+A stream is the Durable Streams face of a station; the two are one row. This module loads and
+describes streams (expiry, fork chains); creating and deleting them is in ``lifecycle``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from stations.store.schema import streams
+
+
+@dataclass
+class StreamState:
+    id: int
+    name: str
+    content_type: str
+    created_at: int
+    ttl_seconds: int | None
+    expires_at: int | None
+    accessed_at: int
+    closed: bool
+    closer_id: str | None
+    closer_epoch: int | None
+    closer_seq: int | None
+    tail: int
+    head: int
+    fork_of: int | None
+    fork_offset: int | None
+    deleted: bool
+    stream_seq: str | None
+    msg_count: int
+    byte_count: int
+    config: dict[str, Any] = field(default_factory=dict)
+    create_spec: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> StreamState:
+        values = dict(row._mapping)
+        values["config"] = json.loads(values["config"])
+        return cls(**values)
+
+    @classmethod
+    def from_tuple(cls, row: tuple[Any, ...]) -> StreamState:
+        """From a driver row in ``streams`` column order."""
+        state = cls(*row)
+        state.config = json.loads(state.config)  # type: ignore[arg-type]
+        state.closed = bool(state.closed)
+        state.deleted = bool(state.deleted)
+        return state
+
+    def expired(self, now: int) -> bool:
+        if self.expires_at is not None and now >= self.expires_at:
+            return True
+        return self.ttl_seconds is not None and now >= self.accessed_at + self.ttl_seconds * 1000
+
+    @property
+    def is_json(self) -> bool:
+        return is_json_type(self.content_type)
+
+    @property
+    def window_ms(self) -> int:
+        return int(self.config.get("idempotencyWindowMs", 120_000))
+
+    def column(self, name: str) -> Any:
+        """A column's value as stored (the config as JSON text)."""
+        if name == "config":
+            return json.dumps(self.config, separators=(",", ":"))
+        return getattr(self, name)
+
+
+def media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def is_json_type(content_type: str) -> bool:
+    return media_type(content_type) == "application/json"
+
+
+def same_content_type(a: str, b: str) -> bool:
+    return media_type(a) == media_type(b)
+
+
+def load(conn: Connection, name: str, *, lock: bool = False) -> StreamState | None:
+    from stations.store import sql
+
+    # On PostgreSQL the row lock orders appends to one stream across processes.
+    row = sql.one(conn, "load_lock" if lock else "load", (name,))
+    return StreamState.from_tuple(row) if row else None
+
+
+def load_by_id(conn: Connection, stream_id: int) -> StreamState | None:
+    row = conn.execute(select(streams).where(streams.c.id == stream_id)).first()
+    return StreamState.from_row(row) if row else None
+
+
+Segment = tuple[int, int, int | None]  # (stream id, from position exclusive, to inclusive)
+
+
+def segments(conn: Connection, state: StreamState) -> list[Segment]:
+    """Where a stream's positions live: a fork reads its source up to the fork offset."""
+    chain: list[Segment] = [(state.id, state.fork_offset or 0, None)]
+    upper = state.fork_offset
+    current = state
+    while current.fork_of is not None:
+        source = load_by_id(conn, current.fork_of)
+        if source is None:
+            break
+        assert upper is not None
+        chain.append((source.id, source.fork_offset or 0, upper))
+        upper = min(upper, source.fork_offset) if source.fork_offset is not None else upper
+        current = source
+    chain.reverse()
+    return chain

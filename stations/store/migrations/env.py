@@ -1,0 +1,28 @@
+"""Alembic environment: runs on the connection handed in by ``stations.store.db.upgrade``."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, text
+
+from stations.store.schema import metadata
+
+config = context.config
+
+
+def _run(connection) -> None:
+    context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Several `stations serve` processes may start at once against one database.
+            connection.execute(text("SELECT pg_advisory_xact_lock(4437)"))
+        context.run_migrations()
+
+
+connection = config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.connect() as conn:
+        _run(conn)

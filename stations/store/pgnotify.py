@@ -1,0 +1,59 @@
+"""PostgreSQL LISTEN/NOTIFY: a reader waiting at one process wakes on another's append.
+
+Each commit that changes streams sends ``pg_notify('stations', name)`` inside its transaction;
+PostgreSQL delivers it to every listener only once the transaction commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from sqlalchemy.engine import make_url
+
+CHANNEL = "stations"
+logger = logging.getLogger("stations.store.pgnotify")
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Listener:
+    def __init__(self, url: str, fire: Callable[[set[str]], None]) -> None:
+        self._dsn = _dsn(url)
+        self._fire = fire
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        await asyncio.wait_for(self._ready.wait(), 30)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            import psycopg
+
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self._ready.set()
+                    async for note in conn.notifies():
+                        self._fire({note.payload})
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Waiters still wake on this process's own commits and on their timeouts.
+                logger.warning("LISTEN connection lost; reconnecting", exc_info=True)
+                self._ready.set()
+                await asyncio.sleep(1)

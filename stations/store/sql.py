@@ -1,0 +1,95 @@
+"""Hand-written SQL for the few statements on the append path.
+
+Everything else goes through SQLAlchemy Core. These run once or more per append, where building
+and caching a Core statement costs more than executing it, so they go to the driver as plain
+text with positional parameters in the driver's own style (``?`` for sqlite3, ``%s`` for
+psycopg). The schema they name is the one in ``stations.store.schema``; both dialects accept them.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Connection, Table
+
+from stations.store.schema import streams
+
+STREAM_COLUMNS = ", ".join(c.name for c in streams.columns)
+# The columns an append, close, touch or PATCH can change; structure (head, deletion, expiry)
+# is written by the ops that own it.
+STREAM_UPDATES = (
+    "tail",
+    "msg_count",
+    "byte_count",
+    "accessed_at",
+    "closed",
+    "closer_id",
+    "closer_epoch",
+    "closer_seq",
+    "stream_seq",
+    "config",
+)
+
+
+def _mark(conn: Connection) -> str:
+    return "?" if conn.dialect.paramstyle == "qmark" else "%s"
+
+
+@cache
+def _statements(mark: str, dialect: str) -> dict[str, str]:
+    lock = " FOR UPDATE" if dialect == "postgresql" else ""
+    return {
+        "load": f"SELECT {STREAM_COLUMNS} FROM streams WHERE name = {mark}",
+        "load_lock": f"SELECT {STREAM_COLUMNS} FROM streams WHERE name = {mark}{lock}",
+        "update": "UPDATE streams SET "
+        + ", ".join(f"{c} = {mark}" for c in STREAM_UPDATES)
+        + f" WHERE id = {mark}",
+        "session": "SELECT epoch, last_seq FROM producers "
+        f"WHERE stream_id = {mark} AND producer_id = {mark}",
+        "upsert_session": "INSERT INTO producers (stream_id, producer_id, epoch, last_seq, "
+        f"updated_at) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}) "
+        "ON CONFLICT (stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, "
+        "last_seq = excluded.last_seq, updated_at = excluded.updated_at",
+    }
+
+
+def statement(conn: Connection, name: str) -> str:
+    return _statements(_mark(conn), conn.dialect.name)[name]
+
+
+@cache
+def _insert(mark: str, table: Table) -> str:
+    columns = ", ".join(c.name for c in table.columns)
+    return f"INSERT INTO {table.name} ({columns}) VALUES ({', '.join([mark] * len(table.columns))})"
+
+
+def insert(conn: Connection, table: Table) -> str:
+    """INSERT of every column, in table order."""
+    return _insert(_mark(conn), table)
+
+
+def execute(conn: Connection, text: str, params: Any) -> None:
+    """Run on the driver's cursor, inside the connection's transaction; a list of parameter
+    tuples runs as executemany."""
+    cursor = conn.connection.cursor()
+    try:
+        if isinstance(params, list):
+            cursor.executemany(text, params)
+        else:
+            cursor.execute(text, params)
+    finally:
+        cursor.close()
+
+
+def run(conn: Connection, name: str, params: Any) -> None:
+    execute(conn, statement(conn, name), params)
+
+
+def one(conn: Connection, name: str, params: Any) -> tuple[Any, ...] | None:
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(statement(conn, name), params)
+        return cursor.fetchone()
+    finally:
+        cursor.close()
