@@ -5,6 +5,9 @@ An entry is written in the same transaction that takes the message out of the gr
 and so is its copy forwarded to ``dls.forwardTo``: both stations live in one database, so the
 forward happens exactly once even across a crash. A replay puts the entry back into its group's
 queue durably — it waits there for the next fetch even when no consumer is online.
+
+This module imports nothing of ``stations.domain.groups`` (groups call in here when they give a
+message up); its rows are read and written by ``stations.store.dls``.
 """
 
 from __future__ import annotations
@@ -12,25 +15,25 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
-
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, select
+from typing import Any
 
 from stations.domain.errors import BadRequest, StationsError
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append, live_stream
 from stations.domain.messages import iso, to_view
+from stations.domain.reads import Message, messages_at
 from stations.domain.streams import StreamState, load
-from stations.store.schema import deliveries, dls, groups
+from stations.store import dls as store
+from stations.store import groups as group_store
+from stations.store.dls import Connection, Selection
 from stations.store.writer import Batch
-
-if TYPE_CHECKING:
-    from stations.domain.groups import Group
 
 logger = logging.getLogger("stations.domain.dls")
 _NO_IDS = IdWindow(cache_size=1)  # forwarded copies carry no Msg-Id
 _ENTRY_ID = re.compile(r"[0-9]{1,20}")
 MAX_ENTRY_ID = 2**31 - 1  # ``dls.id`` is a 32-bit integer on PostgreSQL
+
+
 def parse_entry_id(value: object) -> int | None:
     """A DLS entry id from JSON or a query string (a decimal string or a non-negative integer);
     ``None`` if it is not one."""
@@ -41,16 +44,11 @@ def parse_entry_id(value: object) -> int | None:
     return None
 
 
-def _delete(batch: Batch, cond: ColumnElement[bool]) -> int:
-    """Delete entries. Ids are never reused (an AUTOINCREMENT key on SQLite, a sequence on
-    PostgreSQL): clients replay and drop by id and page with ``after``."""
-    return batch.conn.execute(delete(dls).where(cond)).rowcount or 0
-
-
 def add(
     batch: Batch,
     state: StreamState,
-    group: Group,
+    group_id: int,
+    group_name: str,
     seq: int,
     count: int,
     reason: str,
@@ -59,38 +57,35 @@ def add(
     always: bool = False,
 ) -> None:
     """Take ``seq`` out of the group's queue; keep it in the DLS unless poison-keeping is off."""
-    from stations.domain.groups import _messages_at
-
     conn = batch.conn
-    conn.execute(
-        delete(deliveries).where(deliveries.c.group_id == group.id, deliveries.c.seq == seq)
-    )
+    group_store.take(conn, group_id, seq)
     batch.changed.add(state.name)
     settings = state.config.get("dls") or {}
     if not (always or settings.get("poison", True)):
         return
-    found = _messages_at(conn, state, [seq])
+    found = messages_at(conn, state, [seq])
     if not found:
         return  # dropped by retention in the meantime: nothing to keep
-    _, msg_id, headers, data = found[0]
-    conn.execute(
-        insert(dls).values(
-            stream_id=state.id,
-            group_id=group.id,
-            group_name=group.name,
-            seq=seq,
-            msg_id=msg_id,
-            headers=headers,
-            data=data,
-            delivery_count=count,
-            reason=reason,
-            error=error,
-            dead_lettered_at=batch.now,
-        )
+    msg_id, headers, data = found[0].msg_id, found[0].headers, found[0].data
+    store.add(
+        conn,
+        {
+            "stream_id": state.id,
+            "group_id": group_id,
+            "group_name": group_name,
+            "seq": seq,
+            "msg_id": msg_id,
+            "headers": headers,
+            "data": data,
+            "delivery_count": count,
+            "reason": reason,
+            "error": error,
+            "dead_lettered_at": batch.now,
+        },
     )
     target = settings.get("forwardTo")
     if target:
-        _forward(batch, state, group.name, reason, target, headers, data)
+        _forward(batch, state, group_name, reason, target, headers, data)
 
 
 def _forward(
@@ -118,30 +113,21 @@ def _forward(
 
 
 def drop_group(batch: Batch, group_id: int) -> None:
-    _delete(batch, dls.c.group_id == group_id)
+    store.drop_group(batch.conn, group_id)
 
 
 def count_group(conn: Connection, group_id: int) -> int:
-    return conn.execute(
-        select(func.count()).select_from(dls).where(dls.c.group_id == group_id)
-    ).scalar_one()
+    return store.count_group(conn, group_id)
 
 
 def entries(
     conn: Connection, station: str, now: int, group: str | None, limit: int, after: int | None
 ) -> tuple[list[dict[str, Any]], str | None]:
     state = live_stream(load(conn, station), station, now)
-    query = select(dls).where(dls.c.stream_id == state.id)
-    if group is not None:
-        query = query.where(dls.c.group_name == group)
-    if after is not None:
-        query = query.where(dls.c.id > after)
-    rows = conn.execute(query.order_by(dls.c.id).limit(limit + 1)).all()
+    rows = store.page(conn, state.id, group, after, limit + 1)
     more = len(rows) > limit
     out = []
     for row in rows[:limit]:
-        from stations.domain.reads import Message
-
         view = to_view(state, Message(row.seq, row.data, row.msg_id, row.headers, 0))
         out.append(
             {
@@ -161,7 +147,7 @@ def entries(
     return out, (out[-1]["id"] if more else None)
 
 
-def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Any:
+def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
     if not isinstance(raw, dict):
         raise BadRequest('the body must be {"ids": [...]} or {"all": true}', None)
     allowed = {"ids", "all", "group"} if allow_group else {"ids", "all"}
@@ -169,16 +155,14 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Any:
     if unknown:
         field = sorted(unknown)[0]
         raise BadRequest(f"unknown field {field}", field)
-    cond = dls.c.stream_id == state.id
     group = raw.get("group")
-    if group is not None:
-        if not isinstance(group, str):
-            raise BadRequest("group must be a string", "group")
-        cond = cond & (dls.c.group_name == group)  # with ids too: only that group's entries
+    if group is not None and not isinstance(group, str):
+        raise BadRequest("group must be a string", "group")
+    # With ids too, a group narrows the choice to that group's entries.
     if raw.get("all") is True:
         if "ids" in raw:
             raise BadRequest("give ids or all, not both", "ids")
-        return cond
+        return Selection(state.id, None, group)
     if "all" in raw and raw["all"] is not False:
         raise BadRequest("all must be true", "all")
     ids = raw.get("ids")
@@ -191,18 +175,13 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Any:
             raise BadRequest(f"ids.{i} is not a DLS entry id", f"ids.{i}")
         if number <= MAX_ENTRY_ID:  # a larger one names no entry
             numbers.append(number)
-    return cond & dls.c.id.in_(numbers)
+    return Selection(state.id, numbers, group)
 
 
 def replay(batch: Batch, station: str, raw: Any) -> int:
     state = live_stream(batch.stream(station), station, batch.now)
-    cond = _selection(state, raw, allow_group=True)
-    rows = batch.conn.execute(
-        select(dls.c.id, dls.c.group_id, dls.c.seq).where(cond).with_for_update()
-    ).all()
-    live_groups = set(
-        batch.conn.execute(select(groups.c.id).where(groups.c.stream_id == state.id)).scalars()
-    )
+    rows = store.lock_selected(batch.conn, _selection(state, raw, allow_group=True))
+    live_groups = group_store.ids_of_stream(batch.conn, state.id)
     replayed = 0
     gone: set[int] = set()
     for entry_id, group_id, seq in rows:
@@ -212,18 +191,9 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
             gone.add(entry_id)
             continue
         if group_id in live_groups:
-            batch.conn.execute(
-                delete(deliveries).where(deliveries.c.group_id == group_id, deliveries.c.seq == seq)
-            )
-            batch.conn.execute(
-                insert(deliveries).values(
-                    group_id=group_id, seq=seq, delivery_count=0, consumer=None, due=batch.now
-                )
-            )
+            group_store.requeue(batch.conn, group_id, seq, batch.now)
             replayed += 1
-    done = [entry_id for entry_id, _, _ in rows if entry_id not in gone]
-    if done:
-        _delete(batch, dls.c.id.in_(done))
+    store.drop_ids(batch.conn, [entry_id for entry_id, _, _ in rows if entry_id not in gone])
     if replayed:
         batch.changed.add(state.name)
     return replayed
@@ -231,34 +201,22 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
 
 def drop(batch: Batch, station: str, raw: Any) -> int:
     state = live_stream(batch.stream(station), station, batch.now)
-    cond = _selection(state, raw, allow_group=False)
-    return _delete(batch, cond)
+    return store.drop(batch.conn, _selection(state, raw, allow_group=False))
 
 
 def expire(batch: Batch) -> int:
     """Drop entries older than their station's ``dls.retentionMs`` (scheduler)."""
-    from stations.store.schema import streams
-
     total = 0
-    for row in batch.conn.execute(select(streams).where(streams.c.deleted.is_(False))).all():
-        state = StreamState.from_row(row)
-        keep = (state.config.get("dls") or {}).get("retentionMs")
+    for stream_id, config in store.live_configs(batch.conn):
+        keep = (json.loads(config).get("dls") or {}).get("retentionMs")
         if keep is not None:
-            total += _delete(
-                batch,
-                (dls.c.stream_id == state.id) & (dls.c.dead_lettered_at <= batch.now - keep),
-            )
+            total += store.expire(batch.conn, stream_id, batch.now - keep)
     return total
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:
-    rows = conn.execute(
-        select(dls.c.stream_id, func.count())
-        .where(dls.c.stream_id.in_(stream_ids))
-        .group_by(dls.c.stream_id)
-    ).all()
-    return {sid: {"deadLettered": n} for sid, n in rows}
+    return {sid: {"deadLettered": n} for sid, n in store.stats(conn, stream_ids).items()}
 
 
 def purge_stream(batch: Batch, state: StreamState) -> None:
-    _delete(batch, dls.c.stream_id == state.id)
+    store.purge_stream(batch.conn, state.id)

@@ -12,6 +12,8 @@ due at ``due``). The sign of ``delivery_count`` tells waiting rows apart: positi
 that expired (its delivery is still open: ack, nack and dead-letter accept it), negative for a
 nacked delivery (settled: they answer unknown until it is delivered again), zero for a DLS
 replay (not delivered yet). Its magnitude is the number of deliveries so far.
+
+The rows are read and written by ``stations.store.groups``; this module decides.
 """
 
 from __future__ import annotations
@@ -20,15 +22,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, insert, select, update
-
 from stations.domain import dls, reads
 from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
 from stations.domain.streams import StreamState, load
-from stations.store.schema import deliveries, groups
+from stations.store import groups as store
+from stations.store.groups import Connection
 from stations.store.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")
@@ -78,13 +79,10 @@ def _int(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
 
 def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock: bool) -> Group:
     conn = batch_or_conn.conn if isinstance(batch_or_conn, Batch) else batch_or_conn
-    query = select(groups).where(groups.c.stream_id == state.id, groups.c.name == name)
-    if lock:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+    row = store.load(conn, state.id, name, lock=lock)
     if row is None:
         raise NotFound(f"group {name} not found on station {state.name}", "group")
-    return Group(**row._mapping)
+    return Group(**row)
 
 
 def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool]:
@@ -121,7 +119,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     try:
         group = _load(batch, state, name, lock=True)
     except NotFound:
-        values = {
+        values: dict[str, Any] = {
             "stream_id": state.id,
             "name": name,
             "max_ack_time_ms": ack_ms or defaults.get("maxAckTimeMs", 30_000),
@@ -129,42 +127,30 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
             "cursor": cursor,
             "created_at": batch.now,
         }
-        group_id = batch.conn.execute(
-            insert(groups).values(**values).returning(groups.c.id)
-        ).scalar_one()
-        return Group(id=group_id, **values), True
+        return Group(id=store.create(batch.conn, values), **values), True
     changes = {}
     if ack_ms is not None and ack_ms != group.max_ack_time_ms:
         changes["max_ack_time_ms"] = group.max_ack_time_ms = ack_ms
     if max_deliveries is not None and max_deliveries != group.max_msg_deliveries:
         changes["max_msg_deliveries"] = group.max_msg_deliveries = max_deliveries
     if changes:
-        batch.conn.execute(update(groups).where(groups.c.id == group.id).values(**changes))
+        store.change(batch.conn, group.id, **changes)
     return group, False
 
 
 def remove(batch: Batch, station: str, name: str) -> None:
     state = live_stream(batch.stream(station), station, batch.now)
     group = _load(batch, state, name, lock=True)
-    batch.conn.execute(delete(deliveries).where(deliveries.c.group_id == group.id))
     dls.drop_group(batch, group.id)
-    batch.conn.execute(delete(groups).where(groups.c.id == group.id))
+    store.remove(batch.conn, group.id)
 
 
 def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
     state = live_stream(load(conn, station), station, now)
-    rows = conn.execute(
-        select(groups).where(groups.c.stream_id == state.id).order_by(groups.c.name)
-    ).all()
     out = []
-    for row in rows:
-        group = Group(**row._mapping)
-        waiting, in_flight = conn.execute(
-            select(
-                func.count().filter(deliveries.c.consumer.is_(None)),
-                func.count().filter(deliveries.c.consumer.is_not(None)),
-            ).where(deliveries.c.group_id == group.id)
-        ).one()
+    for row in store.of_stream(conn, state.id):
+        group = Group(**row)
+        waiting, in_flight = store.queue_sizes(conn, group.id)
         lag = max(0, state.tail - max(group.cursor, state.head))
         out.append(
             {
@@ -187,26 +173,24 @@ def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
 def _settle_expired(batch: Batch, state: StreamState, group: Group) -> None:
     """Leases past their deadline: the message goes round again, or to the DLS if that was
     its last delivery."""
-    expired = batch.conn.execute(
-        select(deliveries.c.seq, deliveries.c.delivery_count).where(
-            deliveries.c.group_id == group.id,
-            deliveries.c.consumer.is_not(None),
-            deliveries.c.due <= batch.now,
-        )
-    ).all()
+    expired = store.expired_leases(batch.conn, group.id, batch.now)
     if not expired:
         return
-    spent = [seq for seq, count in expired if count >= group.max_msg_deliveries]
     again = [seq for seq, count in expired if count < group.max_msg_deliveries]
     if again:
-        batch.conn.execute(
-            update(deliveries)
-            .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(again))
-            .values(consumer=None)
-        )
+        store.release(batch.conn, group.id, again)
     for seq, count in expired:
-        if seq in spent:
-            dls.add(batch, state, group, seq, count, "max_deliveries", "ack deadline passed")
+        if count >= group.max_msg_deliveries:
+            dls.add(
+                batch,
+                state,
+                group.id,
+                group.name,
+                seq,
+                count,
+                "max_deliveries",
+                "ack deadline passed",
+            )
     batch.changed.add(state.name)
 
 
@@ -215,45 +199,15 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     state = live_stream(batch.stream(station), station, batch.now)
     group = _load(batch, state, name, lock=True)
     _settle_expired(batch, state, group)
-    due = batch.conn.execute(
-        select(deliveries.c.seq, deliveries.c.delivery_count)
-        .where(
-            deliveries.c.group_id == group.id,
-            deliveries.c.consumer.is_(None),
-            deliveries.c.due <= batch.now,
-        )
-        .order_by(deliveries.c.seq)
-        .limit(max_count)
-    ).all()
+    due = store.due_waiting(batch.conn, group.id, batch.now, max_count)
     picked: dict[int, int] = {seq: abs(count) for seq, count in due}
     start = max(group.cursor, state.head)
     new = list(range(start + 1, min(state.tail, start + max_count - len(picked)) + 1))
     deadline = batch.now + group.max_ack_time_ms
     if new:
-        batch.conn.execute(
-            insert(deliveries),
-            [
-                {
-                    "group_id": group.id,
-                    "seq": s,
-                    "delivery_count": 1,
-                    "consumer": consumer,
-                    "due": deadline,
-                }
-                for s in new
-            ],
-        )
-        batch.conn.execute(update(groups).where(groups.c.id == group.id).values(cursor=new[-1]))
+        store.lease_new(batch.conn, group.id, new, consumer, deadline)
     if picked:
-        batch.conn.execute(
-            update(deliveries)
-            .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(list(picked)))
-            .values(
-                delivery_count=func.abs(deliveries.c.delivery_count) + 1,
-                consumer=consumer,
-                due=deadline,
-            )
-        )
+        store.lease_again(batch.conn, group.id, list(picked), consumer, deadline)
     counts = {seq: count + 1 for seq, count in picked.items()} | {s: 1 for s in new}
     out = []
     for seq, msg_id, headers, data in _messages_at(batch.conn, state, sorted(counts)):
@@ -261,11 +215,7 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     found = {d.seq for d in out}
     missing = [s for s in counts if s not in found]
     if missing:  # dropped by retention while waiting: nothing left to deliver
-        batch.conn.execute(
-            delete(deliveries).where(
-                deliveries.c.group_id == group.id, deliveries.c.seq.in_(missing)
-            )
-        )
+        store.forget(batch.conn, group.id, missing)
     return out
 
 
@@ -278,14 +228,7 @@ def _messages_at(
 
 def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     """Delivered and not yet settled (leased, or its lease expired): seq → delivery count."""
-    rows = batch.conn.execute(
-        select(deliveries.c.seq, deliveries.c.delivery_count).where(
-            deliveries.c.group_id == group.id,
-            deliveries.c.seq.in_(seqs),
-            deliveries.c.delivery_count > 0,
-        )
-    ).all()
-    return {seq: count for seq, count in rows}
+    return store.open_deliveries(batch.conn, group.id, seqs)
 
 
 def _message_offset(token: Any) -> int:
@@ -320,11 +263,7 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
     if known:
-        batch.conn.execute(
-            delete(deliveries).where(
-                deliveries.c.group_id == group.id, deliveries.c.seq.in_(list(known))
-            )
-        )
+        store.forget(batch.conn, group.id, list(known))
     return len(known), _split(seqs, known)
 
 
@@ -336,18 +275,10 @@ def nack(
     known = _settleable(batch, group, seqs)
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
     if again:
-        batch.conn.execute(
-            update(deliveries)
-            .where(deliveries.c.group_id == group.id, deliveries.c.seq.in_(again))
-            .values(
-                consumer=None,
-                due=batch.now + delay_ms,
-                delivery_count=-deliveries.c.delivery_count,  # settled: see the module doc
-            )
-        )
+        store.postpone(batch.conn, group.id, again, batch.now + delay_ms)
     for seq, count in known.items():
         if count >= group.max_msg_deliveries:
-            dls.add(batch, state, group, seq, count, "max_deliveries", "nacked")
+            dls.add(batch, state, group.id, group.name, seq, count, "max_deliveries", "nacked")
     batch.changed.add(state.name)
     return len(known), _split(seqs, known)
 
@@ -359,77 +290,29 @@ def dead_letter(
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
     for seq, count in sorted(known.items()):
-        dls.add(batch, state, group, seq, count, "dead_letter", reason, always=True)
+        dls.add(batch, state, group.id, group.name, seq, count, "dead_letter", reason, always=True)
     return len(known), _split(seqs, known)
 
 
 def expire_all(batch: Batch, since: int) -> int | None:
     """The scheduler's tick: settle expired leases of every group, wake fetchers of stations
     whose waiting messages fell due since ``since``; returns when the next thing falls due."""
-    from stations.store.schema import streams
-
-    rows = batch.conn.execute(
-        select(groups, streams.c.name.label("station"))
-        .join(streams, streams.c.id == groups.c.stream_id)
-        .where(
-            groups.c.id.in_(
-                select(deliveries.c.group_id).where(
-                    deliveries.c.consumer.is_not(None), deliveries.c.due <= batch.now
-                )
-            )
-        )
-        # One lock order for every process's tick (PostgreSQL): stations by name.
-        .order_by(streams.c.name, groups.c.name)
-    ).all()
-    for row in rows:
-        values = dict(row._mapping)
-        station = values.pop("station")
+    for station, name in store.groups_with_expired(batch.conn, batch.now):
         state = batch.stream(station)
         if state is None:
             continue
         try:
-            group = _load(batch, state, values["name"], lock=True)
+            group = _load(batch, state, name, lock=True)
         except NotFound:  # deleted by another process since the query above
             continue
         _settle_expired(batch, state, group)
-    batch.changed |= _due_stations(batch, since)
-    return batch.conn.execute(
-        select(func.min(deliveries.c.due)).where(deliveries.c.due > batch.now)
-    ).scalar()
-
-
-def _due_stations(batch: Batch, since: int) -> set[str]:
-    from stations.store.schema import streams
-
-    rows = batch.conn.execute(
-        select(streams.c.name)
-        .select_from(
-            deliveries.join(groups, groups.c.id == deliveries.c.group_id).join(
-                streams, streams.c.id == groups.c.stream_id
-            )
-        )
-        .where(
-            and_(
-                deliveries.c.consumer.is_(None),
-                deliveries.c.due > since,
-                deliveries.c.due <= batch.now,
-            )
-        )
-        .distinct()
-    ).all()
-    return {r[0] for r in rows}
+    batch.changed |= store.due_stations(batch.conn, since, batch.now)
+    return store.next_due(batch.conn, batch.now)
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:
-    rows = conn.execute(
-        select(groups.c.stream_id, func.count())
-        .where(groups.c.stream_id.in_(stream_ids))
-        .group_by(groups.c.stream_id)
-    ).all()
-    return {sid: {"groups": n} for sid, n in rows}
+    return {sid: {"groups": n} for sid, n in store.stats(conn, stream_ids).items()}
 
 
 def purge_stream(batch: Batch, state: StreamState) -> None:
-    ids = select(groups.c.id).where(groups.c.stream_id == state.id)
-    batch.conn.execute(delete(deliveries).where(deliveries.c.group_id.in_(ids)))
-    batch.conn.execute(delete(groups).where(groups.c.stream_id == state.id))
+    store.purge_stream(batch.conn, state.id)

@@ -1,0 +1,106 @@
+"""SQL of the dead-letter store (see ``stations.domain.dls`` for what entries mean). Every
+function runs inside the caller's transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, delete, func, select
+
+from stations.store.schema import dls, streams
+
+__all__ = ["Connection", "Selection"]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Entries of one station chosen by a replay or a drop: ``ids``, or every entry
+    (``ids`` None), optionally only one group's."""
+
+    stream_id: int
+    ids: list[int] | None = None
+    group: str | None = None
+
+
+def _where(sel: Selection) -> ColumnElement[bool]:
+    cond = dls.c.stream_id == sel.stream_id
+    if sel.group is not None:
+        cond = cond & (dls.c.group_name == sel.group)
+    if sel.ids is not None:
+        cond = cond & dls.c.id.in_(sel.ids)
+    return cond
+
+
+def add(conn: Connection, values: dict[str, Any]) -> None:
+    conn.execute(dls.insert().values(**values))
+
+
+def _delete(conn: Connection, cond: ColumnElement[bool]) -> int:
+    """Ids are never reused (an AUTOINCREMENT key on SQLite, a sequence on PostgreSQL):
+    clients replay and drop by id and page with ``after``."""
+    return conn.execute(delete(dls).where(cond)).rowcount or 0
+
+
+def drop(conn: Connection, sel: Selection) -> int:
+    return _delete(conn, _where(sel))
+
+
+def drop_ids(conn: Connection, ids: list[int]) -> int:
+    return _delete(conn, dls.c.id.in_(ids)) if ids else 0
+
+
+def drop_group(conn: Connection, group_id: int) -> None:
+    _delete(conn, dls.c.group_id == group_id)
+
+
+def purge_stream(conn: Connection, stream_id: int) -> None:
+    _delete(conn, dls.c.stream_id == stream_id)
+
+
+def expire(conn: Connection, stream_id: int, before: int) -> int:
+    return _delete(conn, (dls.c.stream_id == stream_id) & (dls.c.dead_lettered_at <= before))
+
+
+def lock_selected(conn: Connection, sel: Selection) -> list[tuple[int, int, int]]:
+    """(id, group id, seq) of the selected entries, locked (PostgreSQL) for a replay."""
+    rows = conn.execute(
+        select(dls.c.id, dls.c.group_id, dls.c.seq).where(_where(sel)).with_for_update()
+    ).all()
+    return [(i, g, s) for i, g, s in rows]
+
+
+def count_group(conn: Connection, group_id: int) -> int:
+    n: int = conn.execute(
+        select(func.count()).select_from(dls).where(dls.c.group_id == group_id)
+    ).scalar_one()
+    return n
+
+
+def page(
+    conn: Connection, stream_id: int, group: str | None, after: int | None, limit: int
+) -> list[Any]:
+    """Up to ``limit`` entries after entry ``after``, oldest first (rows with attributes)."""
+    query = select(dls).where(dls.c.stream_id == stream_id)
+    if group is not None:
+        query = query.where(dls.c.group_name == group)
+    if after is not None:
+        query = query.where(dls.c.id > after)
+    return list(conn.execute(query.order_by(dls.c.id).limit(limit)).all())
+
+
+def live_configs(conn: Connection) -> list[tuple[int, str]]:
+    """(stream id, config JSON) of every live station, for the retention sweep."""
+    rows = conn.execute(
+        select(streams.c.id, streams.c.config).where(streams.c.deleted.is_(False))
+    ).all()
+    return [(i, c) for i, c in rows]
+
+
+def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
+    rows = conn.execute(
+        select(dls.c.stream_id, func.count())
+        .where(dls.c.stream_id.in_(stream_ids))
+        .group_by(dls.c.stream_id)
+    ).all()
+    return {sid: n for sid, n in rows}
