@@ -9,7 +9,8 @@ from aiohttp import web
 from stations.api.stations import _int_param, json_body, service, station_name
 from stations.domain import dls, messages
 from stations.domain.errors import BadRequest
-from stations.domain.groups import MAX_FETCH, parse_offsets, validate_name
+from stations.domain.groups import MAX_FETCH, parse_offsets, parse_seek, validate_name
+from stations.domain.offsets import encode
 
 MAX_WAIT_MS = 300_000
 
@@ -105,6 +106,14 @@ async def dead_letter(request: web.Request) -> web.Response:
     return web.json_response({"deadLettered": n, "unknown": unknown})
 
 
+async def seek(request: web.Request) -> web.Response:
+    target = parse_seek(await json_body(request))
+    result = await service(request).seek(station_name(request), _group(request), target)
+    return web.json_response(
+        {"cursor": encode(result.cursor), "revoked": result.revoked, "dropped": result.dropped}
+    )
+
+
 async def list_dls(request: web.Request) -> web.Response:
     group = request.query.get("group") or None
     limit = _int_param(request, "limit", 100, 1, 1000)
@@ -140,6 +149,7 @@ def routes() -> list[web.RouteDef]:
         web.post(group + "/ack", ack),
         web.post(group + "/nack", nack),
         web.post(group + "/dead-letter", dead_letter),
+        web.post(group + "/seek", seek),
         web.get(one + "/dls", list_dls),
         web.post(one + "/dls/replay", replay),
         web.post(one + "/dls/drop", drop),

@@ -48,6 +48,7 @@ from stations.client.models import (
 from stations.client.producer import IdempotentProducer
 from stations.client.reader import ReadBatch, StreamReader, read_stream
 from stations.client.retry import RetryPolicy
+from stations.client.seek import SeekResult
 
 __all__ = [
     "BadRequest",
@@ -77,6 +78,7 @@ __all__ = [
     "ReadBatch",
     "Retention",
     "RetryPolicy",
+    "SeekResult",
     "SequenceGap",
     "ServerError",
     "Station",

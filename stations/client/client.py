@@ -31,6 +31,7 @@ from stations.client.models import (
 from stations.client.producer import IdempotentProducer
 from stations.client.reader import Live, StreamReader
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
+from stations.client.seek import SeekResult, Target, seek
 
 Settings = Mapping[str, Any]
 
@@ -299,6 +300,11 @@ class Station:
             "PUT", self.group_url(group), body, what=f"group {group} on {self.name}"
         )
         return GroupInfo.from_wire(reply.json(), created=reply.status == 201)
+
+    async def seek(self, group: str, to: Target) -> SeekResult:
+        """Move ``group`` to ``"earliest"``, ``"now"``, an offset, or a time (an aware
+        ``datetime`` or epoch ms); see ``stations.client.seek`` for leases in flight."""
+        return await seek(self, group, to)
 
     async def groups(self) -> list[GroupInfo]:
         reply = await self.client.http.call(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stations.client.errors import StationsError, error_for
 from stations.client.models import GroupInfo, _time, message_data
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
+from stations.client.seek import SeekResult, Target
 
 if TYPE_CHECKING:
     from stations.client.client import Station
@@ -227,6 +228,12 @@ class Consumer:
             body["reason"] = reason
         answer = await self._call("dead-letter", body)
         return int(answer.get("deadLettered", 0))
+
+    async def seek(self, to: Target) -> SeekResult:
+        """Move this consumer's group (see ``Station.seek``); prefetched messages are dropped,
+        their leases being revoked by the seek."""
+        self._buffer.clear()
+        return await self.station.seek(self.group, to)
 
     async def close(self) -> None:
         """Send queued acks and give back prefetched messages that were never handed out, so

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from stations.domain import dls, reads
@@ -27,7 +28,7 @@ from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
-from stations.domain.streams import StreamState, load
+from stations.domain.streams import StreamState, load, segments
 from stations.store import groups as store
 from stations.store.groups import Connection
 from stations.store.writer import Batch
@@ -316,3 +317,81 @@ def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:
 
 def purge_stream(batch: Batch, state: StreamState) -> None:
     store.purge_stream(batch.conn, state.id)
+
+
+# -- seek -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SeekResult:
+    cursor: int
+    revoked: int  # leases in flight that no longer settle anything
+    dropped: int  # waiting redeliveries (nacked, expired, replayed) that will not come
+
+
+def parse_seek(raw: Any) -> tuple[str, Any]:
+    """``{"to": "earliest" | "now" | <offset>}`` or ``{"time": <ISO 8601> | <epoch ms>}``."""
+    if not isinstance(raw, dict):
+        raise BadRequest("the body must be a JSON object", None)
+    unknown = set(raw) - {"to", "time"}
+    if unknown:
+        field = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {field}", field)
+    if ("to" in raw) == ("time" in raw):
+        raise BadRequest("give exactly one of to and time", "to")
+    if "time" in raw:
+        value = raw["time"]
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53:
+            return "time", value
+        if isinstance(value, str):
+            try:
+                when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                when = None
+            if when is not None and when.tzinfo is not None:
+                return "time", int(when.timestamp() * 1000)
+        raise BadRequest(
+            "time must be an ISO 8601 time with a zone (2026-11-22T10:00:00Z) or epoch ms",
+            "time",
+        )
+    to = raw["to"]
+    if to in ("earliest", BEGINNING, "now", "latest"):
+        return ("now" if to in ("now", "latest") else "earliest"), None
+    try:
+        return "offset", _message_offset(to)
+    except BadOffset:
+        raise BadRequest("to must be earliest, now or an offset", "to") from None
+
+
+def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> SeekResult:
+    """Move the group's cursor. A seek is a clean cut: every lease in flight is revoked (its
+    ack, nack or dead-letter answers unknown; a transaction settling it fails with 409), every
+    waiting redelivery is dropped, and delivery goes on from the new position with fresh
+    delivery counts. The DLS keeps its entries."""
+    batch.flush()  # appends earlier in this batch count for "now" and for times
+    state = live_stream(batch.stream(station), station, batch.now)
+    group = _load(batch, state, name, lock=True)
+    kind, value = target
+    if kind == "earliest":
+        cursor = state.head
+    elif kind == "now":
+        cursor = state.tail
+    elif kind == "offset":
+        if value > state.tail:
+            raise BadRequest("to is beyond the station's tail", "to")
+        if value < state.head:
+            raise BadRequest("to is before the earliest retained message", "to")
+        cursor = value
+    else:
+        first = None
+        for stream_id, lo, hi in segments(batch.conn, state):
+            first = store.first_stored_at_or_after(
+                batch.conn, stream_id, max(lo, state.head), hi, value
+            )
+            if first is not None:
+                break
+        cursor = state.tail if first is None else first - 1
+    revoked, dropped = store.clear(batch.conn, group.id)
+    store.change(batch.conn, group.id, cursor=cursor)
+    batch.changed.add(state.name)  # waiting fetchers may have something new to take
+    return SeekResult(cursor, revoked, dropped)

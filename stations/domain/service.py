@@ -224,6 +224,9 @@ class Service:
             finally:
                 self.notifier.unsubscribe(station, woken)
 
+    async def seek(self, station: str, group: str, target: tuple[str, Any]) -> groups.SeekResult:
+        return await self.write(groups.seek, station, group, target)
+
     async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:
         return await self.write(groups.ack, station, group, seqs)
 
