@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from stations.api import groups, stations, streams
+from stations.api import groups, stations, streams, transactions
 from stations.api.auth import Token, auth_middleware
 from stations.api.errors import error_middleware
 from stations.api.headers import headers_middleware, on_prepare
@@ -83,6 +83,7 @@ def make_app(
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
+    app.router.add_routes(transactions.routes())
     app.router.add_routes(stations.routes())
     app.on_response_prepare.append(on_prepare)
 

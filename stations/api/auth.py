@@ -105,6 +105,8 @@ def route_class(request: web.Request) -> str:
         if "/groups/" in tail and method in ("PUT", "POST"):
             return "consume"
         return "admin"
+    if path == "/api/transactions":
+        return "read"  # each item's station and role: stations/api/transactions.py
     return "read"
 
 

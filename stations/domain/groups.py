@@ -107,7 +107,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
         cursor = state.tail
     elif isinstance(start, str):
         try:
-            cursor = _message_offset(start)
+            cursor = message_offset(start)
         except BadOffset:
             raise BadRequest(
                 "startFrom must be earliest, latest or an offset", "startFrom"
@@ -232,7 +232,7 @@ def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     return store.open_deliveries(batch.conn, group.id, seqs)
 
 
-def _message_offset(token: Any) -> int:
+def message_offset(token: Any) -> int:
     """The position of an offset token exactly as the server mints them: not the "-1"
     sentinel (not the offset of a message), nothing around it (a trailing newline)."""
     if not isinstance(token, str) or token == BEGINNING:
@@ -249,7 +249,7 @@ def parse_offsets(raw: Any) -> list[int]:
     out = []
     for i, token in enumerate(raw):
         try:
-            out.append(_message_offset(token) + 1)
+            out.append(message_offset(token) + 1)
         except BadOffset:
             raise BadRequest(f"offsets.{i} is not an offset", f"offsets.{i}") from None
     return out
@@ -358,7 +358,7 @@ def parse_seek(raw: Any) -> tuple[str, Any]:
     if to in ("earliest", BEGINNING, "now", "latest"):
         return ("now" if to in ("now", "latest") else "earliest"), None
     try:
-        return "offset", _message_offset(to)
+        return "offset", message_offset(to)
     except BadOffset:
         raise BadRequest("to must be earliest, now or an offset", "to") from None
 

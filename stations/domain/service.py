@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from stations.domain import catalog, dls, groups, lifecycle, log, messages, reads
+from stations.domain import catalog, dls, groups, lifecycle, log, messages, reads, transactions
+from stations.domain.groups import SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
@@ -224,7 +225,14 @@ class Service:
             finally:
                 self.notifier.unsubscribe(station, woken)
 
-    async def seek(self, station: str, group: str, target: tuple[str, Any]) -> groups.SeekResult:
+    async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
+        """Settle and produce across stations in one transaction (see domain.transactions)."""
+        result: transactions.TxResult = await self.write(transactions.run, self.ids, req)
+        if result.nack_due is not None:
+            self.leases.arm(result.nack_due)
+        return result
+
+    async def seek(self, station: str, group: str, target: tuple[str, Any]) -> SeekResult:
         return await self.write(groups.seek, station, group, target)
 
     async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:

@@ -1,0 +1,55 @@
+"""``POST /api/transactions``: settle leased deliveries and produce messages across stations,
+atomically (see ``stations.domain.transactions``).
+
+The route is top-level, not under ``/api/stations/{name}``, because one transaction spans
+stations and groups: no single station owns it. The auth middleware lets any valid token
+through to here; this handler checks each item, as CONTRACT.md §5 asks of every station one
+request touches: the consumer role on every station it settles, the producer role on every
+station it produces to.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from stations.api.auth import ALLOWED, Token
+from stations.api.stations import json_body, service
+from stations.domain import transactions
+from stations.domain.errors import Forbidden
+from stations.domain.offsets import encode
+
+
+def _authorize(token: Token | None, req: transactions.TxRequest) -> None:
+    if token is None:
+        return
+    for kind, needed in (("settle", "consume"), ("produce", "produce")):
+        for station, field in req.stations(kind).items():
+            if needed not in ALLOWED[token.role]:
+                raise Forbidden(f"role {token.role} may not {needed} here", field)
+            if not token.covers(station):
+                raise Forbidden(f"this token does not cover station {station}", field)
+
+
+async def transact(request: web.Request) -> web.Response:
+    req = transactions.parse(await json_body(request))
+    _authorize(request.get("token"), req)
+    result = await service(request).transact(req)
+    return web.json_response(
+        {
+            "acked": result.acked,
+            "nacked": result.nacked,
+            "deadLettered": result.dead_lettered,
+            "produced": [
+                {
+                    "station": station,
+                    "offset": None if offset is None else encode(offset),
+                    "duplicate": duplicate,
+                }
+                for station, offset, duplicate in result.produced
+            ],
+        }
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.post("/api/transactions", transact)]

@@ -1,0 +1,313 @@
+"""Transactions across stations: settle leased deliveries of any groups and produce messages to
+any stations, all in one database transaction (``POST /api/transactions``).
+
+Every station lives in one database, so consume-transform-produce needs no two-phase protocol:
+the acks and the produced messages commit together or not at all. A retry after a crash can
+therefore never produce twice: either the first attempt committed (its leases are gone, so the
+retry fails with 409 and produces nothing) or it did not (the leases still stand, or expired and
+the messages come again).
+
+The op decides everything before it writes anything (the writer's rule for ops that share a
+batch): stations, groups, content types and leases are all checked first; then the messages are
+appended, then the deliveries settled, neither of which can fail once the checks passed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from stations.domain import groups, messages
+from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
+from stations.domain.idwindow import IdWindow
+from stations.domain.log import AppendRequest, append
+from stations.domain.offsets import encode
+from stations.domain.station import validate_name as validate_station
+from stations.domain.streams import StreamState, same_content_type
+from stations.store import groups as group_store
+from stations.store.writer import Batch
+
+MAX_ITEMS = 10_000  # settlements plus produced messages per transaction
+MAX_DELAY_MS = 86_400_000
+VERBS = ("ack", "nack", "deadLetter")
+
+
+@dataclass
+class Settle:
+    verb: str  # ack, nack or deadLetter
+    field: str  # e.g. "ack.3", to name it in errors
+    station: str
+    group: str
+    seq: int
+    delivery_count: int | None = None
+    delay_ms: int = 0
+    reason: str | None = None
+
+
+@dataclass
+class Produce:
+    field: str  # e.g. "produce.2"
+    station: str
+    item: dict[str, Any]  # {"id", "headers", "data" | "dataBase64"}, checked per station
+    content_type: str | None = None
+
+
+@dataclass
+class TxRequest:
+    consumer: str | None = None
+    settles: list[Settle] = field(default_factory=list)
+    produces: list[Produce] = field(default_factory=list)
+
+    def stations(self, kind: str) -> dict[str, str]:
+        """station → the field of its first item, for ``"settle"`` or ``"produce"``."""
+        items: list[Settle] | list[Produce] = self.settles if kind == "settle" else self.produces
+        out: dict[str, str] = {}
+        for item in items:
+            out.setdefault(item.station, f"{item.field}.station")
+        return out
+
+
+@dataclass
+class TxResult:
+    acked: int = 0
+    nacked: int = 0
+    dead_lettered: int = 0
+    # (station, offset, duplicate) per produced message, in request order
+    produced: list[tuple[str, int | None, bool]] = field(default_factory=list)
+    nack_due: int | None = None  # the earliest nack redelivery, to arm the lease timer
+
+
+# -- parsing --------------------------------------------------------------------------------------
+
+
+def _object(value: Any, field: str, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{field} must be an object", field)
+    unknown = set(value) - allowed
+    if unknown:
+        key = f"{field}.{sorted(unknown)[0]}"
+        raise BadRequest(f"unknown field {key}", key)
+    for key in sorted(required):
+        if key not in value:
+            raise BadRequest(f"{field}.{key} is required", f"{field}.{key}")
+    return value
+
+
+def _int(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadRequest(f"{field} must be an integer from {lo} to {hi}", field)
+    return value
+
+
+def _list(raw: dict[str, Any], key: str) -> list[Any]:
+    value = raw.get(key, [])
+    if not isinstance(value, list):
+        raise BadRequest(f"{key} must be an array", key)
+    return value
+
+
+def parse(raw: Any) -> TxRequest:
+    if not isinstance(raw, dict):
+        raise BadRequest('the body must be {"ack": [...], "produce": [...], ...}', None)
+    unknown = set(raw) - {"consumer", "produce", *VERBS}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {key}", key)
+    body = raw
+    req = TxRequest()
+    consumer = body.get("consumer")
+    if consumer is not None and (not isinstance(consumer, str) or not 1 <= len(consumer) <= 256):
+        raise BadRequest("consumer must be a string of 1 to 256 characters", "consumer")
+    req.consumer = consumer
+    lists = {key: _list(body, key) for key in (*VERBS, "produce")}
+    total = sum(map(len, lists.values()))
+    if total == 0:
+        raise BadRequest("a transaction needs at least one ack, nack, deadLetter or produce", None)
+    if total > MAX_ITEMS:
+        longest = max(lists, key=lambda k: len(lists[k]))
+        raise BadRequest(f"at most {MAX_ITEMS} items per transaction (got {total})", longest)
+    seen: dict[tuple[str, str, int], str] = {}
+    for verb in VERBS:
+        extra = {"nack": {"delayMs"}, "deadLetter": {"reason"}}.get(verb, set())
+        for i, value in enumerate(lists[verb]):
+            name = f"{verb}.{i}"
+            item = _object(
+                value,
+                name,
+                {"station", "group", "offset", "deliveryCount", *extra},
+                {"station", "group", "offset"},
+            )
+            station = validate_station(item["station"], f"{name}.station")
+            group = item["group"]
+            if not isinstance(group, str):
+                raise BadRequest(f"{name}.group must be a group name", f"{name}.group")
+            try:
+                groups.validate_name(group)
+            except BadRequest as exc:
+                raise BadRequest(exc.message, f"{name}.group") from None
+            try:
+                seq = groups.message_offset(item["offset"]) + 1
+            except ValueError:
+                raise BadRequest(f"{name}.offset is not an offset", f"{name}.offset") from None
+            settle = Settle(verb, name, station, group, seq)
+            if "deliveryCount" in item:
+                settle.delivery_count = _int(
+                    item["deliveryCount"], f"{name}.deliveryCount", 1, 10**6
+                )
+            if verb == "nack":
+                settle.delay_ms = _int(item.get("delayMs", 0), f"{name}.delayMs", 0, MAX_DELAY_MS)
+            if verb == "deadLetter":
+                reason = item.get("reason")
+                if reason is not None and not isinstance(reason, str):
+                    raise BadRequest(f"{name}.reason must be a string", f"{name}.reason")
+                settle.reason = reason
+            key = (station, group, seq)
+            if key in seen:
+                raise BadRequest(
+                    f"{name} settles the same delivery as {seen[key]}", f"{name}.offset"
+                )
+            seen[key] = name
+            req.settles.append(settle)
+    for i, value in enumerate(lists["produce"]):
+        name = f"produce.{i}"
+        item = _object(
+            value,
+            name,
+            {"station", "id", "headers", "data", "dataBase64", "contentType"},
+            {"station"},
+        )
+        station = validate_station(item["station"], f"{name}.station")
+        content_type = item.get("contentType")
+        if content_type is not None and not isinstance(content_type, str):
+            raise BadRequest(f"{name}.contentType must be a string", f"{name}.contentType")
+        message = {k: v for k, v in item.items() if k not in ("station", "contentType")}
+        req.produces.append(Produce(name, station, message, content_type))
+    return req
+
+
+# -- the op ----------------------------------------------------------------------------------------
+
+
+def _station(batch: Batch, name: str, field: str) -> StreamState:
+    state = batch.stream(name)
+    if state is None or (state.expired(batch.now) and not state.deleted):
+        raise NotFound(f"station {name} not found", field)
+    if state.deleted:
+        raise Gone(f"station {name} was deleted", field)
+    return state
+
+
+def _stale(s: Settle, why: str) -> Conflict:
+    return Conflict(
+        f"the lease on offset {encode(s.seq - 1)} of group {s.group} on station {s.station} "
+        f"{why}; nothing was committed",
+        f"{s.field}.offset",
+        station=s.station,
+        group=s.group,
+        offset=encode(s.seq - 1),
+    )
+
+
+def _check_leases(batch: Batch, req: TxRequest, states: dict[str, StreamState]) -> None:
+    by_group: dict[tuple[str, str], list[Settle]] = defaultdict(list)
+    for s in req.settles:
+        by_group[(s.station, s.group)].append(s)
+    for (station, name), items in sorted(by_group.items()):
+        state = states[station]
+        row = group_store.load(batch.conn, state.id, name, lock=True)
+        if row is None:
+            raise NotFound(
+                f"group {name} not found on station {station}", f"{items[0].field}.group"
+            )
+        held = group_store.leases(batch.conn, row["id"], [s.seq for s in items])
+        for s in items:
+            lease = held.get(s.seq)
+            if lease is None or lease[0] <= 0:
+                raise _stale(s, "is not held: it was settled, or never delivered")
+            count, consumer, due = lease
+            if consumer is None or due <= batch.now:
+                raise _stale(s, "has expired")
+            if s.delivery_count is not None and s.delivery_count != count:
+                raise _stale(s, f"moved on: it is now delivery {count}")
+            if req.consumer is not None and consumer != req.consumer:
+                raise _stale(s, "moved to another consumer")
+
+
+def _appends(
+    req: TxRequest, states: dict[str, StreamState]
+) -> list[tuple[AppendRequest, list[int]]]:
+    """One append per station (ids repeated inside it are duplicates of the first, as in one
+    produce request), with the request indexes of its messages."""
+    by_station: dict[str, list[tuple[int, Produce]]] = defaultdict(list)
+    for i, p in enumerate(req.produces):
+        by_station[p.station].append((i, p))
+    out = []
+    for station, items in by_station.items():
+        state = states[station]
+        for _, p in items:
+            if p.content_type is not None and not same_content_type(
+                p.content_type, state.content_type
+            ):
+                raise Conflict(
+                    f"{p.field}.contentType {p.content_type!r} does not match station "
+                    f"{station}'s {state.content_type!r}",
+                    f"{p.field}.contentType",
+                )
+        if state.closed:
+            raise Conflict(f"station {station} is closed", f"{items[0][1].field}.station")
+        try:
+            append_req = messages.parse_batch(state, {"messages": [p.item for _, p in items]})
+        except BadRequest as exc:
+            raise _renamed(exc, items) from None
+        out.append((append_req, [i for i, _ in items]))
+    return out
+
+
+def _renamed(exc: BadRequest, items: list[tuple[int, Produce]]) -> BadRequest:
+    """``messages.<k>...`` of the per-station batch as ``produce.<i>...`` of the request."""
+    path = exc.field or ""
+    parts = path.split(".")
+    if len(parts) >= 2 and parts[0] == "messages" and parts[1].isdigit():
+        field = ".".join([items[int(parts[1])][1].field, *parts[2:]])
+        return BadRequest(
+            exc.message.replace(".".join(parts[:2]), items[int(parts[1])][1].field), field
+        )
+    return BadRequest(exc.message, "produce")
+
+
+def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
+    # Lock every station in one order (by name), so two transactions crossing the same
+    # stations in opposite directions cannot deadlock on PostgreSQL.
+    named = req.stations("settle") | req.stations("produce")
+    states = {name: _station(batch, name, named[name]) for name in sorted(named)}
+    _check_leases(batch, req, states)
+    appends = _appends(req, states)
+    # Decided: from here on nothing fails.
+    result = TxResult(produced=[("", None, False)] * len(req.produces))
+    for append_req, indexes in appends:
+        done = append(batch, window, append_req)
+        for index, (offset, duplicate) in zip(indexes, done.results, strict=True):
+            result.produced[index] = (append_req.name, offset, duplicate)
+    _settle(batch, req, result)
+    return result
+
+
+def _settle(batch: Batch, req: TxRequest, result: TxResult) -> None:
+    batches: dict[tuple[str, str, str, int, str | None], list[int]] = defaultdict(list)
+    for s in req.settles:
+        batches[(s.verb, s.station, s.group, s.delay_ms, s.reason)].append(s.seq)
+    for (verb, station, group, delay_ms, reason), seqs in batches.items():
+        if verb == "ack":
+            n, unknown = groups.ack(batch, station, group, seqs)
+            result.acked += n
+        elif verb == "nack":
+            n, unknown = groups.nack(batch, station, group, seqs, delay_ms)
+            result.nacked += n
+            due = batch.now + delay_ms
+            result.nack_due = due if result.nack_due is None else min(result.nack_due, due)
+        else:
+            n, unknown = groups.dead_letter(batch, station, group, seqs, reason)
+            result.dead_lettered += n
+        # Checked above under the same locks, so every delivery is still there.
+        assert not unknown, f"lease check and settlement disagree on {unknown}"

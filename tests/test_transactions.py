@@ -1,0 +1,292 @@
+"""Transactions across stations (``POST /api/transactions``) on both engines: settling and
+producing commit together or not at all; a stale or moved lease fails the whole request with a
+409 naming the message; duplicates are reported per message; bad input is a 4xx naming the
+field; auth asks for the consumer role on what is settled and the producer role where it
+produces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.groupkit import ENGINES, Api, client, field_of, module_server, ms
+from tests.harness import Server
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    yield from module_server(request, tmp_path_factory)
+
+
+@pytest.fixture
+async def api(shared: Server) -> AsyncIterator[Api]:
+    async with client(shared) as c:
+        yield Api(c)
+
+
+async def tx(api: Api, body: dict[str, Any], status: int = 200) -> Any:
+    r = await api.c.post("/api/transactions", json=body)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def lease(st: str, group: str, m: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "station": st,
+        "group": group,
+        "offset": m["offset"],
+        "deliveryCount": m["deliveryCount"],
+    }
+
+
+async def until_past(iso: str) -> None:
+    """Wait until the server's ``ackDeadline`` has passed (by the wall clock both share)."""
+    await asyncio.sleep(max(0.0, ms(iso) - time.time()) + 0.05)
+
+
+async def test_two_stations_two_groups(api: Api) -> None:
+    a, b = await api.station(), await api.station()
+    out1, out2 = await api.station(), await api.station(contentType="text/plain")
+    await api.produce(a, [{"n": 1}, {"n": 2}])
+    await api.produce(b, [{"n": 3}])
+    await api.put_group(a, "ga")
+    await api.put_group(b, "gb")
+    ma = await api.fetch(a, "ga", max=2)
+    mb = await api.fetch(b, "gb", max=1)
+    answer = await tx(
+        api,
+        {
+            "consumer": "c1",
+            "ack": [lease(a, "ga", ma[0]), lease(b, "gb", mb[0])],
+            "nack": [{**lease(a, "ga", ma[1]), "delayMs": 0}],
+            "produce": [
+                {"station": out1, "data": {"sum": 4}, "id": "s-1", "headers": {"k": "v"}},
+                {"station": out2, "data": "plain text"},
+                {"station": out1, "data": {"sum": 5}},
+            ],
+        },
+    )
+    assert answer["acked"] == 2 and answer["nacked"] == 1 and answer["deadLettered"] == 0
+    assert [(p["station"], p["duplicate"]) for p in answer["produced"]] == [
+        (out1, False),
+        (out2, False),
+        (out1, False),
+    ]
+    stored = await api.browse(out1)
+    assert [(m["data"], m["id"], m["headers"]) for m in stored] == [
+        ({"sum": 4}, "s-1", {"k": "v"}),
+        ({"sum": 5}, None, {}),
+    ]
+    assert [m["offset"] for m in stored] == [
+        answer["produced"][0]["offset"],
+        answer["produced"][2]["offset"],
+    ]
+    assert [m["data"] for m in await api.browse(out2)] == ["plain text"]
+    groups_a, groups_b = await api.groups(a), await api.groups(b)
+    assert groups_a["ga"]["inFlight"] == 0 and groups_a["ga"]["pending"] == 1  # the nacked one
+    assert groups_b["gb"]["inFlight"] == 0 and groups_b["gb"]["pending"] == 0
+    again = await api.fetch(a, "ga")
+    assert [(m["offset"], m["deliveryCount"]) for m in again] == [(ma[1]["offset"], 2)]
+    # Dead-lettering inside a transaction, with its reason.
+    answer = await tx(api, {"deadLetter": [{**lease(a, "ga", again[0]), "reason": "bad sum"}]})
+    assert answer["deadLettered"] == 1
+    entries = await api.dls_entries(a, "ga")
+    assert [(e["offset"], e["reason"], e["error"]) for e in entries] == [
+        (ma[1]["offset"], "dead_letter", "bad sum")
+    ]
+
+
+async def test_stale_lease_fails_everything(api: Api) -> None:
+    src, out = await api.station(), await api.station()
+    await api.produce(src, [{"n": 1}, {"n": 2}])
+    await api.put_group(src, "g", maxAckTimeMs=300, maxMsgDeliveries=5)
+    first = await api.fetch(src, "g", max=1)
+    await until_past(first[0]["ackDeadline"])
+    second = await api.fetch(src, "g", max=1, consumer="c2")  # the expired one comes first
+    assert second[0]["offset"] == first[0]["offset"] and second[0]["deliveryCount"] == 2
+    fresh = await api.fetch(src, "g", max=1, consumer="c2")
+    body = {
+        "ack": [lease(src, "g", fresh[0]), lease(src, "g", first[0])],
+        "produce": [{"station": out, "data": {"x": 1}, "id": "x-1"}],
+    }
+    # The old delivery moved to c2 (delivery 2): the whole transaction fails.
+    r = await api.c.post("/api/transactions", json=body)
+    assert r.status_code == 409, r.text
+    error = r.json()["error"]
+    assert error["field"] == "ack.1.offset" and first[0]["offset"] in error["message"]
+    assert await api.browse(out) == []  # nothing produced
+    # ... and nothing settled: the good lease of the same request still acks.
+    assert (await api.ack(src, "g", [fresh[0]["offset"]]))["acked"] == 1
+    # The same consumer name does not make a moved lease valid again.
+    body["consumer"] = "c1"
+    body["ack"] = [{**lease(src, "g", first[0]), "deliveryCount": 2}]
+    r = await api.c.post("/api/transactions", json=body)
+    assert r.status_code == 409 and field_of(r) == "ack.0.offset"
+    # An expired lease (without a new delivery yet) is stale too.
+    await until_past(second[0]["ackDeadline"])
+    r = await api.c.post("/api/transactions", json={"ack": [lease(src, "g", second[0])]})
+    assert r.status_code == 409 and "expired" in r.json()["error"]["message"]
+    # An acked one is stale; the msg-id of the refused produce was never used.
+    r = await api.c.post("/api/transactions", json={"ack": [lease(src, "g", fresh[0])]})
+    assert r.status_code == 409
+    assert await api.browse(out) == []
+    ok = await tx(api, {"produce": [{"station": out, "data": {"x": 1}, "id": "x-1"}]})
+    assert ok["produced"][0]["duplicate"] is False
+
+
+async def test_duplicates_inside_a_transaction(api: Api) -> None:
+    src, out = await api.station(), await api.station()
+    before = await api.produce(out, [{"old": True}], ids=["seen"])
+    await api.produce(src, [{"n": 1}])
+    await api.put_group(src, "g")
+    got = await api.fetch(src, "g")
+    answer = await tx(
+        api,
+        {
+            "ack": [lease(src, "g", got[0])],
+            "produce": [
+                {"station": out, "id": "a", "data": 1},
+                {"station": out, "id": "a", "data": 2},  # repeats the first
+                {"station": out, "id": "seen", "data": 3},  # already in the window
+                {"station": out, "data": 4},
+            ],
+        },
+    )
+    produced = answer["produced"]
+    assert [p["duplicate"] for p in produced] == [False, True, True, False]
+    assert produced[1]["offset"] == produced[0]["offset"]
+    assert produced[2]["offset"] == before[0]
+    assert [m["data"] for m in await api.browse(out)] == [{"old": True}, 1, 4]
+
+
+async def test_bad_input_names_the_field(api: Api) -> None:
+    src, text = await api.station(), await api.station(contentType="text/plain")
+    await api.produce(src, [{"n": 1}])
+    await api.put_group(src, "g")
+    got = await api.fetch(src, "g")
+    good = lease(src, "g", got[0])
+    cases: list[tuple[Any, int, str | None]] = [
+        ([], 400, None),
+        ({}, 400, None),
+        ({"ack": {}}, 400, "ack"),
+        ({"bogus": []}, 400, "bogus"),
+        ({"ack": [{**good, "station": "no-such-station"}]}, 404, "ack.0.station"),
+        ({"ack": [{**good, "group": "no-such-group"}]}, 404, "ack.0.group"),
+        ({"ack": [{**good, "offset": "zz"}]}, 400, "ack.0.offset"),
+        ({"ack": [{"station": src, "offset": got[0]["offset"]}]}, 400, "ack.0.group"),
+        ({"ack": [good, good]}, 400, "ack.1.offset"),
+        ({"ack": [{**good, "deliveryCount": "1"}]}, 400, "ack.0.deliveryCount"),
+        ({"nack": [{**good, "delayMs": -1}]}, 400, "nack.0.delayMs"),
+        ({"deadLetter": [{**good, "reason": 5}]}, 400, "deadLetter.0.reason"),
+        ({"ack": [good], "produce": [{"station": "no-such", "data": 1}]}, 404, "produce.0.station"),
+        ({"produce": [{"station": "bad name!", "data": 1}]}, 400, "produce.0.station"),
+        (
+            {"produce": [{"station": src, "data": 1}, {"station": text, "data": {"a": 1}}]},
+            400,
+            "produce.1.data",
+        ),
+        (
+            {"produce": [{"station": text, "data": "x", "contentType": "application/json"}]},
+            409,
+            "produce.0.contentType",
+        ),
+        ({"produce": [{"station": src, "data": 1, "id": ""}]}, 400, "produce.0.id"),
+        ({"produce": [{"station": src}]}, 400, "produce.0.data"),
+        ({"produce": [{"station": src, "data": 1, "colour": "red"}]}, 400, "produce.0.colour"),
+        ({"produce": [{"station": src, "data": i} for i in range(10_001)]}, 400, "produce"),
+        ({"ack": [good] * 6000, "produce": [{"station": src, "data": 1}] * 5000}, 400, "ack"),
+    ]
+    for body, status, field in cases:
+        r = await api.c.post("/api/transactions", json=body)
+        assert r.status_code == status, (str(body)[:200], r.text)
+        assert field_of(r) == field, (str(body)[:200], r.text)
+    # None of it produced or settled anything.
+    assert [m["data"] for m in await api.browse(src)] == [{"n": 1}]
+    assert await api.browse(text) == []
+    assert (await api.groups(src))["g"]["inFlight"] == 1
+    r = await api.c.post("/api/transactions", content=b"{not json")
+    assert r.status_code == 400
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+ADMIN, PRODUCER, CONSUMER, OTHER = (
+    "admin-tx-secret",
+    "prod-tx-secret",
+    "cons-tx-secret",
+    "other-tx-secret",
+)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir: Path = tmp_path_factory.mktemp("tx-auth")
+    tokens = workdir / "tokens.json"
+    tokens.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"token": ADMIN, "role": "admin"},
+                    {"token": PRODUCER, "role": "producer", "stations": ["out*"]},
+                    {"token": CONSUMER, "role": "consumer", "stations": ["in*"]},
+                    {"token": OTHER, "role": "consumer", "stations": ["elsewhere"]},
+                ]
+            }
+        )
+    )
+    url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
+    server = Server(url, workdir, ["--tokens", str(tokens)]).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_auth_roles_and_scopes(secured: Server) -> None:
+    def call(token: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(
+            secured.url + "/api/transactions",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+
+    admin = httpx.Client(base_url=secured.url, headers={"Authorization": f"Bearer {ADMIN}"})
+    for name in ("in-1", "out-1"):
+        assert admin.post("/api/stations", json={"name": name}).status_code == 201
+    admin.post("/api/stations/in-1/messages", json={"messages": [{"data": i} for i in range(4)]})
+    assert admin.put("/api/stations/in-1/groups/g", json={}).status_code == 201
+    got = admin.post("/api/stations/in-1/groups/g/fetch", json={"max": 4}).json()["messages"]
+    leases = [lease("in-1", "g", m) for m in got]
+    produce = [{"station": "out-1", "data": {"x": 1}}]
+
+    assert call("not-a-token-at-all", {"ack": leases[:1]}).status_code == 401
+    # A consumer settles on its stations, and may not produce.
+    r = call(CONSUMER, {"ack": leases[:1], "produce": produce})
+    assert r.status_code == 403 and r.json()["error"]["field"] == "produce.0.station"
+    assert call(CONSUMER, {"ack": leases[:1]}).json()["acked"] == 1
+    # A producer produces on its stations, and may not settle.
+    r = call(PRODUCER, {"ack": leases[1:2], "produce": produce})
+    assert r.status_code == 403 and r.json()["error"]["field"] == "ack.0.station"
+    assert call(PRODUCER, {"produce": produce}).status_code == 200
+    r = call(PRODUCER, {"produce": [{"station": "in-1", "data": 1}]})
+    assert r.status_code == 403 and r.json()["error"]["field"] == "produce.0.station"
+    # A consumer token that does not cover the station.
+    r = call(OTHER, {"nack": leases[1:2]})
+    assert r.status_code == 403 and r.json()["error"]["field"] == "nack.0.station"
+    # Nothing of the refused requests happened.
+    msgs = admin.get("/api/stations/out-1/messages").json()["messages"]
+    assert len(msgs) == 1
+    assert admin.get("/api/stations/in-1/groups").json()["groups"][0]["inFlight"] == 3
+    # Admin may do both at once.
+    assert call(ADMIN, {"ack": leases[1:], "produce": produce}).json()["acked"] == 3
+    admin.close()
