@@ -290,3 +290,70 @@ def test_auth_roles_and_scopes(secured: Server) -> None:
     # Admin may do both at once.
     assert call(ADMIN, {"ack": leases[1:], "produce": produce}).json()["acked"] == 3
     admin.close()
+
+
+# -- the SDK -----------------------------------------------------------------------------------
+
+
+async def test_sdk_transaction(shared: Server) -> None:
+    from stations.client import Client, Conflict
+
+    async with Client(shared.url) as c:
+        src, out = await c.create_station(f"sdk-in-{time.time_ns()}"), None
+        out = await c.create_station(f"sdk-out-{time.time_ns()}")
+        source, target = c.station(src.name), c.station(out.name)
+        await source.produce_many([{"n": i} for i in range(4)])
+        async with source.consumer("g", consumer="w", batch_size=4, wait_ms=0) as consumer:
+            batch = await consumer.fetch()
+            async with consumer.transaction() as tx:
+                tx.produce(target, {"n": batch[0].data["n"]}, msg_id="t-0", headers={"h": "1"})
+                tx.produce(target.name, b"\x22raw\x22")  # bytes: a JSON value here
+                tx.ack(batch[0])
+                tx.nack(batch[1], delay_ms=60_000)
+                tx.dead_letter(batch[2], "nope")
+            assert tx.result is not None
+            assert (tx.result.acked, tx.result.nacked, tx.result.dead_lettered) == (1, 1, 1)
+            assert [p.duplicate for p in tx.result.produced] == [False, False]
+            # An exception inside the block sends nothing.
+            try:
+                async with consumer.transaction() as tx:
+                    tx.produce(target, {"never": True})
+                    tx.ack(batch[3])
+                    raise RuntimeError("transform failed")
+            except RuntimeError:
+                pass
+            # A settled lease fails the whole transaction.
+            tx = consumer.transaction()
+            tx.produce(target, {"never": True})
+            tx.ack(batch[0])
+            try:
+                await tx.commit()
+                raise AssertionError("a stale lease committed")
+            except Conflict as exc:
+                assert batch[0].offset in str(exc)
+            async with c.transaction() as tx:  # a transaction without a consumer name
+                tx.ack(batch[3])
+                tx.produce(target, {"n": 3}, msg_id="t-0")  # a duplicate, reported
+            assert tx.result is not None and tx.result.produced[0].duplicate
+        page = await target.browse()
+        assert [m.data for m in page.messages] == [{"n": 0}, "raw"]
+        assert page.messages[0].msg_id == "t-0" and page.messages[0].headers == {"h": "1"}
+
+
+def test_sync_transaction(shared: Server) -> None:
+    from stations.client.sync import SyncClient
+
+    with SyncClient(shared.url) as c:
+        name = f"sync-{time.time_ns()}"
+        c.create_station(name)
+        c.create_station(name + "-out")
+        c.station(name).produce_many([{"n": 1}, {"n": 2}])
+        with c.station(name).consumer("g", consumer="s", wait_ms=0) as consumer:
+            msgs = consumer.fetch()
+            with consumer.transaction() as tx:
+                for msg in msgs:
+                    tx.produce(name + "-out", {"copied": msg.data["n"]})
+                    tx.ack(msg)
+            assert tx.result.acked == 2
+        page = c.station(name + "-out").browse()
+        assert [m.data for m in page.messages] == [{"copied": 1}, {"copied": 2}]

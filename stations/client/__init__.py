@@ -5,6 +5,7 @@
 - ``IdempotentProducer``: batched, pipelined, exactly-once appends to any Durable Streams URL.
 - ``Station.read`` / ``read_stream``: catch-up, long-poll and SSE readers that resume by offset.
 - ``Station.consumer``: consumer groups with batched acks, nack and dead-letter.
+- ``Consumer.transaction`` / ``Client.transaction``: settle and produce across stations atomically.
 
 Importing this package loads neither SQLAlchemy nor the server.
 """
@@ -49,6 +50,7 @@ from stations.client.producer import IdempotentProducer
 from stations.client.reader import ReadBatch, StreamReader, read_stream
 from stations.client.retry import RetryPolicy
 from stations.client.seek import SeekResult
+from stations.client.transaction import Transaction, TransactionResult, TxProduced
 
 __all__ = [
     "BadRequest",
@@ -89,6 +91,9 @@ __all__ = [
     "StoredMessage",
     "StreamClosed",
     "StreamReader",
+    "Transaction",
+    "TransactionResult",
+    "TxProduced",
     "Unauthorized",
     "read_stream",
 ]

@@ -32,6 +32,7 @@ from stations.client.producer import IdempotentProducer
 from stations.client.reader import Live, StreamReader
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
 from stations.client.seek import SeekResult, Target, seek
+from stations.client.transaction import Transaction
 
 Settings = Mapping[str, Any]
 
@@ -145,6 +146,11 @@ class Client:
     def station(self, name: str, *, content_type: str | None = None) -> Station:
         """A handle on a station (no request is made)."""
         return Station(self, name, content_type=content_type)
+
+    def transaction(self, consumer: str | None = None) -> Transaction:
+        """An atomic set of settlements and messages across stations (see
+        ``stations.client.transaction``)."""
+        return Transaction(self, consumer)
 
     def stream_url(self, name: str) -> str:
         return f"{self.url}/v1/stream/{stream_path(name)}"

@@ -20,6 +20,7 @@ from stations.client.errors import StationsError, error_for
 from stations.client.models import GroupInfo, _time, message_data
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
 from stations.client.seek import SeekResult, Target
+from stations.client.transaction import Transaction
 
 if TYPE_CHECKING:
     from stations.client.client import Station
@@ -228,6 +229,11 @@ class Consumer:
             body["reason"] = reason
         answer = await self._call("dead-letter", body)
         return int(answer.get("deadLettered", 0))
+
+    def transaction(self) -> Transaction:
+        """Settle messages and produce to any stations atomically:
+        ``async with consumer.transaction() as tx: tx.produce(...); tx.ack(msg)``."""
+        return Transaction(self.station.client, self.name)
 
     async def seek(self, to: Target) -> SeekResult:
         """Move this consumer's group (see ``Station.seek``); prefetched messages are dropped,

@@ -1,0 +1,138 @@
+"""Transactions: settle leased messages and produce messages, across stations, atomically.
+
+::
+
+    async with consumer.transaction() as tx:
+        tx.produce("invoices", {"order": msg.data["id"]}, msg_id=f"invoice-{msg.offset}")
+        tx.ack(msg)
+
+Nothing is sent until the block ends; then everything goes in one request
+(``POST /api/transactions``) and commits in one database transaction, or none of it does. An
+exception inside the block sends nothing (the leases stay; the messages come again once they
+expire, or nack them). ``commit()`` raises ``Conflict`` when a lease expired or moved to another
+consumer: nothing was produced, the message will come (or already came) again.
+
+Retries: a commit is not retried. When it raises ``ConnectionFailed`` or ``ServerError`` the
+outcome is unknown, and that is safe: if it committed, its leases are gone and the messages never
+come back; if it did not, they come back after their lease. Either way each input is processed
+by exactly one committed transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stations.client.client import Client, Station
+    from stations.client.consumer import Message
+
+
+@dataclass(frozen=True)
+class TxProduced:
+    station: str
+    offset: str | None
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class TransactionResult:
+    acked: int = 0
+    nacked: int = 0
+    dead_lettered: int = 0
+    produced: list[TxProduced] = field(default_factory=list)
+
+
+def _lease(msg: Message) -> dict[str, Any]:
+    consumer = msg._consumer
+    return {
+        "station": consumer.station.name,
+        "group": consumer.group,
+        "offset": msg.offset,
+        "deliveryCount": msg.delivery_count,
+    }
+
+
+class Transaction:
+    """Collects settlements and messages; ``commit()`` (or the end of ``async with``) sends
+    them as one atomic request."""
+
+    def __init__(self, client: Client, consumer: str | None = None) -> None:
+        self.client = client
+        self.consumer = consumer
+        self._body: dict[str, list[dict[str, Any]]] = {
+            "ack": [],
+            "nack": [],
+            "deadLetter": [],
+            "produce": [],
+        }
+        self.result: TransactionResult | None = None
+
+    def produce(
+        self,
+        station: str | Station,
+        data: Any,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Produce ``data`` to ``station`` when the transaction commits; with ``msg_id`` it
+        follows the station's idempotency window (a duplicate is reported, not stored)."""
+        item: dict[str, Any] = {"station": station if isinstance(station, str) else station.name}
+        if msg_id is not None:
+            item["id"] = msg_id
+        if headers:
+            item["headers"] = dict(headers)
+        if isinstance(data, bytes | bytearray | memoryview):
+            item["dataBase64"] = base64.b64encode(bytes(data)).decode()
+        else:
+            item["data"] = data
+        self._body["produce"].append(item)
+
+    def ack(self, msg: Message) -> None:
+        self._body["ack"].append(_lease(msg))
+
+    def nack(self, msg: Message, delay_ms: int = 0) -> None:
+        self._body["nack"].append({**_lease(msg), "delayMs": delay_ms})
+
+    def dead_letter(self, msg: Message, reason: str | None = None) -> None:
+        item = _lease(msg)
+        if reason is not None:
+            item["reason"] = reason
+        self._body["deadLetter"].append(item)
+
+    def __len__(self) -> int:
+        return sum(map(len, self._body.values()))
+
+    async def commit(self) -> TransactionResult:
+        """Send everything in one request; an empty transaction sends nothing."""
+        if self.result is not None:
+            raise RuntimeError("this transaction was already committed")
+        body: dict[str, Any] = {k: v for k, v in self._body.items() if v}
+        if not body:
+            self.result = TransactionResult()
+            return self.result
+        if self.consumer is not None:
+            body["consumer"] = self.consumer
+        reply = await self.client.http.call(
+            "POST", self.client.url + "/api/transactions", body, what="transaction"
+        )
+        answer = reply.json()
+        self.result = TransactionResult(
+            int(answer.get("acked", 0)),
+            int(answer.get("nacked", 0)),
+            int(answer.get("deadLettered", 0)),
+            [
+                TxProduced(p["station"], p.get("offset"), bool(p.get("duplicate")))
+                for p in answer.get("produced", [])
+            ],
+        )
+        return self.result
+
+    async def __aenter__(self) -> Transaction:
+        return self
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            await self.commit()
