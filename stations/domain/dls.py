@@ -6,6 +6,14 @@ and so is its copy forwarded to ``dls.forwardTo``: both stations live in one dat
 forward happens exactly once even across a crash. A replay puts the entry back into its group's
 queue durably — it waits there for the next fetch even when no consumer is online.
 
+**Redrive.** A replay may wait ``delayMs`` before its message is due again. A station's
+``dls.redrive`` policy moves entries back by itself: an entry dead-lettered for the n-th time
+after n - 1 redrives is due ``delayMs * backoff**(n-1)`` (at most ``maxDelayMs``) later, and goes
+back to its group's queue with its redrive count; once the count reaches ``maxRedrives`` the next
+entry stays in the DLS with reason ``max_redrives``. Each redrive moves the entry and writes the
+delivery in one transaction, so a crash in between neither loses nor duplicates it. The lease
+timer's tick redrives what is due, in chunks, and arms itself for the next due entry.
+
 This module imports nothing of ``stations.domain.groups`` (groups call in here when they give a
 message up); its rows are read and written by ``stations.store.dls``.
 """
@@ -29,9 +37,11 @@ from stations.store.dls import Connection, Selection
 from stations.store.writer import Batch
 
 logger = logging.getLogger("stations.domain.dls")
+REDRIVE_CHUNK = 1000  # entries per tick; more due → the next tick runs at once
 _NO_IDS = IdWindow(cache_size=1)  # forwarded copies carry no Msg-Id
 _ENTRY_ID = re.compile(r"[0-9]{1,20}")
 MAX_ENTRY_ID = 2**31 - 1  # ``dls.id`` is a 32-bit integer on PostgreSQL
+MAX_DELAY_MS = 7 * 86_400_000
 
 
 def parse_entry_id(value: object) -> int | None:
@@ -58,7 +68,7 @@ def add(
 ) -> None:
     """Take ``seq`` out of the group's queue; keep it in the DLS unless poison-keeping is off."""
     conn = batch.conn
-    group_store.take(conn, group_id, seq)
+    redrives = group_store.take(conn, group_id, seq)
     batch.changed.add(state.name)
     settings = state.config.get("dls") or {}
     if not (always or settings.get("poison", True)):
@@ -67,6 +77,15 @@ def add(
     if not found:
         return  # dropped by retention in the meantime: nothing to keep
     msg_id, headers, data = found[0].msg_id, found[0].headers, found[0].data
+    redrive_at = None
+    policy = settings.get("redrive")
+    if policy:
+        if redrives < policy["maxRedrives"]:
+            redrive_at = batch.now + redrive_delay(policy, redrives)
+        else:
+            # Capped: it stays; the error still says why it died this last time.
+            error = f"{reason}: {error}" if error else reason
+            reason = "max_redrives"
     store.add(
         conn,
         {
@@ -81,11 +100,40 @@ def add(
             "reason": reason,
             "error": error,
             "dead_lettered_at": batch.now,
+            "redrives": redrives,
+            "redrive_at": redrive_at,
         },
     )
     target = settings.get("forwardTo")
     if target:
         _forward(batch, state, group_name, reason, target, headers, data)
+
+
+def redrive_delay(policy: dict[str, Any], redrives: int) -> int:
+    delay = policy["delayMs"] * float(policy["backoff"]) ** redrives
+    return int(min(delay, policy["maxDelayMs"]))
+
+
+def redrive_due(batch: Batch) -> int | None:
+    """Move the entries whose redrive is due back to their groups (the lease timer's tick);
+    return when the next one is due (now, if this tick left some)."""
+    rows = store.due_redrives(batch.conn, batch.now, REDRIVE_CHUNK)
+    done: list[int] = []
+    kept: list[int] = []
+    for entry_id, station, group_id, seq, redrives in rows:
+        state = batch.stream(station)
+        if state is None or state.deleted or seq <= state.head:
+            # Retention dropped the original: the entry keeps its own copy for the user.
+            kept.append(entry_id)
+            continue
+        group_store.requeue(batch.conn, group_id, seq, batch.now, redrives + 1)
+        done.append(entry_id)
+        batch.changed.add(station)
+    store.drop_ids(batch.conn, done)
+    store.never_redrive(batch.conn, kept)
+    if len(rows) == REDRIVE_CHUNK:
+        return batch.now
+    return store.next_redrive(batch.conn)
 
 
 def _forward(
@@ -142,6 +190,8 @@ def entries(
                 "reason": row.reason,
                 "error": row.error,
                 "deadLetteredAt": iso(row.dead_lettered_at),
+                "redrives": row.redrives,
+                "redriveAt": None if row.redrive_at is None else iso(row.redrive_at),
             }
         )
     return out, (out[-1]["id"] if more else None)
@@ -179,21 +229,30 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
 
 
 def replay(batch: Batch, station: str, raw: Any) -> int:
+    """Entries back to their groups, due after ``delayMs`` (0: at once). A replay keeps the
+    entry's redrive count (it is not a redrive, but a capped message replayed by hand and dead
+    again stays capped)."""
     state = live_stream(batch.stream(station), station, batch.now)
+    delay = 0
+    if isinstance(raw, dict) and "delayMs" in raw:
+        raw = dict(raw)
+        delay = raw.pop("delayMs")
+        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_DELAY_MS:
+            raise BadRequest(f"delayMs must be an integer from 0 to {MAX_DELAY_MS}", "delayMs")
     rows = store.lock_selected(batch.conn, _selection(state, raw, allow_group=True))
     live_groups = group_store.ids_of_stream(batch.conn, state.id)
     replayed = 0
     gone: set[int] = set()
-    for entry_id, group_id, seq in rows:
+    for entry_id, group_id, seq, redrives in rows:
         if seq <= state.head:
             # Retention dropped the original: there is nothing to put back in the queue, so
             # the entry (which keeps its own copy) stays where the user can still read it.
             gone.add(entry_id)
             continue
         if group_id in live_groups:
-            group_store.requeue(batch.conn, group_id, seq, batch.now)
+            group_store.requeue(batch.conn, group_id, seq, batch.now + delay, redrives)
             replayed += 1
-    store.drop_ids(batch.conn, [entry_id for entry_id, _, _ in rows if entry_id not in gone])
+    store.drop_ids(batch.conn, [row[0] for row in rows if row[0] not in gone])
     if replayed:
         batch.changed.add(state.name)
     return replayed

@@ -296,8 +296,9 @@ def dead_letter(
 
 
 def expire_all(batch: Batch, since: int) -> int | None:
-    """The scheduler's tick: settle expired leases of every group, wake fetchers of stations
-    whose waiting messages fell due since ``since``; returns when the next thing falls due."""
+    """The scheduler's tick: settle expired leases of every group, redrive DLS entries that are
+    due, wake fetchers of stations whose waiting messages fell due since ``since``; returns
+    when the next thing falls due."""
     for station, name in store.groups_with_expired(batch.conn, batch.now):
         state = batch.stream(station)
         if state is None:
@@ -308,7 +309,8 @@ def expire_all(batch: Batch, since: int) -> int | None:
             continue
         _settle_expired(batch, state, group)
     batch.changed |= store.due_stations(batch.conn, since, batch.now)
-    return store.next_due(batch.conn, batch.now)
+    due = [t for t in (store.next_due(batch.conn, batch.now), dls.redrive_due(batch)) if t]
+    return min(due) if due else None
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:

@@ -228,8 +228,8 @@ class Service:
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""
         result: transactions.TxResult = await self.write(transactions.run, self.ids, req)
-        if result.nack_due is not None:
-            self.leases.arm(result.nack_due)
+        if result.nack_due is not None or result.dead_lettered:
+            self.leases.arm(result.nack_due or now_ms())
         return result
 
     async def seek(self, station: str, group: str, target: tuple[str, Any]) -> SeekResult:
@@ -242,14 +242,16 @@ class Service:
         self, station: str, group: str, seqs: list[int], delay_ms: int
     ) -> tuple[int, list[str]]:
         result = await self.write(groups.nack, station, group, seqs, delay_ms)
-        if delay_ms:
-            self.leases.arm(now_ms() + delay_ms)
+        # A last delivery nacked goes to the DLS, where a redrive policy may time it.
+        self.leases.arm(now_ms() + delay_ms if delay_ms else now_ms())
         return result
 
     async def dead_letter(
         self, station: str, group: str, seqs: list[int], reason: str | None
     ) -> tuple[int, list[str]]:
-        return await self.write(groups.dead_letter, station, group, seqs, reason)
+        result = await self.write(groups.dead_letter, station, group, seqs, reason)
+        self.leases.arm(now_ms())  # the tick arms itself for a redrive the entry may await
+        return result
 
     async def dls_entries(
         self, station: str, group: str | None, limit: int, after: int | None
@@ -257,7 +259,11 @@ class Service:
         return await self.read_db(dls.entries, station, now_ms(), group, limit, after)
 
     async def replay(self, station: str, raw: Any) -> int:
-        return await self.write(dls.replay, station, raw)
+        replayed = await self.write(dls.replay, station, raw)
+        delay = raw.get("delayMs") if isinstance(raw, dict) else None
+        if replayed and isinstance(delay, int) and delay > 0:
+            self.leases.arm(now_ms() + delay)  # wake fetchers when the replay falls due
+        return replayed
 
     async def drop(self, station: str, raw: Any) -> int:
         return await self.write(dls.drop, station, raw)

@@ -33,6 +33,12 @@ DEFAULTS: dict[str, Any] = {
     "consumerDefaults": {"maxAckTimeMs": 30_000, "maxMsgDeliveries": 2},
 }
 
+# Keys a section may hold that are left out while unset, so configs stored before they existed
+# compare equal to new ones.
+OPTIONAL = {"dls": {"redrive"}}
+MAX_REDRIVES = 1000
+MAX_REDRIVE_DELAY_MS = 7 * 86_400_000
+
 # Everything but the name and content type may change on a standing station.
 MUTABLE = ("idempotencyWindowMs", "retention", "dls", "consumerDefaults")
 
@@ -80,7 +86,7 @@ def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
         value = {}
     if not isinstance(value, dict):
         raise BadRequest(f"{key} must be an object", key)
-    unknown = set(value) - set(DEFAULTS[key])
+    unknown = set(value) - set(DEFAULTS[key]) - OPTIONAL.get(key, set())
     if unknown:
         field = f"{key}.{sorted(unknown)[0]}"
         raise BadRequest(f"unknown field {field}", field)
@@ -120,6 +126,12 @@ def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> 
             out["dls"]["retentionMs"] = _int_in(
                 section["retentionMs"], "dls.retentionMs", 1, None, True
             )
+        if "redrive" in section:
+            policy = parse_redrive(section["redrive"])
+            if policy is None:
+                out["dls"].pop("redrive", None)
+            else:
+                out["dls"]["redrive"] = policy
     if "consumerDefaults" in raw:
         section = _section(raw, "consumerDefaults")
         if "maxAckTimeMs" in section:
@@ -134,6 +146,40 @@ def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> 
                 MAX_DELIVERIES,
             )
     return out
+
+
+def parse_redrive(raw: Any) -> dict[str, Any] | None:
+    """``dls.redrive``: move dead letters back to their group automatically, each at most
+    ``maxRedrives`` times, ``delayMs * backoff**n`` (at most ``maxDelayMs``) after its n-th
+    dead-lettering. Null turns redrive off."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise BadRequest("dls.redrive must be an object or null", "dls.redrive")
+    allowed = {"maxRedrives", "delayMs", "backoff", "maxDelayMs"}
+    unknown = set(raw) - allowed
+    if unknown:
+        field = f"dls.redrive.{sorted(unknown)[0]}"
+        raise BadRequest(f"unknown field {field}", field)
+    if "maxRedrives" not in raw:
+        raise BadRequest("dls.redrive.maxRedrives is required", "dls.redrive.maxRedrives")
+    policy: dict[str, Any] = {
+        "maxRedrives": _int_in(raw["maxRedrives"], "dls.redrive.maxRedrives", 1, MAX_REDRIVES),
+        "delayMs": _int_in(
+            raw.get("delayMs", 60_000), "dls.redrive.delayMs", 0, MAX_REDRIVE_DELAY_MS
+        ),
+    }
+    backoff = raw.get("backoff", 1)
+    if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 1 <= backoff <= 10:
+        raise BadRequest("dls.redrive.backoff must be a number from 1 to 10", "dls.redrive.backoff")
+    policy["backoff"] = backoff
+    policy["maxDelayMs"] = _int_in(
+        raw.get("maxDelayMs", MAX_REDRIVE_DELAY_MS),
+        "dls.redrive.maxDelayMs",
+        policy["delayMs"],
+        MAX_REDRIVE_DELAY_MS,
+    )
+    return policy
 
 
 def _check_object(raw: Any, allowed: set[str]) -> dict[str, Any]:

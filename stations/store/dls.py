@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, delete, func, select
+from sqlalchemy import ColumnElement, Connection, delete, func, select, update
 
 from stations.store.schema import dls, streams
 
@@ -62,12 +62,41 @@ def expire(conn: Connection, stream_id: int, before: int) -> int:
     return _delete(conn, (dls.c.stream_id == stream_id) & (dls.c.dead_lettered_at <= before))
 
 
-def lock_selected(conn: Connection, sel: Selection) -> list[tuple[int, int, int]]:
-    """(id, group id, seq) of the selected entries, locked (PostgreSQL) for a replay."""
+def lock_selected(conn: Connection, sel: Selection) -> list[tuple[int, int, int, int]]:
+    """(id, group id, seq, redrives) of the selected entries, locked (PostgreSQL) for a
+    replay."""
     rows = conn.execute(
-        select(dls.c.id, dls.c.group_id, dls.c.seq).where(_where(sel)).with_for_update()
+        select(dls.c.id, dls.c.group_id, dls.c.seq, dls.c.redrives)
+        .where(_where(sel))
+        .with_for_update()
     ).all()
-    return [(i, g, s) for i, g, s in rows]
+    return [(i, g, s, r) for i, g, s, r in rows]
+
+
+def due_redrives(conn: Connection, now: int, limit: int) -> list[tuple[int, str, int, int, int]]:
+    """(id, station, group id, seq, redrives) of up to ``limit`` entries whose automatic
+    redrive is due, oldest due first, locked (PostgreSQL: skipped when another process holds
+    them, so several processes share the work instead of queueing on it)."""
+    query = (
+        select(dls.c.id, streams.c.name, dls.c.group_id, dls.c.seq, dls.c.redrives)
+        .join(streams, streams.c.id == dls.c.stream_id)
+        .where(dls.c.redrive_at <= now)
+        .order_by(dls.c.redrive_at, dls.c.id)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(of=dls, skip_locked=True)
+    return [(i, n, g, s, r) for i, n, g, s, r in conn.execute(query).all()]
+
+
+def never_redrive(conn: Connection, ids: list[int]) -> None:
+    if ids:
+        conn.execute(update(dls).where(dls.c.id.in_(ids)).values(redrive_at=None))
+
+
+def next_redrive(conn: Connection) -> int | None:
+    value = conn.execute(select(func.min(dls.c.redrive_at))).scalar()
+    return None if value is None else int(value)
 
 
 def count_group(conn: Connection, group_id: int) -> int:

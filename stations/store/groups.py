@@ -174,19 +174,32 @@ def postpone(conn: Connection, group_id: int, seqs: list[int], due: int) -> None
     )
 
 
-def requeue(conn: Connection, group_id: int, seq: int, due: int) -> None:
-    """A DLS entry back in its group's queue, not delivered yet, due at ``due``."""
+def requeue(conn: Connection, group_id: int, seq: int, due: int, redrives: int = 0) -> None:
+    """A DLS entry back in its group's queue, not delivered yet, due at ``due``, carrying how
+    often it was redriven."""
     forget(conn, group_id, [seq])
     conn.execute(
         insert(deliveries).values(
-            group_id=group_id, seq=seq, delivery_count=0, consumer=None, due=due
+            group_id=group_id,
+            seq=seq,
+            delivery_count=0,
+            consumer=None,
+            due=due,
+            redrives=redrives,
         )
     )
 
 
-def take(conn: Connection, group_id: int, seq: int) -> None:
-    """Delete one delivery (it leaves the queue for the DLS)."""
+def take(conn: Connection, group_id: int, seq: int) -> int:
+    """Delete one delivery (it leaves the queue for the DLS); return how often it had been
+    redriven from the DLS."""
+    redrives = conn.execute(
+        select(deliveries.c.redrives).where(
+            deliveries.c.group_id == group_id, deliveries.c.seq == seq
+        )
+    ).scalar()
     forget(conn, group_id, [seq])
+    return int(redrives or 0)
 
 
 def clear(conn: Connection, group_id: int) -> tuple[int, int]:

@@ -134,6 +134,8 @@ deliveries = Table(
     Column("delivery_count", Integer, nullable=False),
     Column("consumer", String(256)),
     Column("due", BigInteger, nullable=False),
+    # Times this message came back from the DLS by redrive (it carries over to a new entry).
+    Column("redrives", Integer, nullable=False, server_default="0"),
 )
 Index("ix_deliveries_due", deliveries.c.group_id, deliveries.c.due)
 
@@ -153,8 +155,12 @@ dls = Table(
     Column("reason", String(32), nullable=False),
     Column("error", Text),
     Column("dead_lettered_at", BigInteger, nullable=False),
+    # Redrives so far, and when the station's redrive policy moves the entry back (null: never).
+    Column("redrives", Integer, nullable=False, server_default="0"),
+    Column("redrive_at", BigInteger),
     # Entry ids name one entry for ever (replay, drop and paging use them): on SQLite that
     # needs AUTOINCREMENT, or a deleted newest id would be handed out again.
     sqlite_autoincrement=True,
 )
 Index("ix_dls_stream", dls.c.stream_id, dls.c.id)
+Index("ix_dls_redrive_at", dls.c.redrive_at)
