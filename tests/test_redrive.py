@@ -153,3 +153,25 @@ async def test_cap_and_redrives_survive_kill9(server: Server) -> None:
         assert await api.fetch(st, "g", max=n, wait_ms=2500) == []  # the cap holds
         assert len(await api.dls_entries(st)) == n
     assert_clean_log(server)
+
+
+async def test_sdk_policy_and_delayed_replay(shared: Server) -> None:
+    from stations.client import Client, DeadLetterSettings, RedrivePolicy
+
+    async with Client(shared.url) as c:
+        name = f"sdk-redrive-{time.time_ns()}"
+        policy = RedrivePolicy(max_redrives=1, delay_ms=60_000, backoff=2)
+        info = await c.create_station(name, dls=DeadLetterSettings(redrive=policy))
+        assert info.dls.redrive == policy
+        station = c.station(name)
+        await station.produce({"n": 1})
+        async with station.consumer("g", consumer="w", wait_ms=0) as consumer:
+            (msg,) = await consumer.fetch()
+            await msg.dead_letter("bad")
+            (entry,) = (await station.dead_letters()).entries
+            assert entry.redrives == 0 and entry.redrive_at is not None
+            assert await station.replay_dead_letters([entry.id], delay_ms=60_000) == 1
+            assert await consumer.fetch(wait_ms=0) == []  # waits for its delay
+            assert (await station.groups())[0].pending == 1
+        off = await station.patch(dls=DeadLetterSettings(redrive=None))
+        assert off.dls.redrive is None

@@ -343,12 +343,20 @@ class Station:
         )
 
     async def replay_dead_letters(
-        self, ids: Iterable[str] | None = None, *, all: bool = False, group: str | None = None
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        all: bool = False,
+        group: str | None = None,
+        delay_ms: int = 0,
     ) -> int:
-        """Send entries back to their group's queue with a fresh delivery count."""
+        """Send entries back to their group's queue with a fresh delivery count, due after
+        ``delay_ms``."""
         body: dict[str, Any] = {"all": True} if all else {"ids": list(ids or [])}
         if all and group is not None:
             body["group"] = group
+        if delay_ms:
+            body["delayMs"] = delay_ms
         reply = await self.client.http.call(
             "POST", self._api("dls", "replay"), body, what=f"replay dead letters of {self.name}"
         )

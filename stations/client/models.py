@@ -49,10 +49,22 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class RedrivePolicy:
+    """``dls.redrive``: dead letters go back to their group by themselves, at most
+    ``max_redrives`` times each, ``delay_ms * backoff**n`` (at most ``max_delay_ms``) later."""
+
+    max_redrives: int
+    delay_ms: int = 60_000
+    backoff: float = 1
+    max_delay_ms: int = 7 * 86_400_000
+
+
+@dataclass(frozen=True)
 class DeadLetterSettings:
     poison: bool = True
     forward_to: str | None = None
     retention_ms: int | None = None
+    redrive: RedrivePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +118,10 @@ class StationInfo:
                 retention.get("maxAgeMs"), retention.get("maxMessages"), retention.get("maxBytes")
             ),
             dls=DeadLetterSettings(
-                dls.get("poison", True), dls.get("forwardTo"), dls.get("retentionMs")
+                dls.get("poison", True),
+                dls.get("forwardTo"),
+                dls.get("retentionMs"),
+                _redrive(dls.get("redrive")),
             ),
             consumer_defaults=ConsumerDefaults(
                 defaults.get("maxAckTimeMs", 30_000), defaults.get("maxMsgDeliveries", 2)
@@ -200,6 +215,8 @@ class DeadLetter:
     reason: str
     error: str | None
     dead_lettered_at: datetime | None
+    redrives: int = 0  # times the message was redriven before this entry
+    redrive_at: datetime | None = None  # when the station's redrive policy moves it back
 
     @classmethod
     def from_wire(cls, view: Mapping[str, Any]) -> DeadLetter:
@@ -214,6 +231,8 @@ class DeadLetter:
             reason=view.get("reason", ""),
             error=view.get("error"),
             dead_lettered_at=_time(view.get("deadLetteredAt")),
+            redrives=view.get("redrives", 0),
+            redrive_at=_time(view.get("redriveAt")),
         )
 
 
@@ -221,6 +240,17 @@ class DeadLetter:
 class DeadLetterPage:
     entries: list[DeadLetter]
     next: str | None
+
+
+def _redrive(view: Any) -> RedrivePolicy | None:
+    if not isinstance(view, Mapping):
+        return None
+    return RedrivePolicy(
+        view["maxRedrives"],
+        view.get("delayMs", 60_000),
+        view.get("backoff", 1),
+        view.get("maxDelayMs", 7 * 86_400_000),
+    )
 
 
 def is_json_type(content_type: str | None) -> bool:
