@@ -4,7 +4,8 @@ Each part starts its own servers and prints its figures beside its anchor's from
 the Durable Streams protocol against the reference server (``bench``), message ids against NATS
 JetStream (``bench.ids``), consumer groups against JetStream pull consumers
 (``bench.consumers``), the Python SDK producer against the TypeScript client (``bench.sdk``) and
-the Spark pipeline (``bench.spark``, rows/s; it has no anchor).
+the Spark pipeline (``bench.spark``, rows/s; it has no anchor) and consume-transform-produce
+through transactions against the same work without them (``bench.transactions``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {
     "consumers": (["bench.consumers"], ["bench.consumers", "--messages", "50000"]),
     "sdk": (["bench.sdk"], ["bench.sdk", "--messages", "200000"]),
     "spark": (["bench.spark"], ["bench.spark", "--rows", "100000"]),
+    "transactions": (
+        ["bench.transactions"],
+        ["bench.transactions", "--messages", "5000", "--rounds", "2"],
+    ),
 }
 
 
