@@ -80,6 +80,8 @@ export const api = {
     request('GET', one(name) + '/dls' + query({ group, after, limit }), undefined, opts),
   replay: (name, selection) => request('POST', one(name) + '/dls/replay', selection),
   drop: (name, selection) => request('POST', one(name) + '/dls/drop', selection),
+  seek: (name, group, target) =>
+    request('POST', one(name) + '/groups/' + encodeURIComponent(group) + '/seek', target),
 };
 
 /**

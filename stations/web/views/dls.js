@@ -1,11 +1,25 @@
-// The dead-letter store of a station: entries with reason, deliveries and error; replay or drop
-// the selected ones, or replay them all, each after an in-page confirmation.
+// The dead-letter store of a station: entries with reason, deliveries, redrives and error; the
+// station's redrive policy; replay (optionally after a delay) or drop the selected ones, or
+// replay them all, each after an in-page confirmation.
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, errorText, h, num, payload, when } from '../dom.js';
+import { alertBox, announce, duration, h, num, parseDuration, payload, when } from '../dom.js';
 
-const REASONS = { max_deliveries: 'Max deliveries reached', dead_letter: 'Dead-lettered by a consumer' };
+const REASONS = {
+  max_deliveries: 'Max deliveries reached',
+  dead_letter: 'Dead-lettered by a consumer',
+  max_redrives: 'Max redrives reached',
+};
+
+/** The station's `dls.redrive` policy in words. */
+export function redrivePolicyText(policy) {
+  if (!policy) return 'off';
+  const times = policy.maxRedrives === 1 ? 'once' : `up to ${num(policy.maxRedrives)} times`;
+  const growth = policy.backoff && policy.backoff !== 1 ? `, ×${policy.backoff} after each` : '';
+  return `${times}, ${duration(policy.delayMs)} after dead-lettering${growth}`;
+}
+
 const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
 export async function renderDls(panel, ctx, station, params = {}) {
@@ -17,6 +31,21 @@ export async function renderDls(panel, ctx, station, params = {}) {
   const replayAll = h('button', { type: 'button' }, 'Replay all');
   const refreshButton = h('button', { type: 'button', class: 'quiet' }, 'Refresh');
   const more = h('button', { type: 'button', hidden: true }, 'Load more');
+  const delay = h('input', {
+    type: 'text',
+    id: 'dls-delay',
+    size: '6',
+    spellcheck: 'false',
+    placeholder: 'now',
+    'aria-describedby': 'dls-delay-hint',
+  });
+  const policy = h(
+    'p',
+    { class: 'hint', id: 'dls-policy' },
+    'Redrive policy: ',
+    h('strong', {}, redrivePolicyText(station.dls?.redrive)),
+    station.dls?.redrive ? '' : ' (set one under Settings to resend dead letters by themselves).',
+  );
   const selection = h('p', { class: 'hint', 'aria-live': 'polite' });
   const problem = h('div');
   const body = h('tbody');
@@ -31,7 +60,7 @@ export async function renderDls(panel, ctx, station, params = {}) {
         'tr',
         {},
         h('th', { scope: 'col' }, 'Entry'),
-        ['Group', 'Message', 'Reason', 'Error', 'Deliveries', 'Dead-lettered at', 'Payload'].map((label) =>
+        ['Group', 'Message', 'Reason', 'Error', 'Deliveries', 'Redrives', 'Dead-lettered at', 'Payload'].map((label) =>
           h('th', { scope: 'col' }, label),
         ),
       ),
@@ -91,6 +120,12 @@ export async function renderDls(panel, ctx, station, params = {}) {
       h('td', { 'data-label': 'Reason' }, REASONS[e.reason] || e.reason),
       h('td', { 'data-label': 'Error' }, e.error ?? '—'),
       h('td', { 'data-label': 'Deliveries', class: 'n' }, num(e.deliveryCount)),
+      h(
+        'td',
+        { 'data-label': 'Redrives', class: 'n redrives' },
+        num(e.redrives ?? 0),
+        e.redriveAt ? h('span', { class: 'hint' }, ' next ', h('time', { datetime: e.redriveAt }, when(e.redriveAt))) : null,
+      ),
       h('td', { 'data-label': 'Dead-lettered at' }, h('time', { datetime: e.deadLetteredAt }, when(e.deadLetteredAt))),
       h('td', { 'data-label': 'Payload', class: 'payload-cell' }, payload(e)),
     );
@@ -106,6 +141,20 @@ export async function renderDls(panel, ctx, station, params = {}) {
     update();
   }
 
+  /** The replay delay in ms, or undefined after showing why it is not one. */
+  function replayDelay() {
+    const ms = parseDuration(delay.value);
+    if (Number.isNaN(ms) || ms > 604_800_000) {
+      problem.replaceChildren(alertBox(new Error('Replay after must be a duration such as 30s or 5min (at most 7d), or empty.')));
+      delay.setAttribute('aria-invalid', 'true');
+      delay.focus();
+      return undefined;
+    }
+    delay.removeAttribute('aria-invalid');
+    return ms || 0;
+  }
+  const after = (ms) => (ms ? ` They fall due ${duration(ms)} after the replay.` : '');
+
   async function guarded(fn) {
     try {
       await fn();
@@ -117,13 +166,15 @@ export async function renderDls(panel, ctx, station, params = {}) {
 
   replay.addEventListener('click', async () => {
     const ids = selected();
+    const delayMs = replayDelay();
+    if (delayMs === undefined) return;
     const ok = await confirmAction({
       title: `Replay ${plural(ids.length, 'entry', 'entries')}?`,
-      message: "Each goes back to its group's queue with a fresh delivery count and leaves the DLS.",
+      message: "Each goes back to its group's queue with a fresh delivery count and leaves the DLS." + after(delayMs),
     });
     if (!ok) return;
     await guarded(async () => {
-      const { replayed } = await api.replay(name, { ids });
+      const { replayed } = await api.replay(name, delayMs ? { ids, delayMs } : { ids });
       announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
       await load();
     });
@@ -145,13 +196,16 @@ export async function renderDls(panel, ctx, station, params = {}) {
   });
   replayAll.addEventListener('click', async () => {
     const group = groupSelect.value;
+    const delayMs = replayDelay();
+    if (delayMs === undefined) return;
     const ok = await confirmAction({
       title: group ? `Replay every dead letter of group ${group}?` : 'Replay every dead letter?',
-      message: "All of them go back to their group's queue with a fresh delivery count.",
+      message: "All of them go back to their group's queue with a fresh delivery count." + after(delayMs),
     });
     if (!ok) return;
     await guarded(async () => {
-      const { replayed } = await api.replay(name, group ? { all: true, group } : { all: true });
+      const selection = group ? { all: true, group } : { all: true };
+      const { replayed } = await api.replay(name, delayMs ? { ...selection, delayMs } : selection);
       announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
       await load();
     });
@@ -166,6 +220,7 @@ export async function renderDls(panel, ctx, station, params = {}) {
 
   panel.replaceChildren(
     h('h2', {}, 'Dead-letter store'),
+    policy,
     h(
       'div',
       { class: 'toolbar' },
@@ -177,6 +232,9 @@ export async function renderDls(panel, ctx, station, params = {}) {
       'div',
       { class: 'toolbar actions-bar' },
       h('span', { class: 'switch' }, selectAll, h('label', { for: 'dls-select-all' }, 'Select all')),
+      h('label', { for: 'dls-delay' }, 'Replay after'),
+      delay,
+      h('span', { class: 'visually-hidden', id: 'dls-delay-hint' }, 'A duration such as 30s; empty replays at once.'),
       replay,
       drop,
       replayAll,

@@ -25,6 +25,7 @@ const WINDOW_UNITS = [
 ];
 const MIN_WINDOW = 100;
 const MAX_WINDOW = 86_400_000;
+const MAX_REDRIVE_DELAY = 604_800_000;
 const MIN_ACK = 100;
 const MAX_ACK = 43_200_000;
 
@@ -39,6 +40,11 @@ const FIELDS = {
   'dls.poison': 'poison',
   'dls.forwardTo': 'forwardTo',
   'dls.retentionMs': 'dlsRetention',
+  'dls.redrive': 'maxRedrives',
+  'dls.redrive.maxRedrives': 'maxRedrives',
+  'dls.redrive.delayMs': 'redriveDelay',
+  'dls.redrive.maxDelayMs': 'redriveDelay',
+  'dls.redrive.backoff': 'redriveBackoff',
   'consumerDefaults.maxMsgDeliveries': 'maxMsgDeliveries',
   'consumerDefaults.maxAckTimeMs': 'maxAckTime',
 };
@@ -119,6 +125,13 @@ export async function renderForm(container, ctx, station) {
     }),
     forwardTo: h('input', { type: 'text', value: config.dls.forwardTo || '', list: 'station-names', spellcheck: 'false' }),
     dlsRetention: h('input', { type: 'text', value: config.dls.retentionMs ? duration(config.dls.retentionMs).replace(' ', '') : '', spellcheck: 'false' }),
+    maxRedrives: h('input', { type: 'number', min: '1', max: '1000', step: '1', value: config.dls.redrive?.maxRedrives ?? '' }),
+    redriveDelay: h('input', {
+      type: 'text',
+      value: duration(config.dls.redrive?.delayMs ?? 60_000).replace(' ', ''),
+      spellcheck: 'false',
+    }),
+    redriveBackoff: h('input', { type: 'number', min: '1', max: '10', step: 'any', value: config.dls.redrive?.backoff ?? 1 }),
     maxMsgDeliveries: h('input', { type: 'number', min: '1', max: '1000', step: '1', value: config.consumerDefaults.maxMsgDeliveries }),
     maxAckTime: h('input', { type: 'text', value: duration(config.consumerDefaults.maxAckTimeMs).replace(' ', ''), spellcheck: 'false' }),
   };
@@ -199,6 +212,28 @@ export async function renderForm(container, ctx, station) {
         control: c.dlsRetention,
         hint: 'Empty: until replayed or dropped.',
       }),
+      h(
+        'div',
+        { class: 'grid3' },
+        field({
+          id: 'maxRedrives',
+          label: 'Redrive at most',
+          control: c.maxRedrives,
+          hint: 'Times each dead letter goes back to its group by itself, 1 to 1000. Empty: off.',
+        }),
+        field({
+          id: 'redriveDelay',
+          label: 'Redrive after',
+          control: c.redriveDelay,
+          hint: 'Delay after dead-lettering, e.g. 30s, 5min (up to 7d).',
+        }),
+        field({
+          id: 'redriveBackoff',
+          label: 'Backoff',
+          control: c.redriveBackoff,
+          hint: 'Each later redrive waits this many times longer (1 to 10; 1: fixed).',
+        }),
+      ),
       stationNames,
     ),
     h(
@@ -261,7 +296,23 @@ export async function renderForm(container, ctx, station) {
     if (Number.isNaN(dlsRetention) || dlsRetention === 0) {
       errors.dlsRetention = 'Keep dead letters for must be a duration such as 7d, or empty.';
     }
-    out.dls = { poison: c.poison.checked, forwardTo, retentionMs: dlsRetention };
+    out.dls = { poison: c.poison.checked, forwardTo, retentionMs: dlsRetention, redrive: null };
+    const redrives = c.maxRedrives.value.trim();
+    if (redrives) {
+      const maxRedrives = /^\d+$/.test(redrives) ? Number(redrives) : NaN;
+      if (!(maxRedrives >= 1 && maxRedrives <= 1000)) {
+        errors.maxRedrives = 'Redrive at most must be a whole number from 1 to 1000, or empty.';
+      }
+      const delayMs = parseDuration(c.redriveDelay.value) ?? 60_000;
+      if (Number.isNaN(delayMs) || delayMs > MAX_REDRIVE_DELAY) {
+        errors.redriveDelay = 'Redrive after must be a duration such as 30s or 5min, at most 7d.';
+      }
+      const backoff = c.redriveBackoff.value.trim() === '' ? 1 : Number(c.redriveBackoff.value);
+      if (!(backoff >= 1 && backoff <= 10)) errors.redriveBackoff = 'Backoff must be a number from 1 to 10.';
+      out.dls.redrive = { maxRedrives, delayMs, backoff };
+      const keep = config.dls.redrive?.maxDelayMs;
+      if (keep !== undefined && keep >= delayMs) out.dls.redrive.maxDelayMs = keep;
+    }
     const deliveries = c.maxMsgDeliveries.value.trim();
     const maxMsgDeliveries = /^\d+$/.test(deliveries) ? Number(deliveries) : NaN;
     if (!(maxMsgDeliveries >= 1 && maxMsgDeliveries <= 1000)) {

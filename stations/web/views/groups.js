@@ -1,4 +1,5 @@
-// Consumer groups of a station with their live counts.
+// Consumer groups of a station with their live counts, and a form that moves (seeks) a group
+// to the earliest retained message, to now, to an offset or to a time.
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
@@ -40,6 +41,7 @@ export async function renderGroups(panel, ctx, station) {
     'No consumer groups yet. A group is created by its first consumer (PUT /api/stations/{name}/groups/{group}).',
   );
   const problem = h('div');
+  const seek = seekForm(name, () => refresh());
 
   async function remove(group) {
     const yes = await confirmAction({
@@ -91,10 +93,11 @@ export async function renderGroups(panel, ctx, station) {
     if (focused) body.querySelector(`[aria-label="${CSS.escape(focused)}"]`)?.focus();
     table.hidden = groups.length === 0;
     empty.hidden = groups.length > 0;
+    seek.setGroups(groups.map((g) => g.name));
     problem.replaceChildren();
   }
 
-  panel.replaceChildren(h('h2', {}, 'Consumer groups'), problem, table, empty);
+  panel.replaceChildren(h('h2', {}, 'Consumer groups'), problem, table, empty, seek.element);
   try {
     await refresh();
   } catch (err) {
@@ -103,4 +106,96 @@ export async function renderGroups(panel, ctx, station) {
     table.hidden = true;
   }
   ctx.every(2000, refresh);
+}
+
+const TARGETS = [
+  ['earliest', 'Earliest retained message'],
+  ['now', 'Now (skip everything stored so far)'],
+  ['offset', 'An offset'],
+  ['time', 'A time'],
+];
+
+/** The "Move a group" form: a seek revokes the group's leases and drops its redeliveries. */
+function seekForm(station, done) {
+  const group = h('select', { id: 'seek-group' });
+  const target = h(
+    'select',
+    { id: 'seek-target' },
+    TARGETS.map(([value, label]) => h('option', { value }, label)),
+  );
+  const offset = h('input', { type: 'text', id: 'seek-offset', spellcheck: 'false', placeholder: '0000000000000000_0000000000000000' });
+  const time = h('input', { type: 'datetime-local', id: 'seek-time', step: '1' });
+  const offsetField = h('div', { class: 'field', hidden: true }, h('label', { for: 'seek-offset' }, 'Offset'), offset);
+  const timeField = h('div', { class: 'field', hidden: true }, h('label', { for: 'seek-time' }, 'Time (local)'), time);
+  const button = h('button', { type: 'submit', class: 'primary' }, 'Seek');
+  const result = h('p', { class: 'hint', 'aria-live': 'polite', id: 'seek-result' });
+  const showInputs = () => {
+    offsetField.hidden = target.value !== 'offset';
+    timeField.hidden = target.value !== 'time';
+  };
+  target.addEventListener('change', showInputs);
+  const form = h(
+    'form',
+    { class: 'card seek-form', novalidate: true },
+    h('h3', {}, 'Move a group'),
+    h(
+      'p',
+      { class: 'hint' },
+      'A seek revokes the group\u2019s leases in flight (their acks answer unknown) and drops its waiting redeliveries; ' +
+        'delivery goes on from the new position with fresh delivery counts. Dead letters stay.',
+    ),
+    h(
+      'div',
+      { class: 'toolbar' },
+      h('label', { for: 'seek-group' }, 'Group'),
+      group,
+      h('label', { for: 'seek-target' }, 'To'),
+      target,
+      offsetField,
+      timeField,
+      button,
+    ),
+    result,
+  );
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    let body;
+    if (target.value === 'offset') body = { to: offset.value.trim() };
+    else if (target.value === 'time') {
+      const ms = time.value ? new Date(time.value).getTime() : NaN;
+      if (Number.isNaN(ms)) {
+        result.textContent = 'Pick a time to seek to.';
+        time.focus();
+        return;
+      }
+      body = { time: ms };
+    } else body = { to: target.value };
+    const label = TARGETS.find(([v]) => v === target.value)[1].toLowerCase();
+    const yes = await confirmAction({
+      title: `Move group ${group.value} to ${label}?`,
+      message: 'Its leases in flight are revoked and its waiting redeliveries dropped.',
+      confirmLabel: 'Seek',
+    });
+    if (!yes) return;
+    try {
+      const answer = await api.seek(station, group.value, body);
+      result.textContent =
+        `Group ${group.value} now continues after ${answer.cursor}: ` +
+        `${num(answer.revoked)} leases revoked, ${num(answer.dropped)} redeliveries dropped.`;
+      announce(result.textContent);
+      await done();
+    } catch (err) {
+      result.textContent = errorText(err);
+    }
+  });
+  return {
+    element: form,
+    setGroups(names) {
+      form.hidden = names.length === 0;
+      const current = group.value;
+      if (names.join('\n') === [...group.options].map((o) => o.value).join('\n')) return;
+      group.replaceChildren(...names.map((n) => h('option', { value: n }, n)));
+      if (names.includes(current)) group.value = current;
+    },
+  };
 }

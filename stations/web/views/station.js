@@ -6,7 +6,7 @@ import { alertBox, announce, bytes, duration, errorText, h, num, when } from '..
 import { renderForm } from './form.js';
 import { renderMessages } from './messages.js';
 import { renderGroups } from './groups.js';
-import { renderDls } from './dls.js';
+import { redrivePolicyText, renderDls } from './dls.js';
 
 export const TABS = [
   { id: 'overview', label: 'Overview' },
@@ -131,6 +131,7 @@ function renderOverview(panel, ctx, station) {
       ['Poison messages to the DLS', d.poison ? 'on' : 'off'],
       ['Forward dead letters to', d.forwardTo || '—'],
       ['Keep dead letters', d.retentionMs ? duration(d.retentionMs) : 'until replayed or dropped'],
+      ['Redrive dead letters', redrivePolicyText(d.redrive)],
       ['Max message deliveries', num(c.maxMsgDeliveries)],
       ['Max ack time', duration(c.maxAckTimeMs)],
       ['Created', when(station.createdAt)],
