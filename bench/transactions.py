@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -172,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| plain fetch + produce + ack (anchor) | {best_plain:,.0f} | 1.00× | – |")
     verdict = "met" if ratio >= 0.7 else "missed"
     print(f"| fetch + transaction | {best_tx:,.0f} | **{ratio:.2f}×** | ≥ 0.7× — {verdict} |")
+    medians = statistics.median(txs) / statistics.median(plain)
+    print(
+        f"median rounds: plain {statistics.median(plain):,.0f} msg/s, transactional "
+        f"{statistics.median(txs):,.0f} msg/s, ratio {medians:.2f}×"
+    )
     print(f"load average after the run: {load_average()}")
     return 0
 

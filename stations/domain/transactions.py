@@ -107,6 +107,14 @@ def _list(raw: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
+def _station_name(value: Any, field: str, known: set[str]) -> str:
+    if isinstance(value, str) and value in known:
+        return value
+    name = validate_station(value, field)
+    known.add(name)
+    return name
+
+
 def parse(raw: Any) -> TxRequest:
     if not isinstance(raw, dict):
         raise BadRequest('the body must be {"ack": [...], "produce": [...], ...}', None)
@@ -128,6 +136,8 @@ def parse(raw: Any) -> TxRequest:
         longest = max(lists, key=lambda k: len(lists[k]))
         raise BadRequest(f"at most {MAX_ITEMS} items per transaction (got {total})", longest)
     seen: dict[tuple[str, str, int], str] = {}
+    names: set[str] = set()
+    group_names: set[str] = set()
     for verb in VERBS:
         extra = {"nack": {"delayMs"}, "deadLetter": {"reason"}}.get(verb, set())
         for i, value in enumerate(lists[verb]):
@@ -138,14 +148,16 @@ def parse(raw: Any) -> TxRequest:
                 {"station", "group", "offset", "deliveryCount", *extra},
                 {"station", "group", "offset"},
             )
-            station = validate_station(item["station"], f"{name}.station")
+            station = _station_name(item["station"], f"{name}.station", names)
             group = item["group"]
             if not isinstance(group, str):
                 raise BadRequest(f"{name}.group must be a group name", f"{name}.group")
-            try:
-                groups.validate_name(group)
-            except BadRequest as exc:
-                raise BadRequest(exc.message, f"{name}.group") from None
+            if group not in group_names:
+                try:
+                    groups.validate_name(group)
+                except BadRequest as exc:
+                    raise BadRequest(exc.message, f"{name}.group") from None
+                group_names.add(group)
             try:
                 seq = groups.message_offset(item["offset"]) + 1
             except ValueError:
@@ -177,7 +189,7 @@ def parse(raw: Any) -> TxRequest:
             {"station", "id", "headers", "data", "dataBase64", "contentType"},
             {"station"},
         )
-        station = validate_station(item["station"], f"{name}.station")
+        station = _station_name(item["station"], f"{name}.station", names)
         content_type = item.get("contentType")
         if content_type is not None and not isinstance(content_type, str):
             raise BadRequest(f"{name}.contentType must be a string", f"{name}.contentType")
@@ -209,7 +221,11 @@ def _stale(s: Settle, why: str) -> Conflict:
     )
 
 
-def _check_leases(batch: Batch, req: TxRequest, states: dict[str, StreamState]) -> None:
+def _check_leases(
+    batch: Batch, req: TxRequest, states: dict[str, StreamState]
+) -> dict[tuple[str, str], int]:
+    """Every lease must be held; returns the group ids by (station, group)."""
+    ids: dict[tuple[str, str], int] = {}
     by_group: dict[tuple[str, str], list[Settle]] = defaultdict(list)
     for s in req.settles:
         by_group[(s.station, s.group)].append(s)
@@ -220,6 +236,7 @@ def _check_leases(batch: Batch, req: TxRequest, states: dict[str, StreamState]) 
             raise NotFound(
                 f"group {name} not found on station {station}", f"{items[0].field}.group"
             )
+        ids[(station, name)] = row["id"]
         held = group_store.leases(batch.conn, row["id"], [s.seq for s in items])
         for s in items:
             lease = held.get(s.seq)
@@ -232,6 +249,7 @@ def _check_leases(batch: Batch, req: TxRequest, states: dict[str, StreamState]) 
                 raise _stale(s, f"moved on: it is now delivery {count}")
             if req.consumer is not None and consumer != req.consumer:
                 raise _stale(s, "moved to another consumer")
+    return ids
 
 
 def _appends(
@@ -281,7 +299,7 @@ def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
     # stations in opposite directions cannot deadlock on PostgreSQL.
     named = req.stations("settle") | req.stations("produce")
     states = {name: _station(batch, name, named[name]) for name in sorted(named)}
-    _check_leases(batch, req, states)
+    group_ids = _check_leases(batch, req, states)
     appends = _appends(req, states)
     # Decided: from here on nothing fails.
     result = TxResult(produced=[("", None, False)] * len(req.produces))
@@ -289,19 +307,23 @@ def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
         done = append(batch, window, append_req)
         for index, (offset, duplicate) in zip(indexes, done.results, strict=True):
             result.produced[index] = (append_req.name, offset, duplicate)
-    _settle(batch, req, result)
+    _settle(batch, req, result, group_ids)
     return result
 
 
-def _settle(batch: Batch, req: TxRequest, result: TxResult) -> None:
+def _settle(
+    batch: Batch, req: TxRequest, result: TxResult, group_ids: dict[tuple[str, str], int]
+) -> None:
     batches: dict[tuple[str, str, str, int, str | None], list[int]] = defaultdict(list)
     for s in req.settles:
         batches[(s.verb, s.station, s.group, s.delay_ms, s.reason)].append(s.seq)
     for (verb, station, group, delay_ms, reason), seqs in batches.items():
         if verb == "ack":
-            n, unknown = groups.ack(batch, station, group, seqs)
-            result.acked += n
-        elif verb == "nack":
+            # The leases were checked under the group's lock: an ack only deletes them.
+            group_store.forget(batch.conn, group_ids[(station, group)], seqs)
+            result.acked += len(seqs)
+            continue
+        if verb == "nack":
             n, unknown = groups.nack(batch, station, group, seqs, delay_ms)
             result.nacked += n
             due = batch.now + delay_ms
