@@ -119,7 +119,7 @@ async def scenario(
         stored = (await r.json())["stats"]["messages"]
     if sum(moved) != args.messages or stored != args.messages:
         raise RuntimeError(f"moved {sum(moved)}, stored {stored}, expected {args.messages}")
-    return args.messages / elapsed
+    return float(args.messages) / elapsed
 
 
 async def run(base: str, args: argparse.Namespace) -> tuple[list[float], list[float]]:
