@@ -91,8 +91,14 @@ async def test_seek_to_earliest_retained(api: Api) -> None:
             break
         await asyncio.sleep(0.1)
     await api.put_group(st, "g", startFrom="latest")
-    await seek(api, st, "g", to="earliest")
-    assert [m["offset"] for m in await api.fetch(st, "g", max=100)] == offs[6:]
+    late = await api.produce(st, [{"i": "late"}, {"i": "later"}])
+    leased = await api.fetch(st, "g", max=1)  # one lease in flight
+    answer = await seek(api, st, "g", to="earliest")
+    assert answer["revoked"] == 1 and answer["dropped"] == 0
+    assert (await api.ack(st, "g", [leased[0]["offset"]]))["acked"] == 0
+    got = [m["offset"] for m in await api.fetch(st, "g", max=100)]
+    assert got[-2:] == late and set(got) <= set(offs[6:] + late)
+    assert got == sorted(got) and len(got) >= 4  # everything retained, in order
     r = await api.c.post(api.path(st, "groups", "g", "seek"), json={"to": offs[0]})
     assert r.status_code == 400 and field_of(r) == "to"
 
