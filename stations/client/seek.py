@@ -10,10 +10,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from stations.client.client import Station
+from stations.client.http import Http
+
+
+class _Client(Protocol):
+    http: Http
+
+
+class _Station(Protocol):
+    """What a seek needs of ``stations.client.Station`` (a protocol: no import circle)."""
+
+    name: str
+
+    @property
+    def client(self) -> _Client: ...
+
+    def group_url(self, group: str) -> str: ...
+
 
 Target = str | datetime | int
 
@@ -39,7 +54,7 @@ def seek_body(to: Target) -> dict[str, Any]:
     raise TypeError("seek to earliest, now, an offset, a datetime or epoch ms")
 
 
-async def seek(station: Station, group: str, to: Target) -> SeekResult:
+async def seek(station: _Station, group: str, to: Target) -> SeekResult:
     reply = await station.client.http.call(
         "POST",
         station.group_url(group) + "/seek",

@@ -23,11 +23,41 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from stations.client.client import Client, Station
-    from stations.client.consumer import Message
+from stations.client.http import Http
+
+# What a transaction needs of the SDK's Client, Station and Message: protocols, so this module
+# imports none of them (they import it).
+
+
+class _Client(Protocol):
+    url: str
+    http: Http
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Consumer(Protocol):
+    @property
+    def station(self) -> _Named: ...
+
+    @property
+    def group(self) -> str: ...
+
+
+class _Message(Protocol):
+    @property
+    def offset(self) -> str: ...
+
+    @property
+    def delivery_count(self) -> int: ...
+
+    @property
+    def _consumer(self) -> _Consumer: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +75,7 @@ class TransactionResult:
     produced: list[TxProduced] = field(default_factory=list)
 
 
-def _lease(msg: Message) -> dict[str, Any]:
+def _lease(msg: _Message) -> dict[str, Any]:
     consumer = msg._consumer
     return {
         "station": consumer.station.name,
@@ -59,7 +89,7 @@ class Transaction:
     """Collects settlements and messages; ``commit()`` (or the end of ``async with``) sends
     them as one atomic request."""
 
-    def __init__(self, client: Client, consumer: str | None = None) -> None:
+    def __init__(self, client: _Client, consumer: str | None = None) -> None:
         self.client = client
         self.consumer = consumer
         self._body: dict[str, list[dict[str, Any]]] = {
@@ -72,7 +102,7 @@ class Transaction:
 
     def produce(
         self,
-        station: str | Station,
+        station: str | _Named,
         data: Any,
         msg_id: str | None = None,
         headers: Mapping[str, str] | None = None,
@@ -90,13 +120,13 @@ class Transaction:
             item["data"] = data
         self._body["produce"].append(item)
 
-    def ack(self, msg: Message) -> None:
+    def ack(self, msg: _Message) -> None:
         self._body["ack"].append(_lease(msg))
 
-    def nack(self, msg: Message, delay_ms: int = 0) -> None:
+    def nack(self, msg: _Message, delay_ms: int = 0) -> None:
         self._body["nack"].append({**_lease(msg), "delayMs": delay_ms})
 
-    def dead_letter(self, msg: Message, reason: str | None = None) -> None:
+    def dead_letter(self, msg: _Message, reason: str | None = None) -> None:
         item = _lease(msg)
         if reason is not None:
             item["reason"] = reason
