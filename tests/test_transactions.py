@@ -209,6 +209,25 @@ async def test_bad_input_names_the_field(api: Api) -> None:
         r = await api.c.post("/api/transactions", json=body)
         assert r.status_code == status, (str(body)[:200], r.text)
         assert field_of(r) == field, (str(body)[:200], r.text)
+    for body, field in [
+        ({"ack": [None]}, "ack.0"),
+        ({"produce": [1]}, "produce.0"),
+        ({"consumer": 5, "ack": [good]}, "consumer"),
+        ({"consumer": "", "ack": [good]}, "consumer"),
+        ({"ack": [{**good, "station": 5}]}, "ack.0.station"),
+        ({"ack": [{**good, "group": ["g"]}]}, "ack.0.group"),
+        ({"ack": [{**good, "group": ".."}]}, "ack.0.group"),
+        ({"ack": [{**good, "deliveryCount": True}]}, "ack.0.deliveryCount"),
+        ({"ack": [{**good, "offset": "-1"}]}, "ack.0.offset"),
+        ({"nack": [{**good, "delayMs": 1.5}]}, "nack.0.delayMs"),
+        ({"produce": [{"station": src, "data": 1, "headers": {"a": 1}}]}, "produce.0.headers"),
+        ({"produce": [{"station": src, "dataBase64": "!!"}]}, "produce.0.dataBase64"),
+        ({"produce": [{"station": src, "data": 1, "contentType": 7}]}, "produce.0.contentType"),
+        ({"produce": "x"}, "produce"),
+    ]:
+        r = await api.c.post("/api/transactions", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert field_of(r) == field, (body, r.text)
     # None of it produced or settled anything.
     assert [m["data"] for m in await api.browse(src)] == [{"n": 1}]
     assert await api.browse(text) == []
