@@ -282,6 +282,8 @@ def test_auth_roles_and_scopes(secured: Server) -> None:
     admin = httpx.Client(base_url=secured.url, headers={"Authorization": f"Bearer {ADMIN}"})
     for name in ("in-1", "out-1"):
         assert admin.post("/api/stations", json={"name": name}).status_code == 201
+    forwards = {"name": "in-fwd", "dls": {"forwardTo": "out-1"}}
+    assert admin.post("/api/stations", json=forwards).status_code == 201
     admin.post("/api/stations/in-1/messages", json={"messages": [{"data": i} for i in range(4)]})
     assert admin.put("/api/stations/in-1/groups/g", json={}).status_code == 201
     got = admin.post("/api/stations/in-1/groups/g/fetch", json={"max": 4}).json()["messages"]
@@ -306,6 +308,13 @@ def test_auth_roles_and_scopes(secured: Server) -> None:
     msgs = admin.get("/api/stations/out-1/messages").json()["messages"]
     assert len(msgs) == 1
     assert admin.get("/api/stations/in-1/groups").json()["groups"][0]["inFlight"] == 3
+    # Dead-lettering on a station that forwards its dead letters elsewhere writes there too.
+    admin.post("/api/stations/in-fwd/messages", json={"messages": [{"data": 1}]})
+    assert admin.put("/api/stations/in-fwd/groups/g", json={}).status_code == 201
+    fwd = admin.post("/api/stations/in-fwd/groups/g/fetch", json={}).json()["messages"]
+    r = call(CONSUMER, {"deadLetter": [lease("in-fwd", "g", fwd[0])]})
+    assert r.status_code == 403 and r.json()["error"]["field"] == "deadLetter.0.station"
+    assert call(CONSUMER, {"ack": [lease("in-fwd", "g", fwd[0])]}).json()["acked"] == 1
     # Admin may do both at once.
     assert call(ADMIN, {"ack": leases[1:], "produce": produce}).json()["acked"] == 3
     admin.close()

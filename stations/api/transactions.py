@@ -19,7 +19,8 @@ from stations.domain.errors import Forbidden
 from stations.domain.offsets import encode
 
 
-def _authorize(token: Token | None, req: transactions.TxRequest) -> None:
+async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
+    token: Token | None = request.get("token")
     if token is None:
         return
     for kind, needed in (("settle", "consume"), ("produce", "produce")):
@@ -28,11 +29,25 @@ def _authorize(token: Token | None, req: transactions.TxRequest) -> None:
                 raise Forbidden(f"role {token.role} may not {needed} here", field)
             if not token.covers(station):
                 raise Forbidden(f"this token does not cover station {station}", field)
+    if not token.stations:
+        return
+    # A nack or dead-letter may put a message into the DLS, which copies it to the station's
+    # dls.forwardTo: the token must cover that station too (CONTRACT.md §5).
+    risky = {s.station: s.field for s in req.settles if s.verb != "ack"}
+    for station, field in sorted(risky.items()):
+        config = (await service(request).stream(station)).config
+        target = (config.get("dls") or {}).get("forwardTo")
+        if target and not token.covers(target):
+            raise Forbidden(
+                f"this token does not cover station {target}, where {station} forwards dead "
+                "letters",
+                f"{field}.station",
+            )
 
 
 async def transact(request: web.Request) -> web.Response:
     req = transactions.parse(await json_body(request))
-    _authorize(request.get("token"), req)
+    await _authorize(request, req)
     result = await service(request).transact(req)
     return web.json_response(
         {
