@@ -18,14 +18,14 @@ N = 300
 KILLS = 4
 
 
-async def worker(url: str, source: str, target: str, stop: asyncio.Event) -> int:
+async def worker(url: str, source: str, target: str, stop: asyncio.Event, name: str = "w1") -> int:
     """Moves messages until ``stop``; returns how many transactions it saw fail."""
     failed = 0
     retry = RetryPolicy(max_delay=0.3, give_up_after=None)
     async with Client(url, timeout=5) as client:
         consumer = client.station(source).consumer(
             "move",
-            consumer="w1",
+            consumer=name,
             batch_size=5,
             wait_ms=100,
             retry=retry,
@@ -95,3 +95,40 @@ async def test_kill9_during_transactions(server: Server) -> None:
     assert (group["pending"], group["inFlight"], group["deadLettered"]) == (0, 0, 0), group
     assert dls == []
     print(f"{KILLS} kills, {failed} transactions failed and were redone")
+
+
+async def test_two_processes_share_the_work(pg_url: str, make_server) -> None:  # type: ignore[no-untyped-def]
+    """Two ``stations serve`` on one PostgreSQL database, a transactional worker on each, one
+    group: every input moves exactly once, with leases and row locks across processes."""
+    first = make_server(pg_url)
+    second = make_server(pg_url)
+    n = 200
+    with httpx.Client(base_url=first.url, timeout=10) as http:
+        for name in ("mp-a", "mp-b"):
+            assert http.post("/api/stations", json={"name": name}).status_code == 201
+        body = {"messages": [{"data": {"n": i}} for i in range(n)]}
+        inputs = [
+            r["offset"]
+            for r in http.post("/api/stations/mp-a/messages", json=body).json()["results"]
+        ]
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(worker(s.url, "mp-a", "mp-b", stop, f"w{i}"))
+        for i, s in enumerate((first, second))
+    ]
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + 60
+    try:
+        while await loop.run_in_executor(None, count, second, "mp-b") < n:
+            assert time.monotonic() < deadline, "the workers did not finish"
+            assert not any(t.done() for t in tasks), tasks
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    with httpx.Client(base_url=second.url, timeout=10) as http:
+        moved = http.get("/api/stations/mp-b/messages", params={"limit": 1000}).json()["messages"]
+        group = http.get("/api/stations/mp-a/groups").json()["groups"][0]
+    per_input = Counter(m["data"]["from"] for m in moved)
+    assert len(moved) == n and set(per_input) == set(inputs) and set(per_input.values()) == {1}
+    assert (group["pending"], group["inFlight"], group["deadLettered"]) == (0, 0, 0), group
