@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install what the test suite needs (idempotent, quick when already present), then run it all.
-# Python packages go into the interpreter that runs this (activate a venv first if you want one).
+# Python packages go into the project's virtual environment ./.venv (created by the first run
+# from the python3 first on the PATH; see scripts/venv.sh), arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python3}
-"$PY" -m pip install --disable-pip-version-check -q -e '.[test,spark]'
+. scripts/venv.sh
+stations_venv "test,spark,postgresql"
+PY=.venv/bin/python
 
 # The pinned Node packages: the Durable Streams conformance suite, reference server and client.
 if ! cmp -s tests/node/package-lock.json tests/node/node_modules/.stations-installed-lock.json 2>/dev/null; then

@@ -1,4 +1,5 @@
-"""The ``stations`` command: ``stations serve`` (and later ``stations pipeline``)."""
+"""The ``stations`` command: ``stations serve``, ``stations pipeline`` and the management
+commands of ``stations.commands`` (``station``, ``produce``, ``read``, ``tail``, ``group``, ``dls``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -39,22 +41,58 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="run the Stations service")
-    p.add_argument("--host", default=os.environ.get("STATIONS_HOST", DEFAULT_HOST))
+    p = sub.add_parser(
+        "serve",
+        help="run the Stations service",
+        description="Run the Stations service: the HTTP API, the Durable Streams protocol at "
+        "/v1/stream, the web console at /ui/ and Prometheus metrics at /metrics.",
+    )
+    p.add_argument(
+        "--host",
+        default=os.environ.get("STATIONS_HOST", DEFAULT_HOST),
+        help="address to listen on; anything but loopback needs --tokens or --insecure "
+        "(default: $STATIONS_HOST or %(default)s)",
+    )
     # A string default goes through ``type`` too, so a bad STATIONS_PORT is a usage error.
-    p.add_argument("--port", type=int, default=os.environ.get("STATIONS_PORT", str(DEFAULT_PORT)))
+    p.add_argument(
+        "--port",
+        type=int,
+        default=os.environ.get("STATIONS_PORT", str(DEFAULT_PORT)),
+        help="TCP port (default: $STATIONS_PORT or %(default)s)",
+    )
     p.add_argument(
         "--db",
         default=os.environ.get("STATIONS_DB_URL"),
-        help="SQLAlchemy URL (default: SQLite under ./stations-data/)",
+        help="SQLAlchemy URL, e.g. postgresql://user@host:5432/db (needs stations[postgresql]) "
+        "(default: $STATIONS_DB_URL or SQLite under ./stations-data/)",
     )
-    p.add_argument("--long-poll-timeout-ms", type=int, default=30_000)
-    p.add_argument("--sse-lifetime-ms", type=int, default=60_000)
-    p.add_argument("--tokens", help="tokens file (JSON); without it only loopback is served")
+    p.add_argument(
+        "--long-poll-timeout-ms",
+        type=int,
+        default=30_000,
+        help="how long a live=long-poll read waits for new data (default %(default)s)",
+    )
+    p.add_argument(
+        "--sse-lifetime-ms",
+        type=int,
+        default=60_000,
+        help="how long one SSE response lives before the client reconnects "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--tokens",
+        help="tokens file (JSON) enabling bearer-token auth; without it only loopback is served",
+    )
     p.add_argument(
         "--insecure", action="store_true", help="serve a non-loopback host without tokens"
     )
-    p.add_argument("--durability", choices=["fsync", "process"], default="fsync")
+    p.add_argument(
+        "--durability",
+        choices=["fsync", "process"],
+        default="fsync",
+        help="fsync: an acknowledged write is on disk; process: it survives kill -9 of the "
+        "server, not a power cut (default %(default)s)",
+    )
     p.add_argument(
         "--id-cache-size",
         type=int,
@@ -73,7 +111,26 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         type=str.lower,
         choices=["debug", "info", "warning", "error", "critical"],
         default="warning",
+        help="log level of the server's messages on stderr (default %(default)s)",
     )
+
+
+def _require_driver(url: str | None) -> None:
+    """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line."""
+    if not url:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError:
+        return  # reported as "--db is not a database URL" by the service
+    if backend == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        _fail(
+            "--db is a PostgreSQL URL but the psycopg driver is not installed; "
+            "install it with: pip install 'stations[postgresql]'"
+        )
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -92,6 +149,7 @@ def serve(args: argparse.Namespace) -> None:
             f"refusing to serve {args.host} without --tokens; "
             "give a tokens file, or --insecure to serve it open"
         )
+    _require_driver(args.db)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -165,14 +223,34 @@ async def _serve(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
+def commands_epilog() -> str:
+    from stations.commands.base import EXIT_CODES_HELP
+
+    return EXIT_CODES_HELP
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = _Parser(prog="stations")
+    from stations import __version__
+
+    parser = _Parser(
+        prog="stations",
+        description="Stations: durable, exactly-once HTTP message streams.",
+        epilog=commands_epilog(),
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"stations {__version__}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     from stations import pipeline  # light: PySpark is imported only when a job runs
 
     pipeline.add_parser(sub)
+    from stations import commands  # light: the SDK is imported only when a command runs
+
+    commands.add_parsers(sub)
     args = parser.parse_args(argv)
+    if commands.is_management(args):
+        sys.exit(commands.run(args))
     if args.command == "serve":
         serve(args)
     elif args.command == "pipeline":

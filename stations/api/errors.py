@@ -42,11 +42,21 @@ def from_domain(exc: errors.StationsError) -> web.Response:
     return response
 
 
+def as_station(exc: errors.StationsError) -> errors.StationsError:
+    """The management API names the resource a station: the domain, shared with the Durable
+    Streams door, says "stream X ..."."""
+    if exc.message.startswith("stream "):
+        exc.message = "station " + exc.message[len("stream ") :]
+    return exc
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
     try:
         return await handler(request)
     except errors.StationsError as exc:
+        if request.path.startswith("/api/"):
+            exc = as_station(exc)
         return from_domain(exc)
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":

@@ -16,6 +16,7 @@ from sqlalchemy import delete, func, insert, select
 from stations.domain import idwindow
 from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
+from stations.domain.station import first_difference
 from stations.domain.streams import StreamState, is_json_type, load, load_by_id, same_content_type
 from stations.store.schema import messages, producers, streams
 from stations.store.writer import Batch
@@ -94,6 +95,16 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
             raise Conflict(f"stream {req.name} was deleted and still has forks", "name")
         if _matches(existing, req, spec):
             return CreateResult(existing, False)
+        if req.compare_config and existing.config != req.config:
+            # Say which setting differs, so the caller knows what to align.
+            found = first_difference(existing.config, req.config)
+            if found is not None:
+                path, has, asked = found
+                raise Conflict(
+                    f"station {req.name} already exists with {path} = {json.dumps(has)}, "
+                    f"not {json.dumps(asked)}",
+                    path,
+                )
         raise Conflict(f"stream {req.name} already exists with another configuration", "name")
 
     values: dict[str, Any] = {

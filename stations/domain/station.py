@@ -213,6 +213,19 @@ def apply_patch(current: dict[str, Any], raw: Any) -> dict[str, Any]:
     return _validate_settings(raw, current, str(current.get("name", "")))
 
 
+def first_difference(existing: Any, requested: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first setting (a dotted path) where two configs differ, with both values."""
+    if isinstance(existing, dict) and isinstance(requested, dict):
+        for key in sorted(set(existing) | set(requested)):
+            found = first_difference(
+                existing.get(key), requested.get(key), f"{path}.{key}" if path else key
+            )
+            if found is not None:
+                return found
+        return None
+    return None if existing == requested else (path, existing, requested)
+
+
 def default_config(name: str, content_type: str) -> dict[str, Any]:
     """The config of a stream created through the Durable Streams door (PUT)."""
     config = {"name": name, **copy.deepcopy(DEFAULTS)}

@@ -1,0 +1,93 @@
+"""The management commands of ``stations``, on the SDK (``stations.client``, HTTP only), with
+the conventions of ``nats`` and ``kubectl``: ``stations <noun> <verb>``, ``--url`` /
+``STATIONS_URL`` and ``--token`` / ``STATIONS_TOKEN`` on every command, tables for people and
+``--json`` for scripts, and exit codes scripts can rely on (``EXIT_CODES``).
+
+One module per noun: ``station``, ``produce``, ``read`` (``read`` and ``tail``), ``group``,
+``dls``. Each adds its parsers and sets ``handler``: ``async (args, client) -> exit code``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from stations.commands import dls, group, produce, read, station
+from stations.commands.base import EXIT_CODES_HELP, Usage, exit_code
+
+if TYPE_CHECKING:
+    from stations.client import Client
+
+DEFAULT_URL = "http://127.0.0.1:4437"
+MODULES = (station, produce, read, group, dls)
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every management command takes (a parent parser)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get("STATIONS_URL", DEFAULT_URL),
+        help="the Stations server (default: $STATIONS_URL or %(default)s)",
+    )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("STATIONS_TOKEN"),
+        help="bearer token, when the server runs with --tokens (default: $STATIONS_TOKEN)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (one document, or one object per line for messages) for scripts",
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for an answer (default %(default)s)",
+    )
+    return common
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    common = common_options()
+    for module in MODULES:
+        module.add_parser(sub, common, EXIT_CODES_HELP)
+
+
+def is_management(args: argparse.Namespace) -> bool:
+    return getattr(args, "handler", None) is not None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a management command; every failure is one ``stations: error: ...`` line."""
+    try:
+        return asyncio.run(_run(args))
+    except Usage as exc:
+        print(f"stations: error: {exc}", file=sys.stderr)
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a StationsError from the SDK: its status says the exit code
+        from stations.client import StationsError
+
+        if not isinstance(exc, StationsError):
+            raise
+        print(f"stations: error: {_one_line(exc)}", file=sys.stderr)
+        return exit_code(exc)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from stations.client import Client
+
+    client: Client
+    async with Client(args.url, args.token, timeout=args.timeout) as client:
+        result: Any = await args.handler(args, client)
+        return int(result or 0)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,112 @@
+"""What every management command shares: exit codes, output (tables or JSON), durations."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+EXIT_OK = 0
+EXIT_REFUSED = 1  # the server refused the request (bad input, 400/413/...)
+EXIT_USAGE = 2  # a bad command line (argparse's convention)
+EXIT_NOT_FOUND = 3  # no such station, group or entry (404/410)
+EXIT_CONFLICT = 4  # the station exists with other settings, the stream is closed (409)
+EXIT_AUTH = 5  # no token, an unknown one, or one that does not reach the station (401/403)
+EXIT_UNAVAILABLE = 6  # no answer, a server error (5xx) or overload (429)
+
+EXIT_CODES_HELP = (
+    "exit codes: 0 ok, 1 request refused (bad input), 2 usage error, 3 not found, "
+    "4 conflict, 5 unauthorized or forbidden, 6 server error or unreachable"
+)
+
+
+class Usage(Exception):
+    """A command line the server never sees: exit code 2."""
+
+
+def exit_code(exc: BaseException) -> int:
+    if isinstance(exc, Usage):
+        return EXIT_USAGE
+    from stations.client import ConnectionFailed
+
+    if isinstance(exc, ConnectionFailed):
+        return EXIT_UNAVAILABLE
+    status = getattr(exc, "status", None)
+    if status in (404, 410):
+        return EXIT_NOT_FOUND
+    if status == 409:
+        return EXIT_CONFLICT
+    if status in (401, 403):
+        return EXIT_AUTH
+    if status is None or status >= 500 or status == 429:
+        return EXIT_UNAVAILABLE
+    return EXIT_REFUSED
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=_default, ensure_ascii=False, separators=(",", ":"))
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, default=_default, ensure_ascii=False, indent=2))
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds").replace("+00:00", "Z")
+    if isinstance(value, str):
+        return value
+    return dumps(value)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Columns padded to their widest cell, like ``kubectl get``; the last one is not padded."""
+    text = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in text)]) for i, h in enumerate(headers)]
+    for row in [list(headers), *text]:
+        line = "  ".join(v.ljust(w) for v, w in zip(row[:-1], widths[:-1], strict=True))
+        print(f"{line}  {row[-1]}" if line else row[-1])
+    sys.stdout.flush()
+
+
+def print_fields(fields: Sequence[tuple[str, Any]]) -> None:
+    """``key: value`` lines, like ``kubectl describe``."""
+    width = max(len(k) for k, _ in fields) + 1
+    for key, value in fields:
+        print(f"{key + ':':<{width}} {cell(value)}")
+
+
+_DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)?")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1}
+
+
+def duration_ms(text: str) -> int:
+    """``500ms``, ``30s``, ``10m``, ``24h``, ``7d``, or a plain number of milliseconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (e.g. 500ms, 30s, 10m, 24h, 7d)")
+    return int(match.group(1)) * _UNIT_MS[match.group(2)]
+
+
+def human_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

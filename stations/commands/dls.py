@@ -1,0 +1,110 @@
+"""``stations dls ls|replay|drop``: a station's dead-letter store."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from stations.commands.base import Usage, dumps, print_json, print_table
+
+if TYPE_CHECKING:
+    from stations.client import Client, DeadLetter
+
+
+def add_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: argparse.ArgumentParser,
+    epilog: str,
+) -> None:
+    p = sub.add_parser("dls", help="list, replay and drop dead letters", epilog=epilog)
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    ls = verbs.add_parser("ls", parents=[common], help="dead letters, oldest first", epilog=epilog)
+    ls.add_argument("station", help="station name")
+    ls.add_argument("--group", help="only this group's dead letters")
+    ls.add_argument(
+        "-n", "--limit", type=int, default=100, help="at most this many (default %(default)s)"
+    )
+    ls.set_defaults(handler=list_dls)
+
+    for name, help_text in (
+        ("replay", "send dead letters back to their group with a fresh delivery count"),
+        ("drop", "delete dead letters for good"),
+    ):
+        verb = verbs.add_parser(name, parents=[common], help=help_text, epilog=epilog)
+        verb.add_argument("station", help="station name")
+        verb.add_argument("ids", nargs="*", metavar="ID", help="entry ids (see dls ls)")
+        verb.add_argument("--all", action="store_true", help="every entry instead of IDs")
+        if name == "replay":
+            verb.add_argument("--group", help="with --all: only this group's entries")
+        verb.set_defaults(handler=replay if name == "replay" else drop)
+
+
+def _wire(entry: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "group": entry.group,
+        "offset": entry.offset,
+        "msgId": entry.msg_id,
+        "headers": dict(entry.headers),
+        "data": entry.data,
+        "deliveryCount": entry.delivery_count,
+        "reason": entry.reason,
+        "error": entry.error,
+        "deadLetteredAt": entry.dead_lettered_at,
+    }
+
+
+async def list_dls(args: argparse.Namespace, client: Client) -> int:
+    if args.limit < 1:
+        raise Usage("--limit must be at least 1")
+    station = client.station(args.station)
+    entries: list[DeadLetter] = []
+    after = None
+    while len(entries) < args.limit:
+        page = await station.dead_letters(
+            group=args.group, limit=min(1000, args.limit - len(entries)), after=after
+        )
+        entries += page.entries
+        if page.next is None or not page.entries:
+            break
+        after = page.next
+    if args.json:
+        print_json([_wire(e) for e in entries])
+        return 0
+    print_table(
+        ["ID", "GROUP", "OFFSET", "DELIVERIES", "REASON", "ERROR", "DATA"],
+        [
+            [e.id, e.group, e.offset, e.delivery_count, e.reason, e.error, dumps(e.data)]
+            for e in entries
+        ],
+    )
+    return 0
+
+
+def _selection(args: argparse.Namespace) -> None:
+    if args.all == bool(args.ids):
+        raise Usage("give entry IDs or --all (not both)")
+    if getattr(args, "group", None) and not args.all:
+        raise Usage("--group goes with --all")
+
+
+async def replay(args: argparse.Namespace, client: Client) -> int:
+    _selection(args)
+    station = client.station(args.station)
+    n = await station.replay_dead_letters(args.ids, all=args.all, group=args.group)
+    if args.json:
+        print_json({"replayed": n})
+    else:
+        print(f"{n} dead letters replayed")
+    return 0
+
+
+async def drop(args: argparse.Namespace, client: Client) -> int:
+    _selection(args)
+    n = await client.station(args.station).drop_dead_letters(args.ids, all=args.all)
+    if args.json:
+        print_json({"dropped": n})
+    else:
+        print(f"{n} dead letters dropped")
+    return 0

