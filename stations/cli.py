@@ -76,8 +76,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--sse-lifetime-ms",
         type=int,
         default=60_000,
-        help="how long one SSE response lives before the client reconnects "
-        "(default %(default)s)",
+        help="how long one SSE response lives before the client reconnects (default %(default)s)",
     )
     p.add_argument(
         "--tokens",
@@ -105,6 +104,21 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         default=100_000,
         help="ids per station kept in the recent-id table; older ones move to sorted runs "
         "(SQLite; default %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-stations",
+        type=int,
+        default=500,
+        help="per-station and per-group series on /metrics for at most this many stations "
+        "(by name), so their number stays bounded (default %(default)s)",
+    )
+    p.add_argument(
+        "--access-log",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="log every request (client, request line, status, size, seconds) to FILE, "
+        "or to stderr when no FILE is given (default: no access log)",
     )
     p.add_argument(
         "--log-level",
@@ -144,6 +158,8 @@ def serve(args: argparse.Namespace) -> None:
         _fail("--id-cache-size must be at least 1")
     if args.recent_ids < 2:
         _fail("--recent-ids must be at least 2")
+    if args.metrics_stations < 0:
+        _fail("--metrics-stations must be 0 or more")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
         _fail(
             f"refusing to serve {args.host} without --tokens; "
@@ -153,6 +169,10 @@ def serve(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.log_level != "debug":
+        # APScheduler logs every job run at info: the id sweep alone would print every second.
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+        logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     try:
         import uvloop
 
@@ -164,6 +184,27 @@ def serve(args: argparse.Namespace) -> None:
     # SIGTERM / SIGINT end the loop with GracefulExit after a clean shutdown: exit 0.
     with contextlib.suppress(GracefulExit, KeyboardInterrupt):
         asyncio.run(_serve(args))
+
+
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{User-Agent}i"'
+
+
+def _access_log(target: str | None) -> dict[str, object]:
+    """aiohttp's access logger, on its own handler so it shows whatever --log-level says."""
+    if target is None:
+        return {"access_log": None}
+    logger = logging.getLogger("stations.access")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        handler: logging.Handler = (
+            logging.StreamHandler(sys.stderr) if target == "-" else logging.FileHandler(target)
+        )
+    except OSError as exc:
+        _fail(f"--access-log: cannot open {target}: {exc.strerror}")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger.addHandler(handler)
+    return {"access_log": logger, "access_log_format": ACCESS_LOG_FORMAT}
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -203,8 +244,9 @@ async def _serve(args: argparse.Namespace) -> None:
         long_poll_timeout_ms=args.long_poll_timeout_ms,
         sse_lifetime_ms=args.sse_lifetime_ms,
         tokens=tokens,
+        metrics_stations=args.metrics_stations,
     )
-    runner = web.AppRunner(app, access_log=None, handle_signals=True)
+    runner = web.AppRunner(app, handle_signals=True, **_access_log(args.access_log))
     try:
         await runner.setup()
     except OperationalError as exc:

@@ -10,7 +10,12 @@ from stations.api import groups, stations, streams, transactions
 from stations.api.auth import Token, auth_middleware
 from stations.api.errors import error_middleware
 from stations.api.headers import headers_middleware, on_prepare
-from stations.api.metrics import Metrics, metrics_handler, metrics_middleware
+from stations.api.metrics import (
+    DEFAULT_MAX_STATIONS,
+    Metrics,
+    metrics_handler,
+    metrics_middleware,
+)
 from stations.domain.service import Service
 
 MAX_BODY = 64 * 1024 * 1024
@@ -57,6 +62,7 @@ def make_app(
     long_poll_timeout_ms: int = 30_000,
     sse_lifetime_ms: int = 60_000,
     tokens: list[Token] | None = None,
+    metrics_stations: int = DEFAULT_MAX_STATIONS,
 ) -> web.Application:
     app = web.Application(
         middlewares=[
@@ -70,7 +76,7 @@ def make_app(
     )
     app["service"] = service
     app["tokens"] = tokens
-    app["metrics"] = Metrics()
+    app["metrics"] = Metrics(service, metrics_stations)
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)

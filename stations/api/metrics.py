@@ -1,17 +1,117 @@
-"""``GET /metrics``: Prometheus text, from prometheus_client with a registry per application."""
+"""``GET /metrics``: Prometheus text, from prometheus_client with a registry per application.
+
+- HTTP requests and latency by method, route template and status (never a raw path or an
+  unknown method, so random URLs cannot add series);
+- per station and per group, read from the service at scrape time by a custom collector:
+  messages, bytes, ids in the window, DLS depth, pending, in flight, lag, and the counters the
+  service keeps (duplicates answered, redeliveries). Series exist only for stations that exist,
+  and for at most ``max_stations`` of them (by name), so their number is bounded;
+- the group-commit writer's batch sizes and commit latency;
+- the standard process, platform and GC collectors.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from stations.domain.figures import Snapshot
+from stations.domain.service import Service
+
+DEFAULT_MAX_STATIONS = 500
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class StationsCollector(Collector):
+    """Turns the service's latest snapshot into metric families (``collect`` cannot await,
+    so the handler takes the snapshot just before it renders)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.snapshot: Snapshot | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        tally = self.service.tally
+
+        def station_gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["station"])
+
+        def group_gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["station", "group"])
+
+        total = GaugeMetricFamily("stations_stations", "Live stations")
+        total.add_metric([], len(snap.live))
+        shown = GaugeMetricFamily(
+            "stations_stations_reported", "Stations with per-station series (--metrics-stations)"
+        )
+        shown.add_metric([], len(snap.stations))
+        messages = station_gauge("stations_station_messages", "Messages stored in the station")
+        size = station_gauge("stations_station_bytes", "Payload bytes stored in the station")
+        ids = station_gauge(
+            "stations_station_ids_in_window", "Message ids in the idempotency window"
+        )
+        depth = station_gauge("stations_station_dls_depth", "Entries in the dead-letter store")
+        dups = CounterMetricFamily(
+            "stations_station_duplicates",
+            "Messages answered as duplicates of an id in the window (not stored), this process",
+            labels=["station"],
+        )
+        pdups = CounterMetricFamily(
+            "stations_station_producer_duplicates",
+            "Idempotent-producer requests answered as duplicates, this process",
+            labels=["station"],
+        )
+        pending = group_gauge("stations_group_pending", "Messages the group has yet to deliver")
+        in_flight = group_gauge("stations_group_in_flight", "Messages leased and not yet settled")
+        lag = group_gauge("stations_group_lag", "Messages after the group's cursor")
+        group_dls = group_gauge("stations_group_dls_depth", "The group's dead-letter entries")
+        redelivered = CounterMetricFamily(
+            "stations_group_redeliveries",
+            "Deliveries of a message after its first, this process",
+            labels=["station", "group"],
+        )
+        for st in snap.stations:
+            label = [st.name]
+            messages.add_metric(label, st.messages)
+            size.add_metric(label, st.bytes)
+            ids.add_metric(label, st.ids_in_window)
+            depth.add_metric(label, st.dead_lettered)
+            dups.add_metric(label, tally.duplicates.get(st.name, 0))
+            pdups.add_metric(label, tally.producer_duplicates.get(st.name, 0))
+            for g in st.groups:
+                labels = [st.name, g.name]
+                pending.add_metric(labels, g.pending)
+                in_flight.add_metric(labels, g.in_flight)
+                lag.add_metric(labels, g.lag)
+                group_dls.add_metric(labels, g.dead_lettered)
+                redelivered.add_metric(labels, tally.redeliveries.get((st.name, g.name), 0))
+        yield from (total, shown, messages, size, ids, depth, dups, pdups)
+        yield from (pending, in_flight, lag, group_dls, redelivered)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, service: Service, max_stations: int = DEFAULT_MAX_STATIONS) -> None:
+        self.service = service
+        self.max_stations = max_stations
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "stations_http_requests",
@@ -26,11 +126,43 @@ class Metrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
         )
+        self.batch_size = Histogram(
+            "stations_writer_batch_size",
+            "Write requests sharing one transaction (group commit)",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        )
+        self.commit_seconds = Histogram(
+            "stations_writer_commit_seconds",
+            "Time to run and commit one writer transaction",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+        )
+        service.tally.batch_observers.append(self._batch)
+        self.stations = StationsCollector(service)
+        self.registry.register(self.stations)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self._lock = asyncio.Lock()
+
+    def _batch(self, ops: int, seconds: float) -> None:
+        self.batch_size.observe(ops)
+        self.commit_seconds.observe(seconds)
+
+    async def render(self) -> bytes:
+        async with self._lock:  # one snapshot per render, scrapes one after another
+            self.stations.snapshot = await self.service.figures(self.max_stations)
+            return generate_latest(self.registry)
 
 
 def _route(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
+
+
+def _method(request: web.Request) -> str:
+    return request.method if request.method in METHODS else "other"
 
 
 @web.middleware
@@ -46,13 +178,13 @@ async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamRe
         status = exc.status
         raise
     finally:
-        route = _route(request)
-        metrics.requests.labels(request.method, route, str(status)).inc()
-        metrics.latency.labels(request.method, route).observe(time.perf_counter() - started)
+        route, method = _route(request), _method(request)
+        metrics.requests.labels(method, route, str(status)).inc()
+        metrics.latency.labels(method, route).observe(time.perf_counter() - started)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    body = generate_latest(request.app["metrics"].registry)
+    body = await request.app["metrics"].render()
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

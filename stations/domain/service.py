@@ -14,7 +14,17 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from stations.domain import catalog, dls, groups, lifecycle, log, messages, reads, transactions
+from stations.domain import (
+    catalog,
+    dls,
+    figures,
+    groups,
+    lifecycle,
+    log,
+    messages,
+    reads,
+    transactions,
+)
 from stations.domain.groups import SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
@@ -52,6 +62,7 @@ class Service:
         self.ids = IdWindow(id_cache_size or CACHE_SIZE, runs)
         self._read_threads = read_threads
         self._started = False
+        self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
         # Groups and the DLS keep per-station rows: delete them with the station, count them
         # in its stats.
         if groups.purge_stream not in lifecycle.purge_hooks:
@@ -68,7 +79,7 @@ class Service:
         await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
         if self.ids.runs is not None:
             await loop.run_in_executor(self._readers, self.ids.runs.load, self.read_engine)
-        self.writer = Writer(self.write_engine, self.notifier.fire)
+        self.writer = Writer(self.write_engine, self.notifier.fire, on_batch=self.tally.batch)
         self.writer.start()
         self._listener: Any = None
         if self.write_engine.dialect.name == "postgresql":
@@ -135,7 +146,9 @@ class Service:
         while True:
             woken = self.notifier.subscribe(req.name)
             try:
-                return await self.write(log.append, self.ids, req, sort_key=key)
+                result = await self.write(log.append, self.ids, req, sort_key=key)
+                self.tally.appended(req.name, result.results, result.producer_duplicate)
+                return result
             except SequenceGap:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -215,6 +228,7 @@ class Service:
             woken = self.notifier.subscribe(station)
             try:
                 out = await self.write(groups.fetch, station, group, max_count, consumer)
+                self.tally.delivered(station, group, (d.delivery_count for d in out))
                 if out:
                     self.leases.arm(out[0].ack_deadline)
                     return out
@@ -267,6 +281,12 @@ class Service:
 
     async def drop(self, station: str, raw: Any) -> int:
         return await self.write(dls.drop, station, raw)
+
+    async def figures(self, limit: int) -> figures.Snapshot:
+        """Stations' and groups' gauges for monitoring, read now (at most ``limit`` stations)."""
+        snap = await self.read_db(figures.snapshot, now_ms(), limit)
+        self.tally.forget_except(snap.live)  # the counts of stations that are gone go too
+        return snap
 
     def run_sync(self, fn: Callable[[Connection], T]) -> T:
         """For tests and tools: run ``fn`` on a read connection, blocking."""

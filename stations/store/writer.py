@@ -144,9 +144,15 @@ def _in_producer_order(batch: list[_Pending]) -> list[_Pending]:
 
 
 class Writer:
-    def __init__(self, engine: Engine, on_commit: Callable[[set[str]], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        on_commit: Callable[[set[str]], None],
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
         self._engine = engine
         self._on_commit = on_commit
+        self._on_batch = on_batch  # (ops, seconds to run and commit) for monitoring
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stations-writer")
         self._task: asyncio.Task[None] | None = None
@@ -184,10 +190,13 @@ class Writer:
             batch = _in_producer_order([p for p in batch if not p.future.cancelled()])
             if not batch:
                 continue
+            started = time.perf_counter()
             try:
                 outcomes, changed, hooks = await loop.run_in_executor(
                     self._thread, self._execute, [p.op for p in batch]
                 )
+                if self._on_batch is not None:
+                    self._on_batch(len(batch), time.perf_counter() - started)
             except Exception as exc:  # the database itself failed: every request hears it
                 log.exception("write batch failed")
                 for p in batch:

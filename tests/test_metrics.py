@@ -1,0 +1,174 @@
+"""``/metrics`` after known traffic: every per-station and per-group figure with its value, the
+writer's histograms, the process collectors; series stay bounded however many stations or
+random names arrive; the optional access log; and ``--log-level info`` stays quiet."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness import Server
+
+JSON = {"Content-Type": "application/json"}
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(http: httpx.Client) -> Samples:
+    answer = http.get("/metrics")
+    assert answer.status_code == 200
+    out: Samples = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def srv(tmp_path: Path) -> Iterator[Server]:
+    url = f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+    args = ["--metrics-stations", "3", "--log-level", "info"]
+    args += ["--access-log", str(tmp_path / "access.log")]
+    server = Server(url, tmp_path, args).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def http(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=10) as client:
+        yield client
+
+
+def test_figures_after_known_traffic(srv: Server, http: httpx.Client, tmp_path: Path) -> None:
+    for name in ("met-a", "met-b"):
+        assert http.post("/api/stations", json={"name": name}).status_code == 201
+    # met-a: 5 messages sent, "a" twice: 4 stored (ids a, b, c and one without), 1 duplicate.
+    sent = [{"id": "a", "data": 10}, {"id": "b", "data": 20}, {"id": "a", "data": 10}]
+    sent += [{"id": "c", "data": 30}, {"data": 40}]
+    produced = http.post("/api/stations/met-a/messages", json={"messages": sent}).json()
+    assert [r["duplicate"] for r in produced["results"]] == [False, False, True, False, False]
+    # ... and "a" once more through the Durable Streams door: a second duplicate.
+    again = http.post("/v1/stream/met-a", content=b"10", headers={**JSON, "Msg-Id": "a"})
+    assert again.headers["Msg-Duplicate"] == "true"
+    # met-b: an idempotent producer's retry is answered as a duplicate.
+    producer = {"Producer-Id": "p1", "Producer-Epoch": "0", "Producer-Seq": "0", **JSON}
+    for _ in range(2):
+        assert http.post("/v1/stream/met-b", content=b"[1]", headers=producer).is_success
+
+    # A group on met-a: lease 2, nack 1, lease it again (a redelivery), dead-letter it.
+    group = "/api/stations/met-a/groups/g"
+    assert http.put(group, json={"maxMsgDeliveries": 5}).status_code == 201
+    leased = http.post(group + "/fetch", json={"max": 2}).json()["messages"]
+    assert len(leased) == 2
+    first = leased[0]["offset"]
+    assert http.post(group + "/nack", json={"offsets": [first]}).json()["nacked"] == 1
+    again_leased = http.post(group + "/fetch", json={"max": 1}).json()["messages"]
+    assert [(m["offset"], m["deliveryCount"]) for m in again_leased] == [(first, 2)]
+    dead = http.post(group + "/dead-letter", json={"offsets": [first], "reason": "bad"})
+    assert dead.json()["deadLettered"] == 1
+
+    samples = scrape(http)
+    stats = http.get("/api/stations/met-a").json()["stats"]
+    assert (stats["messages"], stats["idsInWindow"]) == (4, 3)
+    a = {"station": "met-a"}
+    assert value(samples, "stations_station_messages", **a) == 4
+    assert value(samples, "stations_station_bytes", **a) == 8 == stats["bytes"]
+    assert value(samples, "stations_station_ids_in_window", **a) == 3
+    assert value(samples, "stations_station_duplicates_total", **a) == 2
+    assert value(samples, "stations_station_dls_depth", **a) == 1
+    b = {"station": "met-b"}
+    assert value(samples, "stations_station_messages", **b) == 1
+    assert value(samples, "stations_station_producer_duplicates_total", **b) == 1
+    assert value(samples, "stations_station_duplicates_total", **b) == 0
+    g = {"station": "met-a", "group": "g"}
+    # 4 messages: 2 were leased; one of them is now dead-lettered, one still in flight.
+    assert value(samples, "stations_group_in_flight", **g) == 1
+    assert value(samples, "stations_group_lag", **g) == 2
+    assert value(samples, "stations_group_pending", **g) == 2
+    assert value(samples, "stations_group_dls_depth", **g) == 1
+    assert value(samples, "stations_group_redeliveries_total", **g) == 1
+    assert value(samples, "stations_stations") == 2
+
+    writes = value(samples, "stations_writer_batch_size_count")
+    assert writes >= 1
+    assert value(samples, "stations_writer_batch_size_sum") >= writes
+    assert value(samples, "stations_writer_commit_seconds_count") == writes
+    assert value(samples, "stations_writer_commit_seconds_sum") > 0
+    created = {"method": "POST", "route": "/api/stations", "status": "201"}
+    assert value(samples, "stations_http_requests_total", **created) == 2
+    assert value(samples, "process_resident_memory_bytes") > 0
+    assert value(samples, "process_open_fds") > 0
+    assert ("python_gc_collections_total", (("generation", "0"),)) in samples
+
+    # The optional access log has a line per request.
+    log = (tmp_path / "access.log").read_text()
+    assert '"POST /api/stations HTTP/1.1" 201' in log
+    assert '"GET /metrics HTTP/1.1" 200' in log
+
+    # --log-level info stays quiet while idle: no scheduler line per job run.
+    time.sleep(2.5)
+    server_log = srv.log()
+    assert "apscheduler" not in server_log and "Running job" not in server_log, server_log
+    assert len(server_log.splitlines()) < 20, server_log
+
+
+def _random_traffic(http: httpx.Client, count: int) -> list[str]:
+    """Random names on every kind of route, and methods nobody serves."""
+    randoms = [uuid.uuid4().hex for _ in range(count)]
+    for i, name in enumerate(randoms):
+        http.get(f"/api/stations/{name}")
+        http.post(f"/api/stations/{name}/messages", json={"messages": [{"data": 1}]})
+        http.get(f"/api/stations/{name}/groups/{name}")
+        http.get(f"/v1/stream/{name}")
+        http.get(f"/{name}/{i}")
+        http.request(f"X{name[:8].upper()}", "/api/stations")
+    return randoms
+
+
+def test_series_stay_bounded(srv: Server, http: httpx.Client) -> None:
+    first = _random_traffic(http, 30)
+    scrape(http)  # the scrape's own request is counted from the next one on
+    once = scrape(http)
+    second = _random_traffic(http, 60)
+    twice = scrape(http)
+    # Twice as many random names again: not one series more.
+    assert set(twice) == set(once)
+    text = repr(twice)
+    assert not any(name in text for name in first + second)
+    methods = {dict(k[1])["method"] for k in twice if k[0] == "stations_http_requests_total"}
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+
+    # More stations than --metrics-stations 3: per-station series for the first 3 by name.
+    def station_series(samples: Samples) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        return {k for k in samples if k[0].startswith(("stations_station_", "stations_group_"))}
+
+    names = [f"bound-{i:02d}" for i in range(12)]
+    for name in names[:6]:
+        assert http.post("/api/stations", json={"name": name}).status_code == 201
+        assert http.put(f"/api/stations/{name}/groups/g", json={}).status_code == 201
+    six = scrape(http)
+    assert value(six, "stations_stations") == 6
+    assert value(six, "stations_stations_reported") == 3
+    reported = {dict(k[1])["station"] for k in station_series(six)}
+    assert reported == set(names[:3])
+    for name in names[6:]:
+        assert http.post("/api/stations", json={"name": name}).status_code == 201
+    twelve = scrape(http)
+    assert value(twelve, "stations_stations") == 12
+    assert station_series(twelve) == station_series(six)
+
+    # A deleted station's series go with it (the next one by name takes its place).
+    assert http.delete(f"/api/stations/{names[0]}").status_code == 204
+    gone = scrape(http)
+    assert ("stations_station_messages", (("station", names[0]),)) not in gone
+    assert ("stations_station_messages", (("station", names[3]),)) in gone
