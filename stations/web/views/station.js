@@ -1,6 +1,7 @@
 // One station: a heading, tabs (Overview, Messages, Groups, DLS, Settings) and the chosen panel.
 
 import { api } from '../api.js';
+import { LiveChart, RateMeter, position } from '../charts.js';
 import { confirmAction } from '../dialog.js';
 import { alertBox, announce, bytes, duration, errorText, h, num, when } from '../dom.js';
 import { renderForm } from './form.js';
@@ -154,14 +155,37 @@ function renderOverview(panel, ctx, station) {
       announce(errorText(err));
     }
   });
+  const rate = new LiveChart({ title: 'Message rate (messages/s)', unit: '/s' });
+  const lag = new LiveChart({ title: 'Consumer group lag (messages)' });
+  const meter = new RateMeter();
+  const sample = (s, groups) => {
+    const t = Date.now() / 1000;
+    const perSecond = meter.sample(t, position(s.stats?.tailOffset));
+    if (perSecond !== null) rate.push(t, { [s.name]: perSecond });
+    lag.push(t, Object.fromEntries(groups.map((g) => [g.name, g.lag])));
+  };
+  ctx.signal.addEventListener('abort', () => {
+    rate.destroy();
+    lag.destroy();
+  });
   panel.replaceChildren(
     h('h2', {}, 'Live stats'),
     stats,
+    h('div', { class: 'charts' }, rate.el, lag.el),
     h('h2', {}, 'Settings'),
     config,
     h('p', {}, h('a', { href: stationHref(station.name, 'settings') }, 'Change settings')),
     h('h2', {}, 'Danger zone'),
     h('p', {}, remove),
   );
-  ctx.every(2000, async () => fill(await api.station(station.name, { signal: ctx.signal })));
+  const refresh = async () => {
+    const [s, g] = await Promise.all([
+      api.station(station.name, { signal: ctx.signal }),
+      api.groups(station.name, { signal: ctx.signal }),
+    ]);
+    fill(s);
+    sample(s, g.groups || []);
+  };
+  refresh().catch(() => {});
+  ctx.every(2000, refresh);
 }
