@@ -31,6 +31,9 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path
     for required in (
         "stations/web/index.html",
         "stations/web/app.js",
+        "stations/web/charts.js",
+        "stations/web/vendor/uPlot.esm.js",
+        "stations/web/vendor/uPlot.min.css",
         "stations/api/openapi.yaml",
         "stations/store/migrations/env.py",
         "stations/store/migrations/versions/0001_streams.py",
@@ -76,6 +79,7 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path
             ui = http.get("/ui/")
             assert ui.status_code == 200 and "<title>" in ui.text, ui.text[:200]
             assert http.get("/ui/app.js").status_code == 200
+            assert http.get("/ui/vendor/uPlot.esm.js").status_code == 200
             assert http.get("/", follow_redirects=True).url.path == "/ui/"
             spec = http.get("/api/openapi.yaml")
             assert spec.status_code == 200 and spec.text.startswith("openapi:"), spec.text[:80]
