@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
@@ -189,7 +189,7 @@ def serve(args: argparse.Namespace) -> None:
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{User-Agent}i"'
 
 
-def _access_log(target: str | None) -> dict[str, object]:
+def _access_log(target: str | None) -> dict[str, Any]:
     """aiohttp's access logger, on its own handler so it shows whatever --log-level says."""
     if target is None:
         return {"access_log": None}

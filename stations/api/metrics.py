@@ -171,7 +171,7 @@ async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamRe
     started = time.perf_counter()
     status = 500
     try:
-        response = await handler(request)
+        response: web.StreamResponse = await handler(request)
         status = response.status
         return response
     except web.HTTPException as exc:
