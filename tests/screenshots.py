@@ -114,6 +114,11 @@ def desktop(page: Page, base: str, out: Path, shots: list[Path]) -> None:
 
     page.goto(f"{base}/ui/#/s/orders")
     expect(page.get_by_role("heading", name="Live stats")).to_be_visible()
+    # Some seconds of traffic, so the live charts (message rate, group lag) have a history.
+    for n in range(12):
+        batch = [{"data": {"order": 2000 + n * 10 + i}} for i in range(4 + n % 4 * 3)]
+        page.request.post(f"{base}/api/stations/orders/messages", data={"messages": batch})
+        page.wait_for_timeout(1000)
     snap(page, out, "station", shots)
 
     page.goto(f"{base}/ui/#/s/orders/messages")

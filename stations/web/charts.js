@@ -64,7 +64,7 @@ export class LiveChart {
     this.plot?.destroy();
     const opts = {
       ...this.size(),
-      legend: { show: this.names.length > 1 },
+      legend: { show: this.names.length > 1, live: false },
       cursor: { drag: { x: false, y: false } },
       scales: { y: { range: (_u, _min, max) => [0, Math.max(1, max * 1.1)] } },
       axes: [
