@@ -93,10 +93,17 @@ class Tally:
         for observer in self.batch_observers:
             observer(ops, seconds)
 
-    def forget_except(self, stations: set[str]) -> None:
-        """Drop the counts of stations that no longer exist (bounded by live stations)."""
-        for counter in (self.duplicates, self.producer_duplicates):
-            for name in [n for n in counter if n not in stations]:
-                del counter[name]
-        for key in [k for k in self.redeliveries if k[0] not in stations]:
+    def forget(self, station: str, group: str | None = None) -> None:
+        """Drop a deleted station's counts (or one deleted group's)."""
+        if group is None:
+            self.duplicates.pop(station, None)
+            self.producer_duplicates.pop(station, None)
+        for key in [k for k in self.redeliveries if k[0] == station and group in (None, k[1])]:
             del self.redeliveries[key]
+
+    def forget_except(self, stations: set[str]) -> None:
+        """Drop the counts of stations that no longer exist (deleted by another process, say),
+        so the counters stay bounded by the live stations."""
+        known = {*self.duplicates, *self.producer_duplicates, *(k[0] for k in self.redeliveries)}
+        for name in known - stations:
+            self.forget(name)

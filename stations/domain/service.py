@@ -128,6 +128,7 @@ class Service:
 
     async def delete(self, name: str) -> None:
         await self.write(lifecycle.remove, self.ids, name)
+        self.tally.forget(name)
 
     async def stream(self, name: str) -> StreamState:
         return await self.read_db(reads.open_stream, name, now_ms())
@@ -214,6 +215,7 @@ class Service:
 
     async def delete_group(self, station: str, name: str) -> None:
         await self.write(groups.remove, station, name)
+        self.tally.forget(station, name)
 
     async def groups(self, station: str) -> list[dict[str, Any]]:
         return await self.read_db(groups.views, station, now_ms())
