@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not isinstance(exc, StationsError):
             raise
-        print(f"stations: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"stations: error: {_describe(exc, args.url)}", file=sys.stderr)
         return exit_code(exc)
 
 
@@ -91,3 +91,16 @@ async def _run(args: argparse.Namespace) -> int:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _describe(exc: BaseException, url: str) -> str:
+    from stations.client import ConnectionFailed
+
+    if isinstance(exc, ConnectionFailed):
+        # "cannot reach URL (Connection refused)" rather than the whole client stack's words.
+        cause = exc.__cause__
+        reason = getattr(getattr(cause, "os_error", None), "strerror", None)
+        if isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout"):
+            reason = "no answer in time (--timeout)"
+        return f"cannot reach {url} ({reason or _one_line(cause or exc)})"
+    return _one_line(exc)
