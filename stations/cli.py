@@ -173,6 +173,7 @@ def serve(args: argparse.Namespace) -> None:
         # APScheduler logs every job run at info: the id sweep alone would print every second.
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
         logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    args.access_logging = _access_log(args.access_log)
     try:
         import uvloop
 
@@ -246,7 +247,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tokens=tokens,
         metrics_stations=args.metrics_stations,
     )
-    runner = web.AppRunner(app, handle_signals=True, **_access_log(args.access_log))
+    runner = web.AppRunner(app, handle_signals=True, **args.access_logging)
     try:
         await runner.setup()
     except OperationalError as exc:

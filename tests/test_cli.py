@@ -65,6 +65,8 @@ def sqlite_url(tmp_path: Path) -> str:
         (["serve", "--recent-ids", "1"], "--recent-ids"),
         (["serve", "--recent-ids", "many"], "--recent-ids"),
         (["serve", "--id-cache-size", "0"], "--id-cache-size"),
+        (["serve", "--metrics-stations", "-1"], "--metrics-stations"),
+        (["serve", "--access-log", "/nonexistent/dir/access.log"], "--access-log"),
         (["launch"], "launch"),
         ([], "command"),
     ],
