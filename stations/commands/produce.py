@@ -114,6 +114,8 @@ def _messages(
 async def produce(args: argparse.Namespace, client: Client) -> int:
     if args.msg_id and args.id_field:
         raise Usage("give --msg-id or --id-field, not both")
+    if not args.data and sys.stdin.isatty():
+        raise Usage("no messages: give DATA arguments, or pipe one message per line on stdin")
     station = client.station(args.station)
     info = await station.info()
     rows: list[tuple[str, str | None, bool]] = []
