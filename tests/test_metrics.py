@@ -34,8 +34,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-def srv(tmp_path: Path) -> Iterator[Server]:
-    url = f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+def srv(db_url: str, tmp_path: Path) -> Iterator[Server]:
+    """On SQLite and on PostgreSQL (the ``db_url`` fixture of tests/conftest.py)."""
+    url = db_url
     args = ["--metrics-stations", "3", "--log-level", "info"]
     args += ["--access-log", str(tmp_path / "access.log")]
     server = Server(url, tmp_path, args).start()
