@@ -36,6 +36,8 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path
         "stations/web/vendor/uPlot.min.css",
         "stations/api/openapi.yaml",
         "stations/store/migrations/env.py",
+        "stations/store/migrations/alembic.ini",
+        "stations/store/migrations/script.py.mako",
         "stations/store/migrations/versions/0001_streams.py",
     ):
         assert required in names, required
