@@ -307,16 +307,20 @@ def test_group_commands(srv: Server, http: httpx.Client) -> None:
     failed(cli(srv, "group", "show", "cli-groups", "nope"), 3, "group nope not found")
     failed(cli(srv, "group", "ls", "no-such-station"), 3)
     failed(cli(srv, "group", "seek", "cli-groups", "g1"), 2, "--to")
+    failed(cli(srv, "group", "seek", "cli-groups", "g1", "--time", "yesterday"), 2, "--time")
+    failed(cli(srv, "group", "seek", "cli-groups", "g1", "--to", "bogus"), 1, "to")
+    failed(cli(srv, "group", "seek", "cli-groups", "nope", "--to", "now"), 3)
 
-    if http.post("/api/stations/cli-groups/groups/g1/seek", json={"to": "now"}).status_code in (
-        404,
-        405,
-    ):
-        pytest.skip("POST .../groups/{g}/seek is not served by this build yet")
     seeked = as_json(cli(srv, "group", "seek", "cli-groups", "g1", "--to", "earliest", "--json"))
-    assert seeked["cursor"] == "-1" or seeked["cursor"].startswith("0000")
+    assert seeked == {"cursor": "0000000000000000_0000000000000000", "revoked": 2, "dropped": 0}
     after = as_json(cli(srv, "group", "show", "cli-groups", "g1", "--json"))
     assert (after["lag"], after["inFlight"]) == (5, 0)
+    now = ok(cli(srv, "group", "seek", "cli-groups", "g1", "--time", "2999-01-01T00:00:00Z"))
+    assert now.strip() == (
+        "group g1 on cli-groups now at 0000000000000005_0000000000000000 "
+        "(0 leases revoked, 0 redeliveries dropped)"
+    )
+    assert as_json(cli(srv, "group", "show", "cli-groups", "g1", "--json"))["lag"] == 0
 
     assert "deleted" in ok(cli(srv, "group", "delete", "cli-groups", "g1"))
     failed(cli(srv, "group", "delete", "cli-groups", "g1"), 3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import Usage, human_ms, print_fields, print_json, print_table
@@ -125,34 +126,31 @@ async def show_group(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _seek_body(args: argparse.Namespace) -> dict[str, Any]:
+def _seek_target(args: argparse.Namespace) -> str | int | datetime:
     if args.to is not None:
-        return {"to": args.to}
-    if args.time.isdigit():
-        return {"time": int(args.time)}
-    if not args.time:
-        raise Usage("--time needs a value")
-    return {"time": args.time}
+        return str(args.to)
+    text = args.time.strip()
+    if text.isdigit():
+        return int(text)  # epoch milliseconds
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise Usage(
+            f"--time must be an ISO 8601 time with a zone (2026-11-22T10:00:00Z) or epoch ms, not {text!r}"
+        )
+    return when
 
 
 async def seek_group(args: argparse.Namespace, client: Client) -> int:
-    # POST .../groups/{g}/seek through the SDK's generic call, so the command needs only the
-    # route (SDK helpers: Station.seek where present).
-    station = client.station(args.station)
-    reply = await client.http.call(
-        "POST",
-        station.group_url(args.group) + "/seek",
-        _seek_body(args),
-        what=f"seek group {args.group} on {args.station}",
-    )
-    result = reply.json()
+    result = await client.station(args.station).seek(args.group, _seek_target(args))
     if args.json:
-        print_json(result)
+        print_json({"cursor": result.cursor, "revoked": result.revoked, "dropped": result.dropped})
     else:
         print(
-            f"group {args.group} on {args.station} now at {result.get('cursor')} "
-            f"({result.get('revoked', 0)} leases revoked, "
-            f"{result.get('dropped', 0)} redeliveries dropped)"
+            f"group {args.group} on {args.station} now at {result.cursor} "
+            f"({result.revoked} leases revoked, {result.dropped} redeliveries dropped)"
         )
     return 0
 
