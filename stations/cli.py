@@ -56,6 +56,11 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("--durability", choices=["fsync", "process"], default="fsync")
     p.add_argument(
+        "--webhooks-allow-loopback",
+        action="store_true",
+        help="let subscription webhooks target loopback addresses (development and tests)",
+    )
+    p.add_argument(
         "--id-cache-size",
         type=int,
         default=50_000,
@@ -145,6 +150,7 @@ async def _serve(args: argparse.Namespace) -> None:
         long_poll_timeout_ms=args.long_poll_timeout_ms,
         sse_lifetime_ms=args.sse_lifetime_ms,
         tokens=tokens,
+        webhooks_allow_loopback=args.webhooks_allow_loopback,
     )
     runner = web.AppRunner(app, access_log=None, handle_signals=True)
     try:
