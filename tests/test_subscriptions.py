@@ -463,3 +463,44 @@ async def test_thousand_subscriptions_wake_on_one_append(make_server: Any, tmp_p
         )
         assert claimed.status_code == 200
         assert claimed.json()["streams"][0]["tail_offset"] == await tail(client, "fleet/orders")
+
+
+async def test_two_processes_share_subscriptions(
+    pg_url: str, make_server: Any, receiver: Receiver
+) -> None:
+    """Two ``stations serve`` on one PostgreSQL database: a subscription made on one wakes on
+    appends made on the other (LISTEN/NOTIFY), each wake is delivered by one process only,
+    and the wakes chain over every message."""
+    a: Server = make_server(pg_url, LOOPBACK)
+    b: Server = make_server(pg_url, LOOPBACK)
+    await receiver.start()
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        r = await ca.put(
+            "/v1/stream/__ds/subscriptions/shared",
+            json={"type": "webhook", "pattern": "multi/*", "webhook": {"url": receiver.url}},
+        )
+        assert r.status_code == 201
+        await cb.put("/v1/stream/multi/x", json=[])
+        for i in range(20):
+            await append(ca if i % 2 else cb, "multi/x", {"n": i})
+
+        async def caught_up() -> bool:
+            body = (await cb.get("/v1/stream/__ds/subscriptions/shared")).json()
+            acked = [s["acked_offset"] for s in body["streams"] if s["path"] == "multi/x"]
+            return acked == [await tail(ca, "multi/x")]
+
+        await wait_for(caught_up, what="the cursor to catch up")
+        generations = [body["generation"] for body, _, _ in receiver.received]
+        assert len(generations) == len(set(generations)), generations  # one delivery per wake
+        spans = sorted(
+            (s["acked_offset"], s["tail_offset"])
+            for body, _, _ in receiver.received
+            for s in body["streams"]
+            if s["has_pending"]
+        )
+        assert spans[0][0] == ZERO
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert start == end, spans

@@ -32,7 +32,8 @@ class Notifier:
             future.cancel()
 
     def fire(self, keys: Iterable[str]) -> None:
-        keys = set(keys)
+        if not isinstance(keys, set):
+            keys = set(keys)
         for key in keys:
             for future in self._waiters.pop(key, ()):
                 if not future.done():

@@ -241,6 +241,14 @@ def address_refusal(
     return None
 
 
+def _unmapped(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 def check_webhook_url(url: str, allow_loopback: bool) -> tuple[str, bool]:
     """Refuse what can be refused without DNS; returns (host, is_ip_literal). ``http`` is only
     for loopback targets, which need ``--webhooks-allow-loopback``."""
@@ -258,17 +266,15 @@ def check_webhook_url(url: str, allow_loopback: bool) -> tuple[str, bool]:
         address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
     except ValueError:
         address = None
-    loopback = host.lower() in ("localhost", "localhost.") or (
-        address is not None
-        and address_refusal(address, True) is None
-        and address_refusal(address, False) is not None
-    )
     if address is not None:
         reason = address_refusal(address, allow_loopback)
         if reason:
             raise UrlRejected(f"webhook.url: {reason}", "webhook.url")
-    elif loopback and not allow_loopback:
-        raise UrlRejected("webhook.url: loopback addresses are refused", "webhook.url")
+        loopback = _unmapped(address).is_loopback
+    else:
+        loopback = host.lower().rstrip(".") == "localhost"
+        if loopback and not allow_loopback:
+            raise UrlRejected("webhook.url: loopback addresses are refused", "webhook.url")
     if parts.scheme == "http" and not loopback:
         raise UrlRejected("webhook.url must use https", "webhook.url")
     return host, address is not None
@@ -548,13 +554,12 @@ def _wake_event(
         "generation": generation,
         "ts": batch.now,
     }
-    append(
-        batch,
-        ctx.ids,
-        AppendRequest(
-            name, state.content_type, [json.dumps(event, separators=(",", ":")).encode()]
-        ),
-    )
+    message = json.dumps(event, separators=(",", ":")).encode()
+    try:
+        # An append decides before it writes, so a refused one leaves nothing behind.
+        append(batch, ctx.ids, AppendRequest(name, state.content_type, [message]))
+    except StationsError as exc:
+        log.warning("subscription %s: wake event not written to %s: %s", row["id"], name, exc)
 
 
 def _maybe_wake(

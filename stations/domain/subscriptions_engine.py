@@ -27,6 +27,7 @@ from stations.store.writer import now_ms
 
 log = logging.getLogger("stations.subscriptions")
 
+RETRY_AFTER_FAILURE_S = 1.0
 # (url, body, headers) -> (accepted, done)
 Send = Callable[[str, bytes, dict[str, str]], Awaitable[tuple[bool, bool]]]
 
@@ -175,9 +176,17 @@ class SubscriptionEngine:
                         await self.refresh(ids)
                     if self._touched:
                         touched, self._touched = self._touched, {}
-                        await self.run(
-                            subs.on_append, {path: sorted(ids) for path, ids in touched.items()}
-                        )
+                        try:
+                            await self.run(
+                                subs.on_append, {p: sorted(ids) for p, ids in touched.items()}
+                            )
+                        except Exception:
+                            # Not decided: keep the streams for the next round, so no append
+                            # is forgotten; wait a moment before asking the database again.
+                            for path, ids in touched.items():
+                                self._touched.setdefault(path, set()).update(ids)
+                            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                            raise
                     if self._wake_dirty:
                         ids, self._wake_dirty = self._wake_dirty, set()
                         for sub_id, at in await self._service.read_db(store.deadlines, ids):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from stations.store.schema import ds_signing_keys, ds_subscription_streams, ds_subscriptions
 from stations.store.schema import streams as streams_table
@@ -18,17 +18,28 @@ from stations.store.schema import streams as streams_table
 Row = dict[str, Any]
 _CHUNK = 500  # ids per IN (...) list
 
+# Built once: constructing a Core statement costs more than running these small ones.
+_GET = select(ds_subscriptions).where(ds_subscriptions.c.id == bindparam("sub_id"))
+_GET_LOCKED = _GET.with_for_update()
+_INSERT = insert(ds_subscriptions)
+_INSERT_LINK = insert(ds_subscription_streams)
+_LINKS = (
+    select(ds_subscription_streams)
+    .where(ds_subscription_streams.c.subscription_id == bindparam("sub_id"))
+    .order_by(ds_subscription_streams.c.path)
+)
+_TAIL = select(streams_table.c.name, streams_table.c.tail).where(
+    streams_table.c.name == bindparam("name"), streams_table.c.deleted.is_(False)
+)
+
 
 def get(conn: Connection, sub_id: str, *, lock: bool = False) -> Row | None:
-    query = select(ds_subscriptions).where(ds_subscriptions.c.id == sub_id)
-    if lock:
-        query = query.with_for_update()
-    row = conn.execute(query).mappings().first()
+    row = conn.execute(_GET_LOCKED if lock else _GET, {"sub_id": sub_id}).mappings().first()
     return dict(row) if row is not None else None
 
 
 def insert_subscription(conn: Connection, row: Row) -> None:
-    conn.execute(insert(ds_subscriptions).values(**row))
+    conn.execute(_INSERT, row)
 
 
 def update_subscription(conn: Connection, sub_id: str, values: Row) -> None:
@@ -45,19 +56,19 @@ def delete_subscription(conn: Connection, sub_id: str) -> bool:
 
 
 def links(conn: Connection, sub_id: str) -> list[Row]:
-    query = (
-        select(ds_subscription_streams)
-        .where(ds_subscription_streams.c.subscription_id == sub_id)
-        .order_by(ds_subscription_streams.c.path)
-    )
-    return [dict(r) for r in conn.execute(query).mappings()]
+    return [dict(r) for r in conn.execute(_LINKS, {"sub_id": sub_id}).mappings()]
 
 
 def insert_link(conn: Connection, sub_id: str, path: str, *, explicit: bool, acked: int) -> None:
     conn.execute(
-        insert(ds_subscription_streams).values(
-            subscription_id=sub_id, path=path, explicit=explicit, glob=not explicit, acked=acked
-        )
+        _INSERT_LINK,
+        {
+            "subscription_id": sub_id,
+            "path": path,
+            "explicit": explicit,
+            "glob": not explicit,
+            "acked": acked,
+        },
     )
 
 
@@ -87,6 +98,9 @@ def tails(conn: Connection, paths: Iterable[str]) -> dict[str, int]:
     """The tail position of each live stream among ``paths`` (absent ones are missing)."""
     names = list(dict.fromkeys(paths))
     out: dict[str, int] = {}
+    if len(names) == 1:
+        row = conn.execute(_TAIL, {"name": names[0]}).first()
+        return {row[0]: row[1]} if row is not None else {}
     for i in range(0, len(names), _CHUNK):
         query = select(streams_table.c.name, streams_table.c.tail).where(
             streams_table.c.name.in_(names[i : i + _CHUNK]), streams_table.c.deleted.is_(False)
