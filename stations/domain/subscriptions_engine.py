@@ -233,25 +233,25 @@ class SubscriptionEngine:
 
     async def _due(self, sub_id: str) -> None:
         try:
-            delivery = await self.run(subs.due, sub_id)
-            if delivery is not None:
-                await self._deliver(delivery)
+            # The slot is taken before the attempt is claimed in the database: an attempt that
+            # waited for a slot longer than its claim would otherwise be claimed again.
+            async with self._sem:
+                delivery = await self.run(subs.due, sub_id)
+                if delivery is not None:
+                    await self._deliver(delivery)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("subscription %s: timer work failed", sub_id)
 
     async def _deliver(self, delivery: Delivery) -> None:
-        async with self._sem:
-            headers = {
-                "Content-Type": "application/json",
-                "Webhook-Signature": self.signer.signature_header(delivery.body),
-            }
-            try:
-                ok, done = await self._send(delivery.url, delivery.body, headers)
-            except Exception:
-                log.warning(
-                    "subscription %s: webhook delivery failed", delivery.sub_id, exc_info=True
-                )
-                ok, done = False, False
+        headers = {
+            "Content-Type": "application/json",
+            "Webhook-Signature": self.signer.signature_header(delivery.body),
+        }
+        try:
+            ok, done = await self._send(delivery.url, delivery.body, headers)
+        except Exception as exc:
+            log.warning("subscription %s: webhook delivery failed: %r", delivery.sub_id, exc)
+            ok, done = False, False
         await self.run(subs.delivered, delivery.sub_id, delivery.wake_id, ok, done)
