@@ -21,9 +21,10 @@ import logging
 import random
 import secrets
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from stations.domain.errors import BadRequest, Conflict, NotFound, StationsError
 from stations.domain.idwindow import IdWindow
@@ -447,10 +448,7 @@ def remove_stream(batch: Batch, sub_id: str, path: str) -> None:
     _changed(batch, sub_id, index=True)
 
 
-def view(
-    conn_batch_row: dict[str, Any], links: list[Link], signer: Signer | None
-) -> dict[str, Any]:
-    row = conn_batch_row
+def view(row: dict[str, Any], links: list[Link], signer: Signer | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": row["id"],
         "subscription_id": row["id"],
@@ -484,8 +482,6 @@ def view(
 
 
 def _iso(ms: int) -> str:
-    from datetime import UTC, datetime
-
     moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -694,8 +690,6 @@ def due(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
 
 
 def _quote(sub_id: str) -> str:
-    from urllib.parse import quote
-
     return quote(sub_id, safe="")
 
 
