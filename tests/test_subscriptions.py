@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -263,6 +265,17 @@ async def test_ssrf_refusals(make_server: Any, tmp_path: Any) -> None:
             )
             assert r.status_code == 400, (url, r.text)
             assert r.json()["error"]["code"] == "WEBHOOK_URL_REJECTED", url
+        # A host name is judged by what it resolves to: this machine's own name resolves to
+        # a loopback or private address, so it is refused like the address itself.
+        host = socket.gethostname()
+        addresses = {ipaddress.ip_address(a[4][0]) for a in socket.getaddrinfo(host, 443)}
+        assert addresses and not any(a.is_global for a in addresses), addresses
+        r = await client.put(
+            f"{strict.url}/v1/stream/__ds/subscriptions/byname",
+            json={"type": "webhook", "streams": ["a"], "webhook": {"url": f"https://{host}/hook"}},
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "WEBHOOK_URL_REJECTED"
+        assert "resolves to a refused address" in r.json()["error"]["message"]
         for n, url in enumerate(LOOPBACK_URLS):
             r = await client.put(
                 f"{dev.url}/v1/stream/__ds/subscriptions/l{n}",
