@@ -428,12 +428,12 @@ async def test_subscriptions_obey_token_roles(make_server: Any, tmp_path: Any) -
         assert (await client.delete(base, headers=bearer("consumer-secret"))).status_code == 403
 
 
-async def test_thousand_subscriptions_wake_on_one_append(make_server: Any, tmp_path: Any) -> None:
+async def test_thousand_subscriptions_wake_on_one_append(make_server: Any, db_url: str) -> None:
     """1,000 pull-wake subscriptions on one station: one append wakes each of them exactly
     once (one wake event each), a second append while they are all awake adds none, and each
     can still be claimed. The engine is woken by the append's commit, not by a poll."""
     count = 1000
-    server: Server = make_server(f"sqlite:///{tmp_path / 'k.db'}", "--long-poll-timeout-ms", "1000")
+    server: Server = make_server(db_url, "--long-poll-timeout-ms", "1000")
     limits = httpx.Limits(max_connections=16)
     async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
         await client.put("/v1/stream/fleet/wake", json=[])
