@@ -183,7 +183,12 @@ async def test_signature_verifies_independently(make_server: Any, tmp_path: Any)
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             r = await client.put(
                 "/v1/stream/__ds/subscriptions/sig",
-                json={"type": "webhook", "streams": ["sig/a"], "webhook": {"url": receiver.url}},
+                json={
+                    "type": "webhook",
+                    "streams": ["sig/a"],
+                    "webhook": {"url": receiver.url},
+                    "lease_ttl_ms": 1000,
+                },
             )
             created = r.json()
             assert "webhook_secret" not in created and "secret" not in json.dumps(created)
@@ -212,6 +217,18 @@ async def test_signature_verifies_independently(make_server: Any, tmp_path: Any)
                 json={"wake_id": body["wake_id"], "generation": body["generation"], "done": True},
             )
             assert r.status_code == 401 and r.json()["error"]["code"] == "TOKEN_INVALID"
+            # The receiver answered without "done" and never called back: when the lease runs
+            # out the same work is woken again, in a new generation, and the old token is fenced.
+            await receiver.wait(2)
+            again_body = receiver.received[1][0]
+            assert again_body["generation"] == body["generation"] + 1
+            assert again_body["streams"] == body["streams"]  # nothing was acked
+            r = await client.post(
+                body["callback_url"],
+                headers={"Authorization": f"Bearer {body['callback_token']}"},
+                json={"wake_id": body["wake_id"], "generation": body["generation"], "done": True},
+            )
+            assert r.status_code == 409 and r.json()["error"]["code"] == "FENCED"
             # the key survives a restart: same kid in the JWKS
             server.restart()
             again = (await client.get(f"{server.url}/v1/stream/__ds/jwks.json")).json()
