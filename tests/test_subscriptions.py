@@ -327,6 +327,13 @@ async def test_pull_wake_lease_expiry_and_tokens(make_server: Any, tmp_path: Any
                 },
             )
             assert r.status_code == 400 and r.json()["error"]["field"] == "lease_ttl_ms"
+        own = await client.put(
+            "/v1/stream/__ds/subscriptions/loop",
+            json={"type": "pull-wake", "streams": ["wake/pool"], "wake_stream": "wake/pool"},
+        )
+        assert own.status_code == 400 and own.json()["error"]["field"] == "streams"
+        r = await client.post(f"{base}/streams", json={"streams": ["wake/pool"]})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "streams"
         default = await client.put(
             "/v1/stream/__ds/subscriptions/dflt",
             json={"type": "pull-wake", "streams": ["x"], "wake_stream": "wake/other"},

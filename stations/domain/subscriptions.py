@@ -211,6 +211,11 @@ def parse_spec(raw: Any) -> Spec:
         if raw.get("wake_stream") is None:
             raise InvalidRequest("pull-wake subscriptions need wake_stream", "wake_stream")
         wake_stream = _path(raw.get("wake_stream"), "wake_stream")
+    if wake_stream is not None and wake_stream in streams:
+        # Its own wake events would be pending work that wakes it again, for ever.
+        raise InvalidRequest(
+            "the wake stream cannot be one of the subscription's streams", "streams"
+        )
     return Spec(kind, pattern, streams, webhook_url, wake_stream, lease, description)
 
 
@@ -427,7 +432,11 @@ def delete(batch: Batch, sub_id: str) -> None:
 
 
 def add_streams(batch: Batch, sub_id: str, paths: list[str]) -> None:
-    _get(batch, sub_id)
+    row = _get(batch, sub_id)
+    if row["wake_stream"] in paths:
+        raise InvalidRequest(
+            "the wake stream cannot be one of the subscription's streams", "streams"
+        )
     existing = {link.path: link for link in _links(batch, sub_id)}
     tails = _tails(batch, paths)
     for path in paths:
