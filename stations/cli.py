@@ -93,6 +93,11 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "server, not a power cut (default %(default)s)",
     )
     p.add_argument(
+        "--webhooks-allow-loopback",
+        action="store_true",
+        help="let subscription webhooks target loopback addresses (development and tests)",
+    )
+    p.add_argument(
         "--id-cache-size",
         type=int,
         default=50_000,
@@ -246,6 +251,7 @@ async def _serve(args: argparse.Namespace) -> None:
         sse_lifetime_ms=args.sse_lifetime_ms,
         tokens=tokens,
         metrics_stations=args.metrics_stations,
+        webhooks_allow_loopback=args.webhooks_allow_loopback,
     )
     runner = web.AppRunner(app, handle_signals=True, **args.access_logging)
     try:

@@ -1,6 +1,6 @@
 """The official Durable Streams conformance suite (@durable-streams/server-conformance-tests
 0.3.6, pinned in tests/node/package-lock.json) against a live ``stations serve``, on both
-engines. Every test that runs without the subscriptions option must pass."""
+engines, with the subscriptions option on: all 338 tests must pass."""
 
 from __future__ import annotations
 
@@ -10,17 +10,21 @@ from pathlib import Path
 
 from tests.nodekit import NODE_DIR, require_node
 
-EXPECTED_TESTS = 332
+EXPECTED_TESTS = 338
 
 
 def test_conformance_suite(db_url: str, make_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     require_node("npx", "vitest")
-    server = make_server(db_url, "--long-poll-timeout-ms", "500")
+    server = make_server(db_url, "--long-poll-timeout-ms", "500", "--webhooks-allow-loopback")
     report = tmp_path / "conformance.json"
     proc = subprocess.run(
         ["npx", "vitest", "run", "--reporter=json", f"--outputFile={report}"],
         cwd=NODE_DIR,
-        env={**__import__("os").environ, "CONFORMANCE_BASE_URL": server.url},
+        env={
+            **__import__("os").environ,
+            "CONFORMANCE_BASE_URL": server.url,
+            "CONFORMANCE_SUBSCRIPTIONS": "true",
+        },
         capture_output=True,
         text=True,
         timeout=900,

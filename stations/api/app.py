@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from stations.api import groups, stations, streams, transactions
+from stations.api import groups, stations, streams, subscriptions, transactions
 from stations.api.auth import Token, auth_middleware
 from stations.api.errors import error_middleware
 from stations.api.headers import headers_middleware, on_prepare
@@ -63,6 +63,7 @@ def make_app(
     sse_lifetime_ms: int = 60_000,
     tokens: list[Token] | None = None,
     metrics_stations: int = DEFAULT_MAX_STATIONS,
+    webhooks_allow_loopback: bool = False,
 ) -> web.Application:
     app = web.Application(
         middlewares=[
@@ -87,6 +88,8 @@ def make_app(
     if WEB_DIR.is_dir():
         app.router.add_get("/ui/", console_index)
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
+    # Before the stream routes: /v1/stream/__ds/... is never a stream (PROTOCOL.md §6).
+    subscriptions.setup(app, allow_loopback=webhooks_allow_loopback)
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(transactions.routes())
@@ -100,5 +103,6 @@ def make_app(
         await service.close()
 
     app.on_startup.append(start)
+    subscriptions.attach(app)  # starts after the service, stops (on shutdown) before it
     app.on_cleanup.append(stop)
     return app

@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from stations.api import subscriptions
 from stations.api.errors import error_response
 
 ROLES = ("admin", "producer", "consumer")
@@ -88,6 +89,8 @@ def find(tokens: list[Token], presented: str) -> Token | None:
 def route_class(request: web.Request) -> str:
     """admin, produce, consume or read: what the request does."""
     method, path = request.method, request.path
+    if path.startswith(subscriptions.PREFIX + "/"):
+        return subscriptions.route_class(method, path) or "read"
     if path.startswith("/v1/stream/"):
         if method in ("GET", "HEAD"):
             return "consume"
@@ -127,6 +130,11 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         or request.path in OPEN_PATHS
         or request.path == "/"
         or request.path.startswith("/ui")
+        # the JWKS is public; wake callbacks, acks and releases carry their own token
+        or (
+            request.path.startswith(subscriptions.PREFIX + "/")
+            and subscriptions.route_class(request.method, request.path) is None
+        )
     ):
         return await handler(request)
     header = request.headers.get("Authorization", "")

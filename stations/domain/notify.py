@@ -8,12 +8,14 @@ PostgreSQL a LISTEN connection relays commits made by other processes (see ``pgn
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class Notifier:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        # Called with the keys of every fire (subscriptions wake on appends this way).
+        self.listeners: list[Callable[[set[str]], None]] = []
 
     def subscribe(self, key: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -30,10 +32,14 @@ class Notifier:
             future.cancel()
 
     def fire(self, keys: Iterable[str]) -> None:
+        if not isinstance(keys, set):
+            keys = set(keys)
         for key in keys:
             for future in self._waiters.pop(key, ()):
                 if not future.done():
                     future.set_result(None)
+        for listener in self.listeners:
+            listener(keys)
 
     async def wait(self, future: asyncio.Future[None], timeout: float) -> bool:
         """True when woken, False on timeout."""

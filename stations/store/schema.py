@@ -164,3 +164,50 @@ dls = Table(
 )
 Index("ix_dls_stream", dls.c.stream_id, dls.c.id)
 Index("ix_dls_redrive_at", dls.c.redrive_at)
+
+# Durable Streams subscriptions (PROTOCOL.md §6-7; stations/domain/subscriptions.py). One row
+# per subscription holds its definition and its wake state (generation, wake, lease, retry
+# schedule), so a restart or another process resumes exactly where delivery stood.
+ds_subscriptions = Table(
+    "ds_subscriptions",
+    metadata,
+    Column("id", String(256), primary_key=True),
+    Column("type", String(16), nullable=False),
+    Column("pattern", String(1024)),
+    Column("webhook_url", Text),
+    Column("wake_stream", String(1024)),
+    Column("lease_ttl_ms", BigInteger, nullable=False),
+    Column("description", Text),
+    Column("config_hash", String(64), nullable=False),
+    Column("base_url", Text, nullable=False),  # where callbacks and the JWKS are reached
+    Column("created_at", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("wake_id", String(64)),
+    Column("snapshot", Text),  # JSON {path: tail} of the wake as delivered or claimed
+    Column("holder", String(256)),
+    Column("lease_expires_at", BigInteger),
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", BigInteger),
+)
+
+# One durable cursor per (subscription, stream): ``acked`` is the position acknowledged.
+ds_subscription_streams = Table(
+    "ds_subscription_streams",
+    metadata,
+    Column("subscription_id", String(256), primary_key=True),
+    Column("path", String(1024), primary_key=True),
+    Column("explicit", Boolean, nullable=False),
+    Column("glob", Boolean, nullable=False),
+    Column("acked", BigInteger, nullable=False),
+)
+Index("ix_ds_subscription_streams_path", ds_subscription_streams.c.path)
+
+# Ed25519 keys that sign webhook deliveries and wake tokens; public halves are the JWKS.
+ds_signing_keys = Table(
+    "ds_signing_keys",
+    metadata,
+    Column("kid", String(128), primary_key=True),
+    Column("private_pem", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)

@@ -7,7 +7,9 @@
 //   CONFORMANCE_LONG_POLL_TIMEOUT_MS  forwarded as longPollTimeoutMs (suite default 20000);
 //                                     only used by the suite to size long-poll test timeouts.
 //
-// The metadata-subscription tests (`subscriptions` option) are deliberately NOT enabled.
+//   CONFORMANCE_SUBSCRIPTIONS=true   also runs the six subscription tests (`subscriptions`
+//                                     option); the server must accept loopback webhooks
+//                                     (`stations serve --webhooks-allow-loopback`).
 // We call runConformanceTests() from a local test file because
 // `npx server-conformance-tests --run URL` finds no test files in a plain
 // project (upstream issue 284).
@@ -25,6 +27,10 @@ const options = { baseUrl: baseUrl.replace(/\/+$/, ``) }
 
 if (process.env.CONFORMANCE_LONG_POLL_TIMEOUT_MS) {
   options.longPollTimeoutMs = Number(process.env.CONFORMANCE_LONG_POLL_TIMEOUT_MS)
+}
+
+if (process.env.CONFORMANCE_SUBSCRIPTIONS === `true`) {
+  options.subscriptions = true
 }
 
 runConformanceTests(options)

@@ -1,0 +1,259 @@
+"""Durable Streams subscriptions over HTTP: ``/v1/stream/__ds/...`` (PROTOCOL.md §6-7).
+
+Routed before the stream routes, so no control path is taken for a stream. Callbacks, acks and
+releases are authorized by the wake's own bearer token (checked by the domain), not by a
+service token; the JWKS is public; everything else follows the token roles (see ``route_class``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from stations.api.webhooks import WebhookSender, resolve_refusal
+from stations.domain import lifecycle
+from stations.domain import subscriptions as subs
+from stations.domain.errors import Forbidden, StationsError
+from stations.domain.subscriptions_engine import SubscriptionEngine
+
+PREFIX = "/v1/stream/__ds"
+SUBS = PREFIX + "/subscriptions/{id}"
+JWKS = PREFIX + "/jwks.json"
+WAKE_ACTIONS = ("callback", "ack", "release")
+
+
+def route_class(method: str, path: str) -> str | None:
+    """What a control request needs of a service token; None: no service token at all (the
+    public JWKS, and the wake-token requests)."""
+    if path == JWKS:
+        return None
+    parts = path[len(PREFIX) + 1 :].split("/")
+    if len(parts) == 3 and parts[0] == "subscriptions" and parts[2] in WAKE_ACTIONS:
+        return None
+    if len(parts) == 3 and parts[2] == "claim":
+        return "consume"
+    if method in ("GET", "HEAD"):
+        return "read"
+    return "admin"  # create, delete, change membership
+
+
+def _engine(request: web.Request) -> SubscriptionEngine:
+    engine: SubscriptionEngine = request.app["subscriptions"]
+    return engine
+
+
+def _error(exc: StationsError) -> web.Response:
+    status = getattr(exc, "status", None)
+    if status is None:
+        from stations.api.errors import from_domain
+
+        return from_domain(exc)
+    body = {"error": {"code": exc.code, "message": exc.message, "field": exc.field, **exc.extra}}
+    return web.json_response(body, status=status)
+
+
+def _handler(fn: Any) -> Any:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await fn(request)  # type: ignore[no-any-return]
+        except StationsError as exc:
+            return _error(exc)
+
+    return wrapped
+
+
+async def _json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        raise subs.InvalidRequest("the body is not valid JSON", "body") from None
+
+
+def _bearer(request: web.Request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise subs.TokenRefused("TOKEN_INVALID")
+    return token.strip()
+
+
+def _scope(request: web.Request, paths: Sequence[str | None]) -> None:
+    """A token limited to some stations reaches only subscriptions over those stations."""
+    token = request.get("token")
+    if token is None or not token.stations:
+        return
+    for path in paths:
+        if path is not None and not token.covers(path):
+            raise Forbidden(f"this token does not cover stream {path}", "streams")
+
+
+async def _scope_of(request: web.Request, sub_id: str) -> None:
+    token = request.get("token")
+    if token is None or not token.stations:
+        return
+    row, links = await request.app["service"].read_db(subs.read_view, sub_id)
+    _scope(request, [row["pattern"], row["wake_stream"], *[link.path for link in links]])
+
+
+def _id(request: web.Request) -> str:
+    return subs.valid_id(request.match_info["id"])
+
+
+def _base_url(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"
+
+
+@_handler
+async def jwks(request: web.Request) -> web.Response:
+    response = web.json_response(_engine(request).signer.jwks())
+    response.content_type = "application/jwk-set+json"
+    response.headers["Cache-Control"] = "public, max-age=300"
+    return response
+
+
+@_handler
+async def put_subscription(request: web.Request) -> web.Response:
+    sub_id = _id(request)
+    spec = subs.parse_spec(await _json(request))
+    _scope(request, [spec.pattern, spec.wake_stream, *spec.streams])
+    engine = _engine(request)
+    if spec.webhook_url is not None:
+        await resolve_refusal(spec.webhook_url, request.app["webhooks_allow_loopback"])
+    service = request.app["service"]
+    _, created = await service.write(subs.create_or_confirm, sub_id, spec, _base_url(request))
+    await engine.refresh({sub_id})
+    return web.json_response(await _view(request, sub_id), status=201 if created else 200)
+
+
+async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
+    row, links = await request.app["service"].read_db(subs.read_view, sub_id)
+    return subs.view(row, links, _engine(request).signer)
+
+
+@_handler
+async def get_subscription(request: web.Request) -> web.Response:
+    sub_id = _id(request)
+    await _scope_of(request, sub_id)
+    return web.json_response(await _view(request, sub_id))
+
+
+@_handler
+async def delete_subscription(request: web.Request) -> web.Response:
+    sub_id = _id(request)
+    await _scope_of(request, sub_id)
+    await request.app["service"].write(subs.delete, sub_id)
+    await _engine(request).refresh({sub_id})
+    return web.Response(status=204)
+
+
+@_handler
+async def add_streams(request: web.Request) -> web.Response:
+    sub_id = _id(request)
+    body = await _json(request)
+    raw = body.get("streams") if isinstance(body, dict) else None
+    if not isinstance(raw, list) or not raw:
+        raise subs.InvalidRequest("streams must be a non-empty list of stream paths", "streams")
+    paths = list(dict.fromkeys(subs._path(p, "streams") for p in raw))
+    _scope(request, paths)
+    await _scope_of(request, sub_id)
+    await request.app["service"].write(subs.add_streams, sub_id, paths)
+    await _engine(request).refresh({sub_id})
+    return web.Response(status=204)
+
+
+@_handler
+async def remove_stream(request: web.Request) -> web.Response:
+    sub_id = _id(request)
+    path = subs.normalize_path(unquote(request.match_info["path"]))
+    await _scope_of(request, sub_id)
+    await request.app["service"].write(subs.remove_stream, sub_id, path)
+    await _engine(request).refresh({sub_id})
+    return web.Response(status=204)
+
+
+@_handler
+async def callback(request: web.Request) -> web.Response:
+    token = _bearer(request)
+    answer = await _engine(request).run(
+        subs.settle, _id(request), token, await _json(request), "callback"
+    )
+    return web.json_response(answer)
+
+
+@_handler
+async def ack(request: web.Request) -> web.Response:
+    token = _bearer(request)
+    answer = await _engine(request).run(
+        subs.settle, _id(request), token, await _json(request), "ack"
+    )
+    return web.json_response(answer)
+
+
+@_handler
+async def release(request: web.Request) -> web.Response:
+    token = _bearer(request)
+    await _engine(request).run(subs.release, _id(request), token, await _json(request))
+    return web.Response(status=204)
+
+
+@_handler
+async def claim(request: web.Request) -> web.Response:
+    sub_id = _id(request)
+    body = await _json(request)
+    worker = body.get("worker") if isinstance(body, dict) else None
+    if not isinstance(worker, str) or not worker or len(worker) > 256:
+        raise subs.InvalidRequest("worker must be a string of 1 to 256 characters", "worker")
+    await _scope_of(request, sub_id)
+    return web.json_response(await _engine(request).run(subs.claim, sub_id, worker))
+
+
+@_handler
+async def not_found(request: web.Request) -> web.Response:
+    raise subs.SubscriptionNotFound("no Durable Streams control route here", "path")
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get(JWKS, jwks, allow_head=False),
+        web.put(SUBS, put_subscription),
+        web.get(SUBS, get_subscription, allow_head=False),
+        web.delete(SUBS, delete_subscription),
+        web.post(SUBS + "/streams", add_streams),
+        web.delete(SUBS + "/streams/{path:.+}", remove_stream),
+        web.post(SUBS + "/callback", callback),
+        web.post(SUBS + "/claim", claim),
+        web.post(SUBS + "/ack", ack),
+        web.post(SUBS + "/release", release),
+        web.route("*", PREFIX + "/{tail:.*}", not_found),
+    ]
+
+
+def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
+    """The routes; call before the stream routes are added."""
+    app["webhooks_allow_loopback"] = allow_loopback
+    app.router.add_routes(routes())
+    if subs.purge_stream not in lifecycle.purge_hooks:
+        lifecycle.purge_hooks.append(subs.purge_stream)
+
+
+def attach(app: web.Application) -> None:
+    """The engine's life cycle; call after the service's own start hook is registered."""
+    allow_loopback = app["webhooks_allow_loopback"]
+
+    async def start(app: web.Application) -> None:
+        sender = WebhookSender(allow_loopback)
+        app["webhook_sender"] = sender
+        engine = SubscriptionEngine(app["service"], sender.send)
+        app["subscriptions"] = engine
+        await engine.start()
+
+    async def stop(app: web.Application) -> None:
+        await app["subscriptions"].stop()
+        await app["webhook_sender"].close()
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)

@@ -1,0 +1,257 @@
+"""The subscription engine: wakes subscriptions on appends and runs their timers.
+
+Nothing here polls. The notifier hands the engine the names of the streams each commit
+changed (this process's writer, or PostgreSQL LISTEN/NOTIFY for other processes); an
+in-memory index of patterns and explicit links says which subscriptions care, and one write
+decides their wakes. What must happen later (a webhook retry, a lease running out) is one
+``loop.call_at`` timer per subscription at its persisted deadline, so a restart re-arms the
+same schedule from the database.
+
+The engine sends nothing itself: the HTTP layer gives it ``send``, which POSTs a signed body
+and says whether the webhook took it and whether it answered ``{"done": true}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stations.domain import subscriptions as subs
+from stations.domain.subscriptions import INDEX_KEY, WAKE_KEY, Context, Delivery, Outcome
+from stations.domain.subscriptions_keys import Signer
+from stations.store import subscriptions as store
+from stations.store.writer import now_ms
+
+log = logging.getLogger("stations.subscriptions")
+
+RETRY_AFTER_FAILURE_S = 1.0
+# (url, body, headers) -> (accepted, done)
+Send = Callable[[str, bytes, dict[str, str]], Awaitable[tuple[bool, bool]]]
+
+
+class Index:
+    """Which subscriptions a stream name concerns: explicit links, and patterns."""
+
+    def __init__(self) -> None:
+        self._defs: dict[str, dict[str, Any]] = {}
+        self._explicit: dict[str, set[str]] = {}
+        self._patterns: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._defs)
+
+    def __contains__(self, sub_id: str) -> bool:
+        return sub_id in self._defs
+
+    def put(self, sub_id: str, row: dict[str, Any] | None) -> None:
+        old = self._defs.pop(sub_id, None)
+        if old is not None:
+            for path in old["explicit"]:
+                self._discard(self._explicit, path, sub_id)
+            if old["pattern"]:
+                self._discard(self._patterns, old["pattern"], sub_id)
+        if row is None:
+            return
+        self._defs[sub_id] = row
+        for path in row["explicit"]:
+            self._explicit.setdefault(path, set()).add(sub_id)
+        if row["pattern"]:
+            self._patterns.setdefault(row["pattern"], set()).add(sub_id)
+
+    @staticmethod
+    def _discard(table: dict[str, set[str]], key: str, sub_id: str) -> None:
+        ids = table.get(key)
+        if ids is not None:
+            ids.discard(sub_id)
+            if not ids:
+                del table[key]
+
+    def match(self, path: str) -> set[str]:
+        out = set(self._explicit.get(path, ()))
+        for pattern, ids in self._patterns.items():
+            if subs.glob_match(pattern, path):
+                out |= ids
+        # A pull-wake subscription's own wake events must not wake it again.
+        return {i for i in out if self._defs[i]["wake_stream"] != path}
+
+
+class SubscriptionEngine:
+    def __init__(self, service: Any, send: Send, *, concurrency: int = 32) -> None:
+        self._service = service
+        self._send = send
+        self._sem = asyncio.Semaphore(concurrency)  # webhook POSTs in flight at most
+        self.index = Index()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._touched: dict[str, set[str]] = {}
+        self._index_dirty: set[str] = set()
+        self._wake_dirty: set[str] = set()
+        self._drainer: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.ctx: Context | None = None
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        service = self._service
+        signer = await service.write(subs.load_signer)
+        self.ctx = Context(signer, service.ids)
+        # Only PostgreSQL has other processes whose changes arrive as notifications.
+        self._shared = service.write_engine.dialect.name == "postgresql"
+        for row in await service.read_db(store.definitions):
+            self.index.put(row["id"], row)
+        service.notifier.listeners.append(self._on_fire)
+        ids = list(self.index._defs)
+        if ids:
+            self._arm_all(await service.write(subs.sweep, self.ctx, ids))
+
+    async def stop(self) -> None:
+        self._stopped = True
+        with contextlib.suppress(ValueError):
+            self._service.notifier.listeners.remove(self._on_fire)
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        tasks = list(self._tasks) + ([self._drainer] if self._drainer else [])
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    @property
+    def signer(self) -> Signer:
+        assert self.ctx is not None
+        return self.ctx.signer
+
+    # -- ops through the writer -----------------------------------------------------------
+
+    async def run(self, fn: Callable[..., Outcome], *args: Any) -> Any:
+        """Run a subscription op in the writer's transaction; arm what it scheduled."""
+        out: Outcome = await self._service.write(fn, self.ctx, *args)
+        self._arm_all(out)
+        return out.value
+
+    async def refresh(self, sub_ids: set[str]) -> None:
+        """Bring the index up to date for ``sub_ids`` (after this or another process changed
+        them); subscriptions new to this process get a sweep so nothing they match is missed."""
+        rows = {r["id"]: r for r in await self._service.read_db(store.definitions, sub_ids)}
+        fresh = [i for i in rows if i not in self.index]
+        for sub_id in sub_ids:
+            self.index.put(sub_id, rows.get(sub_id))
+            if sub_id not in rows:
+                self._disarm(sub_id)
+        if fresh and self._shared:
+            self._arm_all(await self._service.write(subs.sweep, self.ctx, fresh))
+
+    # -- wake-ups -------------------------------------------------------------------------
+
+    def _on_fire(self, keys: set[str]) -> None:
+        if self._stopped or self.ctx is None:
+            return
+        for key in keys:
+            if key.startswith("__ds/"):
+                if not self._shared:
+                    continue  # this process made the change and has acted on it already
+                if key.startswith(WAKE_KEY):
+                    self._wake_dirty.add(key[len(WAKE_KEY) :])
+                elif key.startswith(INDEX_KEY):
+                    self._index_dirty.add(key[len(INDEX_KEY) :])
+            elif len(self.index):
+                ids = self.index.match(key)
+                if ids:
+                    self._touched.setdefault(key, set()).update(ids)
+        if (self._touched or self._index_dirty or self._wake_dirty) and self._drainer is None:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._touched or self._index_dirty or self._wake_dirty:
+                try:
+                    if self._index_dirty:
+                        ids, self._index_dirty = self._index_dirty, set()
+                        await self.refresh(ids)
+                    if self._touched:
+                        touched, self._touched = self._touched, {}
+                        try:
+                            await self.run(
+                                subs.on_append, {p: sorted(ids) for p, ids in touched.items()}
+                            )
+                        except Exception:
+                            # Not decided: keep the streams for the next round, so no append
+                            # is forgotten; wait a moment before asking the database again.
+                            for path, ids in touched.items():
+                                self._touched.setdefault(path, set()).update(ids)
+                            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                            raise
+                    if self._wake_dirty:
+                        ids, self._wake_dirty = self._wake_dirty, set()
+                        for sub_id, at in await self._service.read_db(store.deadlines, ids):
+                            self._arm(sub_id, at)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # The next append or timer tries again; nothing was acknowledged.
+                    log.exception("subscription wake-up failed")
+        finally:
+            self._drainer = None
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def _arm_all(self, out: Outcome) -> None:
+        for sub_id, at in out.deadlines:
+            self._arm(sub_id, at)
+
+    def _arm(self, sub_id: str, at_ms: int) -> None:
+        if self._stopped:
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0, at_ms - now_ms()) / 1000
+        handle = self._timers.get(sub_id)
+        if handle is not None:
+            if handle.when() <= when:
+                return  # an earlier timer will look and re-arm for the later moment
+            handle.cancel()
+        self._timers[sub_id] = loop.call_at(when, self._fire_timer, sub_id)
+
+    def _disarm(self, sub_id: str) -> None:
+        handle = self._timers.pop(sub_id, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _fire_timer(self, sub_id: str) -> None:
+        self._timers.pop(sub_id, None)
+        self._spawn(self._due(sub_id))
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _due(self, sub_id: str) -> None:
+        try:
+            # The slot is taken before the attempt is claimed in the database: an attempt that
+            # waited for a slot longer than its claim would otherwise be claimed again.
+            async with self._sem:
+                delivery = await self.run(subs.due, sub_id)
+                if delivery is not None:
+                    await self._deliver(delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("subscription %s: timer work failed", sub_id)
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        headers = {
+            "Content-Type": "application/json",
+            "Webhook-Signature": self.signer.signature_header(delivery.body),
+        }
+        try:
+            ok, done = await self._send(delivery.url, delivery.body, headers)
+        except Exception as exc:
+            log.warning("subscription %s: webhook delivery failed: %r", delivery.sub_id, exc)
+            ok, done = False, False
+        await self.run(subs.delivered, delivery.sub_id, delivery.wake_id, ok, done)

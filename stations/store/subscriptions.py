@@ -1,0 +1,184 @@
+"""SQL for Durable Streams subscriptions (the decisions are in stations/domain/subscriptions.py).
+
+Rows travel as plain dicts. Reads of a subscription inside the writer's transaction lock its
+row on PostgreSQL (``FOR UPDATE``), so two processes woken by the same append serialize on it
+and only one of them starts the wake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
+
+from stations.store.schema import ds_signing_keys, ds_subscription_streams, ds_subscriptions
+from stations.store.schema import streams as streams_table
+
+Row = dict[str, Any]
+_CHUNK = 500  # ids per IN (...) list
+
+# Built once: constructing a Core statement costs more than running these small ones.
+_GET = select(ds_subscriptions).where(ds_subscriptions.c.id == bindparam("sub_id"))
+_GET_LOCKED = _GET.with_for_update()
+_INSERT = insert(ds_subscriptions)
+_INSERT_LINK = insert(ds_subscription_streams)
+_LINKS = (
+    select(ds_subscription_streams)
+    .where(ds_subscription_streams.c.subscription_id == bindparam("sub_id"))
+    .order_by(ds_subscription_streams.c.path)
+)
+_TAIL = select(streams_table.c.name, streams_table.c.tail).where(
+    streams_table.c.name == bindparam("name"), streams_table.c.deleted.is_(False)
+)
+
+
+def get(conn: Connection, sub_id: str, *, lock: bool = False) -> Row | None:
+    row = conn.execute(_GET_LOCKED if lock else _GET, {"sub_id": sub_id}).mappings().first()
+    return dict(row) if row is not None else None
+
+
+def insert_subscription(conn: Connection, row: Row) -> None:
+    conn.execute(_INSERT, row)
+
+
+def update_subscription(conn: Connection, sub_id: str, values: Row) -> None:
+    conn.execute(update(ds_subscriptions).where(ds_subscriptions.c.id == sub_id).values(**values))
+
+
+def delete_subscription(conn: Connection, sub_id: str) -> bool:
+    conn.execute(
+        delete(ds_subscription_streams).where(ds_subscription_streams.c.subscription_id == sub_id)
+    )
+    return (
+        conn.execute(delete(ds_subscriptions).where(ds_subscriptions.c.id == sub_id)).rowcount > 0
+    )
+
+
+def links(conn: Connection, sub_id: str) -> list[Row]:
+    return [dict(r) for r in conn.execute(_LINKS, {"sub_id": sub_id}).mappings()]
+
+
+def insert_link(conn: Connection, sub_id: str, path: str, *, explicit: bool, acked: int) -> None:
+    conn.execute(
+        _INSERT_LINK,
+        {
+            "subscription_id": sub_id,
+            "path": path,
+            "explicit": explicit,
+            "glob": not explicit,
+            "acked": acked,
+        },
+    )
+
+
+def update_link(conn: Connection, sub_id: str, path: str, values: Row) -> None:
+    conn.execute(
+        update(ds_subscription_streams)
+        .where(ds_subscription_streams.c.subscription_id == sub_id)
+        .where(ds_subscription_streams.c.path == path)
+        .values(**values)
+    )
+
+
+def delete_link(conn: Connection, sub_id: str, path: str) -> None:
+    conn.execute(
+        delete(ds_subscription_streams)
+        .where(ds_subscription_streams.c.subscription_id == sub_id)
+        .where(ds_subscription_streams.c.path == path)
+    )
+
+
+def forget_stream(conn: Connection, path: str) -> None:
+    """A deleted stream leaves every subscription."""
+    conn.execute(delete(ds_subscription_streams).where(ds_subscription_streams.c.path == path))
+
+
+def tails(conn: Connection, paths: Iterable[str]) -> dict[str, int]:
+    """The tail position of each live stream among ``paths`` (absent ones are missing)."""
+    names = list(dict.fromkeys(paths))
+    out: dict[str, int] = {}
+    if len(names) == 1:
+        row = conn.execute(_TAIL, {"name": names[0]}).first()
+        return {row[0]: row[1]} if row is not None else {}
+    for i in range(0, len(names), _CHUNK):
+        query = select(streams_table.c.name, streams_table.c.tail).where(
+            streams_table.c.name.in_(names[i : i + _CHUNK]), streams_table.c.deleted.is_(False)
+        )
+        out.update({name: tail for name, tail in conn.execute(query)})
+    return out
+
+
+def stream_names(conn: Connection) -> list[str]:
+    query = select(streams_table.c.name).where(streams_table.c.deleted.is_(False))
+    return [name for (name,) in conn.execute(query)]
+
+
+def definitions(conn: Connection, ids: Iterable[str] | None = None) -> list[Row]:
+    """What the in-memory wake index needs: pattern, wake stream and explicit paths per id."""
+    query = select(
+        ds_subscriptions.c.id, ds_subscriptions.c.pattern, ds_subscriptions.c.wake_stream
+    )
+    link_query = select(
+        ds_subscription_streams.c.subscription_id, ds_subscription_streams.c.path
+    ).where(ds_subscription_streams.c.explicit.is_(True))
+    rows: list[Row] = []
+    wanted = None if ids is None else list(ids)
+    chunks = (
+        [None]
+        if wanted is None
+        else [wanted[i : i + _CHUNK] for i in range(0, len(wanted), _CHUNK)]
+    )
+    for chunk in chunks:
+        q, lq = query, link_query
+        if chunk is not None:
+            q = q.where(ds_subscriptions.c.id.in_(chunk))
+            lq = lq.where(ds_subscription_streams.c.subscription_id.in_(chunk))
+        explicit: dict[str, list[str]] = {}
+        for sub_id, path in conn.execute(lq):
+            explicit.setdefault(sub_id, []).append(path)
+        for r in conn.execute(q).mappings():
+            rows.append({**r, "explicit": explicit.get(r["id"], [])})
+    return rows
+
+
+def deadlines(conn: Connection, ids: Iterable[str] | None = None) -> list[tuple[str, int]]:
+    """(id, the earliest moment something is due) for subscriptions with a wake in flight."""
+    query = select(
+        ds_subscriptions.c.id,
+        ds_subscriptions.c.next_attempt_at,
+        ds_subscriptions.c.lease_expires_at,
+    ).where(ds_subscriptions.c.wake_id.is_not(None))
+    wanted = None if ids is None else list(ids)
+    chunks = (
+        [None]
+        if wanted is None
+        else [wanted[i : i + _CHUNK] for i in range(0, len(wanted), _CHUNK)]
+    )
+    out: list[tuple[str, int]] = []
+    for chunk in chunks:
+        q = query if chunk is None else query.where(ds_subscriptions.c.id.in_(chunk))
+        for sub_id, attempt_at, lease_at in conn.execute(q):
+            due = [t for t in (attempt_at, lease_at) if t is not None]
+            if due:
+                out.append((sub_id, min(due)))
+    return out
+
+
+def all_ids(conn: Connection) -> list[str]:
+    return [sub_id for (sub_id,) in conn.execute(select(ds_subscriptions.c.id))]
+
+
+def signing_keys(conn: Connection) -> list[Row]:
+    query = select(ds_signing_keys).order_by(ds_signing_keys.c.created_at, ds_signing_keys.c.kid)
+    return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def add_signing_key(conn: Connection, kid: str, private_pem: str, created_at: int) -> None:
+    """Insert unless a key exists already: of two processes starting at once, one key wins."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("LOCK TABLE ds_signing_keys IN EXCLUSIVE MODE")
+    if conn.execute(select(ds_signing_keys.c.kid).limit(1)).first() is None:
+        conn.execute(
+            insert(ds_signing_keys).values(kid=kid, private_pem=private_pem, created_at=created_at)
+        )
