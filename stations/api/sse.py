@@ -9,7 +9,8 @@ import re
 
 from aiohttp import web
 
-from stations.api.streams import MAX_READ_BYTES, cursor, service, sse_payload
+from stations.api import reading
+from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.offsets import encode
 from stations.domain.streams import is_json_type
 
@@ -22,10 +23,12 @@ def _event(kind: str, payload: str) -> bytes:
 
 
 async def serve_sse(request: web.Request, name: str, position: int | None) -> web.StreamResponse:
-    svc = service(request)
+    svc = request.app["service"]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + request.app["sse_lifetime_s"]
-    first = await svc.read(name, position, max_bytes=MAX_READ_BYTES)
+    # A shared read (timeout 0: at once, even empty), like the long-poll's.
+    first = await svc.read_or_wait(name, position, 0, max_bytes=MAX_READ_BYTES)
+    await svc.touch(first.state)
     state = first.state
     response = web.StreamResponse(status=200)
     response.content_type = "text/event-stream"
@@ -35,13 +38,16 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
         response.headers["Stream-SSE-Data-Encoding"] = "base64"
     await response.prepare(request)
     client_cursor = request.query.get("cursor")
-    result = first
+    result, opening = first, True
+    del first  # a page is held (and counted in the memory budget) only while it is sent
     try:
         while True:
-            # A data event and its control event go out in one write, so a reader never sees
-            # one without the other.
-            chunk = _event("data", sse_payload(state, result)) if result.count else b""
-            if result.count or result is first or result.closed:
+            # A data event and its control event go out back to back, with no await between
+            # them when both are small; large data events go out in drained chunks.
+            data = reading.sse_data(request, result, _event) if result.count else b""
+            chunk = b""
+            if result.count or opening or result.closed:
+                opening = False
                 control: dict[str, object] = {"streamNextOffset": encode(result.next)}
                 if result.closed:
                     control["streamClosed"] = True
@@ -52,6 +58,11 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
                     if result.up_to_date:
                         control["upToDate"] = True
                 chunk += _event("control", json.dumps(control, separators=(",", ":")))
+            if len(data) + len(chunk) <= reading.CHUNK:
+                chunk = data + chunk
+            elif data:
+                await reading.send(response, data)
+            del data
             if chunk:
                 await response.write(chunk)
             if result.closed:

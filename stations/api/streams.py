@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-import random
 import re
-import time
 from datetime import UTC, datetime
 from urllib.parse import unquote
 
 from aiohttp import web
 
+from stations.api import reading
+from stations.api.reading import MAX_READ_BYTES, cursor
+from stations.api.sse import serve_sse
 from stations.domain import framing
 from stations.domain.errors import BadRequest
 from stations.domain.lifecycle import CreateRequest
@@ -22,13 +22,9 @@ from stations.domain.station import default_config
 from stations.domain.streams import StreamState, is_json_type
 
 PREFIX = "/v1/stream/"
-MAX_READ_BYTES = 4 * 1024 * 1024  # a catch-up response carries at most about this much
-CURSOR_EPOCH = datetime(2024, 10, 9).timestamp()
-CURSOR_INTERVAL_S = 20
 _TTL = re.compile(r"^(0|[1-9][0-9]*)$")
 _SUB = re.compile(r"^(0|[1-9][0-9]*)$")
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,256}$")
-_CURSOR = re.compile(r"^[0-9]{1,18}$")
 # Control characters, and the surrogates that stand for header bytes that were not UTF-8.
 _NOT_TEXT = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
@@ -101,15 +97,6 @@ def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
 def _rfc3339(ms: int) -> str:
     moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def cursor(client_cursor: str | None) -> str:
-    """Interval-based cursor, never going backwards for a client (§10.1)."""
-    current = int((time.time() - CURSOR_EPOCH) // CURSOR_INTERVAL_S)
-    # A cursor is only an echo: anything but a plausible interval number is ignored.
-    if client_cursor and _CURSOR.match(client_cursor) and int(client_cursor) >= current:
-        return str(int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S))
-    return str(current)
 
 
 # -- create -----------------------------------------------------------------------------------
@@ -302,10 +289,6 @@ def append_response(result: AppendResult, with_producer: bool, with_msg_id: bool
 # -- read -------------------------------------------------------------------------------------
 
 
-def _body(state: StreamState, result: ReadResult) -> bytes:
-    return framing.join_json(result.parts) if state.is_json else b"".join(result.parts)
-
-
 def _etag(result: ReadResult) -> str:
     tag = f"{result.state.id}:{result.start}:{result.next}"
     if result.closed:
@@ -331,15 +314,14 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         raise BadRequest("live reads need an offset", "offset")
     position = _offset(request)
     svc = service(request)
-    state = await svc.stream(name)
-    await svc.touch(state)
     if live == "sse":
-        from stations.api.sse import serve_sse
-
         return await serve_sse(request, name, position)
     if live == "long-poll":
+        # No read of the stream first: the many readers of one stream share reads, and a
+        # reader at a tail they already saw waits without touching the database.
         timeout = request.app["long_poll_timeout_s"]
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
+        await svc.touch(result.state)
         if not result.count:
             response = web.Response(status=204)
             _read_headers(response, result)
@@ -348,13 +330,15 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
                 response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
             response.headers["Cache-Control"] = "no-store"
             return response
-        response = web.Response(status=200, body=_body(result.state, result))
+        response = web.Response(status=200)
         _read_headers(response, result)
         response.headers["ETag"] = _etag(result)
         response.headers["Cache-Control"] = CACHEABLE
         if not result.closed:
             response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
-        return response
+        return await reading.respond(request, response, reading.body(request, result))
+    state = await svc.stream(name)
+    await svc.touch(state)
     result = await svc.read(name, position, max_bytes=MAX_READ_BYTES)
     if position is None:
         response = web.Response(status=200, body=b"[]" if state.is_json else b"")
@@ -368,11 +352,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         response.headers["ETag"] = etag
         response.headers["Stream-Next-Offset"] = encode(result.next)
         return response
-    response = web.Response(status=200, body=_body(result.state, result))
+    response = web.Response(status=200)
     _read_headers(response, result)
     response.headers["ETag"] = etag
     response.headers["Cache-Control"] = CACHEABLE
-    return response
+    return await reading.respond(request, response, reading.body(request, result))
 
 
 async def head_stream(request: web.Request) -> web.Response:
@@ -389,16 +373,6 @@ async def head_stream(request: web.Request) -> web.Response:
 async def delete_stream(request: web.Request) -> web.Response:
     await service(request).delete(stream_name(request))
     return web.Response(status=204)
-
-
-def sse_payload(state: StreamState, result: ReadResult) -> str:
-    """The text of one ``data`` event: JSON array, text as is, other types base64."""
-    if state.is_json:
-        return _body(state, result).decode()
-    raw = b"".join(result.parts)
-    if state.content_type.lower().startswith("text/"):
-        return raw.decode("utf-8", errors="replace")
-    return base64.b64encode(raw).decode()
 
 
 def routes() -> list[web.RouteDef]:

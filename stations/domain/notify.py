@@ -3,12 +3,29 @@
 A waiter subscribes *before* it reads, so an append that commits between its read and its wait
 still wakes it. Nothing here polls the database: the writer fires after each commit, and on
 PostgreSQL a LISTEN connection relays commits made by other processes (see ``pgnotify``).
+
+Reads are shared within a *generation*: the time between two fires of a key. While no fire has
+come, the database holds nothing new for that key that a read begun in the generation missed, so
+every reader of the same position gets the one read's result, and a reader at the tail a read
+of this generation saw needs no read at all (the generation's ``snapshot``). One append thus
+costs one read for all the readers woken at the same position, however many they are.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _Generation:
+    __slots__ = ("flights", "snapshot")
+
+    def __init__(self) -> None:
+        self.flights: dict[Hashable, asyncio.Task[Any]] = {}
+        self.snapshot: Any = None
 
 
 class Notifier:
@@ -16,6 +33,7 @@ class Notifier:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         # Called with the keys of every fire (subscriptions wake on appends this way).
         self.listeners: list[Callable[[set[str]], None]] = []
+        self._generations: dict[str, _Generation] = {}
 
     def subscribe(self, key: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -35,11 +53,16 @@ class Notifier:
         if not isinstance(keys, set):
             keys = set(keys)
         for key in keys:
+            self._generations.pop(key, None)
             for future in self._waiters.pop(key, ()):
                 if not future.done():
                     future.set_result(None)
         for listener in self.listeners:
             listener(keys)
+
+    def fire_all(self) -> None:
+        """Something may have changed anywhere (a lost LISTEN connection came back)."""
+        self.fire(set(self._waiters) | set(self._generations))
 
     async def wait(self, future: asyncio.Future[None], timeout: float) -> bool:
         """True when woken, False on timeout."""
@@ -50,3 +73,50 @@ class Notifier:
             return True
         except TimeoutError:
             return False
+
+    # -- shared reads -----------------------------------------------------------------------
+
+    def snapshot(self, key: str) -> Any:
+        """What a read of the current generation left for later readers (None: nothing)."""
+        generation = self._generations.get(key)
+        return None if generation is None else generation.snapshot
+
+    async def shared(
+        self,
+        key: str,
+        part: Hashable,
+        read: Callable[[], Awaitable[T]],
+        keep: Callable[[T], Any] = lambda _result: None,
+    ) -> T:
+        """``read()`` once for every caller asking for ``part`` of ``key`` in this generation.
+
+        Callers must have subscribed to ``key`` first. ``keep(result)``, if not None, becomes the
+        generation's snapshot (unless a fire ended the generation meanwhile).
+        """
+        generation = self._generations.get(key)
+        if generation is None:
+            generation = self._generations[key] = _Generation()
+        task = generation.flights.get(part)
+        if task is None:
+
+            async def run() -> T:
+                try:
+                    result = await read()
+                finally:
+                    generation.flights.pop(part, None)
+                kept = keep(result)
+                if kept is not None:
+                    generation.snapshot = kept
+                return result
+
+            # A task of its own: one caller going away does not cancel the others' read.
+            task = asyncio.get_running_loop().create_task(run())
+            task.add_done_callback(_retrieve)
+            generation.flights[part] = task
+        return await asyncio.shield(task)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Every caller may have gone: mark the failure as seen so asyncio does not log it."""
+    if not task.cancelled():
+        task.exception()

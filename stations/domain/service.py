@@ -7,6 +7,7 @@ scheduler. Everything it answers is a domain object; it knows nothing of HTTP.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,8 @@ from stations.domain import (
     reads,
     transactions,
 )
+from stations.domain.budget import ByteBudget
+from stations.domain.errors import StationsError
 from stations.domain.groups import SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
@@ -44,6 +47,11 @@ T = TypeVar("T")
 GAP_HOLD_S = 2.0
 
 
+def _tail_state(result: ReadResult) -> StreamState | None:
+    """A page that reached the tail tells later readers of its generation where the tail is."""
+    return result.state if result.next >= result.state.tail else None
+
+
 class Service:
     def __init__(
         self,
@@ -53,10 +61,14 @@ class Service:
         read_threads: int = 4,
         id_cache_size: int | None = None,
         recent_ids: int = SPILL_AT,
+        read_budget_bytes: int = 64 << 20,
     ) -> None:
         self.url = db.normalize_url(url or db.default_url())
         self.durability = durability
         self.notifier = Notifier()
+        # Bytes of read pages in memory across all connections (see stations.domain.budget).
+        self.budget = ByteBudget(read_budget_bytes)
+        self.read_transactions = 0  # exported as a metric
         # Sorted runs of older ids need one writer process: SQLite only (see stations.store.idruns).
         runs = IdRuns(recent_ids, recent_ids // 2) if db.is_sqlite(self.url) else None
         self.ids = IdWindow(id_cache_size or CACHE_SIZE, runs)
@@ -85,7 +97,7 @@ class Service:
         if self.write_engine.dialect.name == "postgresql":
             from stations.store.pgnotify import Listener
 
-            self._listener = Listener(self.url, self.notifier.fire)
+            self._listener = Listener(self.url, self.notifier.fire, self.notifier.fire_all)
             await self._listener.start()
         from stations.domain.scheduler import Scheduler
 
@@ -114,6 +126,8 @@ class Service:
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(conn, *args)`` in a read transaction on a reader thread."""
+
+        self.read_transactions += 1
 
         def run() -> T:
             with self.read_engine.connect() as conn, conn.begin():
@@ -159,18 +173,35 @@ class Service:
                 self.notifier.unsubscribe(req.name, woken)
 
     async def read(self, name: str, position: int | None, *, max_bytes: int) -> ReadResult:
-        return await self.read_db(reads.read, name, position, now=now_ms(), max_bytes=max_bytes)
+        """A catch-up page, within the memory budget (a smaller page when it runs short)."""
+        grant = await self.budget.take(max_bytes)
+        try:
+            result = await self.read_db(reads.read, name, position, now=now_ms(), max_bytes=grant)
+        except BaseException:
+            self.budget.give(grant)
+            raise
+        self.budget.hold(result, grant, sum(map(len, result.parts)))
+        return result
 
     async def read_or_wait(
         self, name: str, position: int | None, timeout: float, *, max_bytes: int
     ) -> ReadResult:
-        """Long-poll: return at once if there is data (or EOF), else wait up to ``timeout``."""
+        """Long-poll: return at once if there is data (or EOF), else wait up to ``timeout``.
+
+        Readers share reads (``Notifier.shared``): the readers an append wakes at one position
+        cost one read together, and a reader arriving at the tail such a read saw costs none.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             woken = self.notifier.subscribe(name)
             try:
-                result = await self.read(name, position, max_bytes=max_bytes)
+                result = self._at_known_tail(name, position)
+                if result is None:
+                    read = functools.partial(self.read, name, position, max_bytes=max_bytes)
+                    result = await self.notifier.shared(
+                        name, (position, max_bytes), read, _tail_state
+                    )
                 if position is None:
                     position = result.start
                 if result.count or result.closed:
@@ -179,6 +210,21 @@ class Service:
                     return result
             finally:
                 self.notifier.unsubscribe(name, woken)
+
+    def _at_known_tail(self, name: str, position: int | None) -> ReadResult | None:
+        """An empty page at ``position`` if a read of this generation ended there; else None."""
+        state: StreamState | None = self.notifier.snapshot(name)
+        if state is None:
+            return None
+        try:
+            log.live_stream(state, name, now_ms())  # a TTL or Expires-At may have passed
+        except StationsError:
+            return None  # let a real read answer (another reader may have renewed the TTL)
+        if position is None:
+            position = state.tail
+        if position != state.tail:
+            return None
+        return ReadResult(state, position, position, True)
 
     # -- stations (management API) -----------------------------------------------------------
 

@@ -22,9 +22,15 @@ def _dsn(url: str) -> str:
 
 
 class Listener:
-    def __init__(self, url: str, fire: Callable[[set[str]], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        fire: Callable[[set[str]], None],
+        on_connect: Callable[[], None] = lambda: None,
+    ) -> None:
         self._dsn = _dsn(url)
         self._fire = fire
+        self._on_connect = on_connect
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
@@ -47,6 +53,8 @@ class Listener:
                     self._dsn, autocommit=True
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    # Commits made while no LISTEN ran were never announced: wake everyone.
+                    self._on_connect()
                     self._ready.set()
                     async for note in conn.notifies():
                         self._fire({note.payload})

@@ -1,0 +1,99 @@
+"""What catch-up, long-poll and SSE reads share: page bodies, cursors and back-pressured writes.
+
+A page's body is built once per page object (many long-poll or SSE readers woken by one append
+share one page) and counted in the service's memory budget for as long as the page lives. It
+goes out in bounded chunks, each awaited until the connection drained, so a client that does not
+read holds at most a chunk or two in the transport beside the shared page.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import re
+import time
+import weakref
+from collections.abc import Callable
+from datetime import datetime
+
+from aiohttp import web
+
+from stations.domain import framing
+from stations.domain.reads import ReadResult
+from stations.domain.streams import StreamState
+
+MAX_READ_BYTES = 4 * 1024 * 1024  # a catch-up response carries at most about this much
+CHUNK = 64 * 1024  # one write; aiohttp drains the transport after each 64 KiB written
+CURSOR_EPOCH = datetime(2024, 10, 9).timestamp()
+CURSOR_INTERVAL_S = 20
+_CURSOR = re.compile(r"^[0-9]{1,18}$")
+
+# Bodies built from a page, by (id of the page, kind); each lives exactly as long as its page.
+_built: dict[tuple[int, str], bytes] = {}
+
+
+def cursor(client_cursor: str | None) -> str:
+    """Interval-based cursor, never going backwards for a client (§10.1)."""
+    current = int((time.time() - CURSOR_EPOCH) // CURSOR_INTERVAL_S)
+    # A cursor is only an echo: anything but a plausible interval number is ignored.
+    if client_cursor and _CURSOR.match(client_cursor) and int(client_cursor) >= current:
+        return str(int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S))
+    return str(current)
+
+
+def _join(state: StreamState, result: ReadResult) -> bytes:
+    return framing.join_json(result.parts) if state.is_json else b"".join(result.parts)
+
+
+def sse_payload(state: StreamState, result: ReadResult) -> str:
+    """The text of one ``data`` event: JSON array, text as is, other types base64."""
+    if state.is_json:
+        return _join(state, result).decode()
+    raw = b"".join(result.parts)
+    if state.content_type.lower().startswith("text/"):
+        return raw.decode("utf-8", errors="replace")
+    return base64.b64encode(raw).decode()
+
+
+def _cached(
+    kind: str, request: web.Request, result: ReadResult, build: Callable[[], bytes]
+) -> bytes:
+    key = (id(result), kind)
+    body = _built.get(key)
+    if body is None:
+        body = _built[key] = build()
+        weakref.finalize(result, _built.pop, key, None)
+        request.app["service"].budget.charge(result, len(body))
+    return body
+
+
+def body(request: web.Request, result: ReadResult) -> bytes:
+    """The response body of a page (a JSON array on JSON streams), built once per page."""
+    if not result.state.is_json and len(result.parts) == 1:
+        return result.parts[0]  # no copy
+    return _cached("body", request, result, lambda: _join(result.state, result))
+
+
+def sse_data(request: web.Request, result: ReadResult, event: Callable[[str, str], bytes]) -> bytes:
+    """The ``data`` event of a page, built once per page."""
+    return _cached("sse", request, result, lambda: event("data", sse_payload(result.state, result)))
+
+
+async def send(response: web.StreamResponse, data: bytes) -> None:
+    """Write ``data`` in bounded chunks, each drained before the next (back-pressure)."""
+    view = memoryview(data)
+    for start in range(0, len(view), CHUNK):
+        await response.write(view[start : start + CHUNK])
+
+
+async def respond(request: web.Request, response: web.Response, data: bytes) -> web.StreamResponse:
+    """Send a prepared-to-be response with ``data`` as its body, small ones in one piece."""
+    if len(data) <= CHUNK:
+        response.body = data
+        return response
+    stream = web.StreamResponse(status=response.status, headers=response.headers)
+    stream.content_length = len(data)
+    await stream.prepare(request)
+    await send(stream, data)
+    await stream.write_eof()
+    return stream

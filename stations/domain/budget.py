@@ -1,0 +1,88 @@
+"""A global budget for the bytes of read pages held in memory, across every connection.
+
+A catch-up page is up to a few MB; a client that asks for pages and never reads them would
+otherwise pin one per connection. Each read takes a grant before it runs (waiting, in order,
+while the budget is spent), trims it to what the page really holds, and keeps that much until
+the page object is freed: a page shared by many waiters is counted once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+
+MIN_GRANT = 64 * 1024  # a read waits for at least this much room rather than run tiny pages
+
+
+class Overloaded(Exception):
+    """The budget stayed spent for the whole wait: the caller should answer 503."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class ByteBudget:
+    def __init__(self, limit: int, wait_s: float = 10.0) -> None:
+        self.limit = limit
+        self.used = 0
+        self.wait_s = wait_s
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    @property
+    def free(self) -> int:
+        return self.limit - self.used
+
+    async def take(self, want: int) -> int:
+        """Reserve up to ``want`` bytes; returns the grant (less when the budget is short)."""
+        need = min(want, MIN_GRANT, self.limit)
+        if not self._waiters and self.free >= need:
+            return self._grant(want)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (need, future)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(future, self.wait_s)
+        except BaseException as exc:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            else:
+                self._wake()  # woken but not taking: pass the turn on
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    "the server holds too many unread responses; retry shortly"
+                ) from None
+            raise
+        return self._grant(want)
+
+    def _grant(self, want: int) -> int:
+        grant = max(min(want, self.free), 0)
+        self.used += grant
+        self._wake()
+        return grant
+
+    def give(self, nbytes: int) -> None:
+        if nbytes:
+            self.used -= nbytes
+            self._wake()
+
+    def hold(self, owner: object, granted: int, size: int) -> None:
+        """Turn a grant into ``size`` bytes kept until ``owner`` is garbage."""
+        self.used += size - granted
+        if size:
+            weakref.finalize(owner, self.give, size)
+        self._wake()
+
+    def charge(self, owner: object, size: int) -> None:
+        """Count ``size`` more bytes (a copy built from ``owner``) for ``owner``'s lifetime."""
+        self.hold(owner, 0, size)
+
+    def _wake(self) -> None:
+        # In order: the first waiter is served before a later, smaller one.
+        while self._waiters and self.free >= self._waiters[0][0]:
+            _need, future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return  # it takes its grant now, which wakes the next one
