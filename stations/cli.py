@@ -110,6 +110,67 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="ids per station kept in the recent-id table; older ones move to sorted runs "
         "(SQLite; default %(default)s)",
     )
+    limits = p.add_argument_group(
+        "limits and timeouts",
+        "what keeps clients that hold connections open from pinning the server",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open connections at most; beyond, a new one is answered 503 and closed "
+        "(default: the file-descriptor limit, raised to its hard limit at start, minus 128)",
+    )
+    limits.add_argument(
+        "--max-waiting-readers",
+        type=int,
+        default=None,
+        help="long-poll and SSE reads and group fetches in progress at most; beyond, 503 with "
+        "Retry-After (default: 90%% of --max-connections, so producers and /healthz always "
+        "find a slot)",
+    )
+    limits.add_argument(
+        "--read-budget-mb",
+        type=float,
+        default=64,
+        help="memory for read pages held across all connections; reads wait for room, and "
+        "answer 503 after 10 s (default %(default)s)",
+    )
+    limits.add_argument(
+        "--head-timeout-s",
+        type=float,
+        default=10,
+        help="a request head begun but not complete in time closes the connection "
+        "(default %(default)s)",
+    )
+    limits.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=60,
+        help="a request body not complete in time is answered 408 (default %(default)s)",
+    )
+    limits.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=75,
+        help="a connection with no request in progress closes after this long "
+        "(default %(default)s)",
+    )
+    limits.add_argument(
+        "--send-timeout-s",
+        type=float,
+        default=30,
+        help="a client that stops reading a response is disconnected after this long "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="grant cross-origin access to this origin (repeatable; * for any). Default: any "
+        "origin with --tokens, only loopback origins without",
+    )
     p.add_argument(
         "--metrics-stations",
         type=int,
@@ -165,6 +226,14 @@ def serve(args: argparse.Namespace) -> None:
         _fail("--recent-ids must be at least 2")
     if args.metrics_stations < 0:
         _fail("--metrics-stations must be 0 or more")
+    for option in ("head_timeout_s", "body_timeout_s", "idle_timeout_s", "send_timeout_s"):
+        if getattr(args, option) <= 0:
+            _fail(f"--{option.replace('_', '-')} must be positive")
+    if args.read_budget_mb <= 0:
+        _fail("--read-budget-mb must be positive")
+    for option in ("max_connections", "max_waiting_readers"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            _fail(f"--{option.replace('_', '-')} must be at least 1")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
         _fail(
             f"refusing to serve {args.host} without --tokens; "
@@ -218,7 +287,26 @@ async def _serve(args: argparse.Namespace) -> None:
     from sqlalchemy.exc import ArgumentError, OperationalError
 
     from stations.api import make_app
+    from stations.api.headers import CorsPolicy
+    from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
+
+    nofile = raise_nofile()
+    max_connections = args.max_connections or default_max_connections(nofile)
+    if max_connections > default_max_connections(nofile):
+        print(
+            f"stations: warning: --max-connections {max_connections} leaves fewer than 128 of "
+            f"the {nofile} file descriptors for the database and files",
+            file=sys.stderr,
+        )
+    limits = Limits(
+        max_connections=max_connections,
+        max_waiting_readers=args.max_waiting_readers or max(1, int(max_connections * 0.9)),
+        head_timeout_s=args.head_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        idle_timeout_s=args.idle_timeout_s,
+        send_timeout_s=args.send_timeout_s,
+    )
 
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -242,6 +330,7 @@ async def _serve(args: argparse.Namespace) -> None:
             durability=args.durability,
             id_cache_size=args.id_cache_size,
             recent_ids=args.recent_ids,
+            read_budget_bytes=int(args.read_budget_mb * (1 << 20)),
         )
     except ArgumentError as exc:
         _fail(f"--db is not a database URL: {exc}")
@@ -252,6 +341,12 @@ async def _serve(args: argparse.Namespace) -> None:
         tokens=tokens,
         metrics_stations=args.metrics_stations,
         webhooks_allow_loopback=args.webhooks_allow_loopback,
+        limits=limits,
+        cors=CorsPolicy(
+            origins=tuple(o.rstrip("/") for o in args.cors_origin),
+            any_origin=tokens is not None,
+            loopback_host_only=tokens is None and _is_loopback(args.host),
+        ),
     )
     runner = web.AppRunner(app, handle_signals=True, **args.access_logging)
     try:
@@ -260,7 +355,7 @@ async def _serve(args: argparse.Namespace) -> None:
         _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
     except Exception as exc:  # an unusable --db URL surfaces here (driver missing, bad path)
         _fail(f"cannot open the database: {exc}")
-    site = web.SockSite(runner, sock)
+    site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
     print(
         f"stations: serving http://{args.host}:{args.port} ({service.url.split(':')[0]})",

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stations.api import groups, stations, streams, subscriptions, transactions
 from stations.api.auth import Token, auth_middleware
 from stations.api.errors import error_middleware
-from stations.api.headers import headers_middleware, on_prepare
+from stations.api.headers import CorsPolicy, headers_middleware, host_middleware, on_prepare
+from stations.api.limits import Limits, ReaderSlots, overload_middleware
 from stations.api.metrics import (
     DEFAULT_MAX_STATIONS,
     Metrics,
@@ -56,6 +58,26 @@ async def openapi(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(Path(__file__).with_name("openapi.yaml"))
 
 
+class _ReadCollector:
+    """Read transactions, waiting readers and the read-memory budget, read at scrape time."""
+
+    def __init__(self, service: Service, readers: ReaderSlots) -> None:
+        self.service, self.readers = service, readers
+
+    def collect(self) -> list[Metric]:
+        reads = CounterMetricFamily(
+            "stations_read_transactions", "database read transactions run by this process"
+        )
+        reads.add_metric([], self.service.read_transactions)
+        waiting = GaugeMetricFamily("stations_waiting_readers", "long-poll and SSE readers")
+        waiting.add_metric([], self.readers.used)
+        held = GaugeMetricFamily(
+            "stations_read_budget_used_bytes", "bytes of read pages held in memory"
+        )
+        held.add_metric([], self.service.budget.used)
+        return [reads, waiting, held]
+
+
 def make_app(
     service: Service,
     *,
@@ -64,20 +86,29 @@ def make_app(
     tokens: list[Token] | None = None,
     metrics_stations: int = DEFAULT_MAX_STATIONS,
     webhooks_allow_loopback: bool = False,
+    limits: Limits | None = None,
+    cors: CorsPolicy | None = None,
 ) -> web.Application:
     app = web.Application(
         middlewares=[
             metrics_middleware,
+            host_middleware,
             console_headers,
             headers_middleware,
             auth_middleware,
+            overload_middleware,
             error_middleware,
         ],
         client_max_size=MAX_BODY,
     )
+    limits = limits or Limits()
     app["service"] = service
     app["tokens"] = tokens
     app["metrics"] = Metrics(service, metrics_stations)
+    app["limits"] = limits
+    app["cors"] = cors or CorsPolicy(any_origin=bool(tokens))
+    app["readers"] = ReaderSlots(limits.max_waiting_readers)
+    app["metrics"].registry.register(_ReadCollector(service, app["readers"]))
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)

@@ -1,8 +1,26 @@
-"""CORS and security headers on every response (Durable Streams §12.7)."""
+"""CORS and security headers on every response (Durable Streams §12.7), and the loopback
+mode's ``Host`` check.
+
+Which origins get a cross-origin grant (``Access-Control-Allow-Origin``):
+- the ``--cors-origin`` list when one is given (``*``: any origin);
+- else, with tokens, any origin (a page on another origin still needs a token, which a browser
+  never adds by itself);
+- else (the token-less loopback mode) only loopback origins: a page from the web must not drive
+  a server that trusts every request.
+A preflight always answers 204 with the methods and headers (the conformance suite checks them);
+without the grant the browser still refuses the request.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
 from aiohttp import web
+
+from stations.api.errors import error_response
 
 ALLOW_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 ALLOW_HEADERS = ", ".join(
@@ -47,12 +65,58 @@ EXPOSE_HEADERS = ", ".join(
 )
 
 
+def is_loopback_host(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (``host`` without its port)."""
+    host = host.lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(value: str) -> str:
+    """The name of a ``Host`` header value: ``[::1]:80`` → ``[::1]``, ``a:80`` → ``a``."""
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+@dataclass(frozen=True)
+class CorsPolicy:
+    origins: tuple[str, ...] = ()  # configured; "*" means any
+    any_origin: bool = False  # tokens mode without a configured list
+    loopback_host_only: bool = False  # token-less loopback mode: refuse other Host names
+
+    def grants(self, origin: str) -> bool:
+        if self.origins:
+            return "*" in self.origins or origin.rstrip("/") in self.origins
+        if self.any_origin:
+            return True
+        host = urlsplit(origin).hostname
+        return host is not None and is_loopback_host(host)
+
+
+def _policy(request: web.Request) -> CorsPolicy:
+    policy: CorsPolicy = request.app.get("cors") or CorsPolicy(any_origin=True)
+    return policy
+
+
 def _decorate(request: web.Request, response: web.StreamResponse) -> None:
     h = response.headers
-    h.setdefault("Access-Control-Allow-Origin", request.headers.get("Origin", "*"))
+    origin = request.headers.get("Origin")
+    if origin is None:
+        if _policy(request).any_origin or "*" in _policy(request).origins:
+            h.setdefault("Access-Control-Allow-Origin", "*")
+    elif _policy(request).grants(origin):
+        h.setdefault("Access-Control-Allow-Origin", origin)
     h.setdefault("Access-Control-Expose-Headers", EXPOSE_HEADERS)
     h.setdefault("X-Content-Type-Options", "nosniff")
-    h.setdefault("Cross-Origin-Resource-Policy", "cross-origin")
+    # Embedding from other sites (no-cors) only where any origin may read anyway.
+    policy = _policy(request)
+    embeddable = policy.any_origin or "*" in policy.origins
+    h.setdefault("Cross-Origin-Resource-Policy", "cross-origin" if embeddable else "same-origin")
     if "Origin" in request.headers:
         h.setdefault("Vary", "Origin")
 
@@ -76,6 +140,23 @@ async def headers_middleware(request: web.Request, handler):  # type: ignore[no-
     if not response.prepared:
         _decorate(request, response)
     return response
+
+
+@web.middleware
+async def host_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Token-less loopback mode: only loopback ``Host`` names (against DNS rebinding, where a
+    web page's own host name comes to point at 127.0.0.1)."""
+    host = request.headers.get("Host")
+    policy = _policy(request)
+    if host is not None and policy.loopback_host_only and not is_loopback_host(_host_name(host)):
+        return error_response(
+            403,
+            "forbidden_host",
+            "without --tokens the server answers only loopback Host names "
+            "(localhost, 127.0.0.1, [::1])",
+            "Host",
+        )
+    return await handler(request)  # type: ignore[no-any-return]
 
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:

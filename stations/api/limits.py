@@ -1,0 +1,279 @@
+"""Connection limits and timeouts: the server cannot be pinned by clients that hold sockets open.
+
+- ``max_connections``: beyond it a new connection is answered ``503`` (JSON) and closed, before
+  any file descriptor runs out (the file-descriptor soft limit is raised to the hard one first).
+- ``max_waiting_readers``: long-poll and SSE requests in progress; beyond it a reader gets
+  ``503`` with ``Retry-After``, so waiting readers never take the slots producers and
+  ``/healthz`` need.
+- ``head_timeout_s``: a request head begun but not complete in time closes the connection
+  (slowloris); ``body_timeout_s``: a request body not complete in time is answered ``408``.
+- ``idle_timeout_s``: a keep-alive connection with no request closes.
+- ``send_timeout_s``: a response the client stops reading (the socket stays full) closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import resource
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from stations.api.errors import error_response
+from stations.domain.budget import Overloaded
+
+logger = logging.getLogger("stations.api.limits")
+
+FD_RESERVE = 128  # descriptors kept for the database, files and the listener
+WAITING_READERS_SHARE = 0.9  # of max_connections, by default
+REFUSERS = 64  # connections being refused at once; more are dropped at once
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 10_000
+    max_waiting_readers: int = 9_000
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    idle_timeout_s: float = 75.0
+    send_timeout_s: float = 30.0
+
+
+def raise_nofile() -> int:
+    """Raise the file-descriptor soft limit to the hard limit; returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)  # Linux nr_open
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
+
+
+def default_max_connections(nofile: int) -> int:
+    return max(nofile - FD_RESERVE, 16)
+
+
+def _refusal(status: int, code: str, message: str, retry_after: int | None = None) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": message, "field": None}}).encode()
+    head = (
+        f"HTTP/1.1 {status} {'Service Unavailable' if status == 503 else 'Request Timeout'}\r\n"
+        f"Content-Type: application/json; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n"
+    )
+    if retry_after is not None:
+        head += f"Retry-After: {retry_after}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+TOO_MANY_CONNECTIONS = _refusal(
+    503, "too_many_connections", "the server is at its connection limit; retry shortly", 1
+)
+HEAD_TIMEOUT = _refusal(408, "request_timeout", "the request head did not arrive in time")
+
+
+class _Refuser(asyncio.Protocol):
+    """Answers one connection over the cap with 503 and closes it, without parsing much."""
+
+    def __init__(self, site: CappedSite) -> None:
+        self._site = site
+        self._transport: asyncio.Transport | None = None
+        self._seen = b""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._site.refusing += 1
+        # Answer when the request head is in (or at once after a short wait), so the client
+        # reads the 503 instead of a reset.
+        self._timer = asyncio.get_running_loop().call_later(1.0, self._answer)
+
+    def data_received(self, data: bytes) -> None:
+        self._seen = (self._seen + data)[-4:]
+        if b"\r\n\r\n" in self._seen or b"\n\n" in self._seen:
+            self._answer()
+
+    def _answer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(TOO_MANY_CONNECTIONS)
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._site.refusing -= 1
+        self._transport = None
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's request handler with head, body and send timeouts."""
+
+    def __init__(self, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(keepalive_timeout=limits.idle_timeout_s, **kwargs)
+        self._limits = limits
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+
+    def _busy(self) -> bool:
+        return bool(getattr(self, "_request_in_progress", False) or self._messages)
+
+    def data_received(self, data: bytes) -> None:
+        idle = not self._busy()
+        before = len(self._messages)
+        super().data_received(data)
+        loop = asyncio.get_running_loop()
+        # Every request whose head is in gets a deadline for its body.
+        for _message, payload in list(self._messages)[before:]:
+            if not payload.is_eof():
+                timer = loop.call_later(self._limits.body_timeout_s, self._body_timeout, payload)
+                payload.on_eof(timer.cancel)
+        if self._messages:
+            self._cancel_head_timer()
+        elif idle and self._head_timer is None:
+            # The first bytes of a request head: it must be complete in time.
+            self._head_timer = loop.call_later(self._limits.head_timeout_s, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._busy() or self.transport is None:
+            return
+        logger.info("closing a connection whose request head did not arrive in time")
+        self.transport.write(HEAD_TIMEOUT)
+        self.force_close()
+        self.transport.close()
+
+    def _body_timeout(self, payload: Any) -> None:
+        if payload.is_eof():
+            return
+        logger.info("a request body did not arrive within %ss", self._limits.body_timeout_s)
+        # The handler reading the body gets 408; the rest of the body is not waited for, and
+        # the connection closes after the answer (its framing is lost).
+        payload.set_exception(web.HTTPRequestTimeout())
+        payload.feed_eof()
+        self.close()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        # The client stopped reading: it has ``send_timeout_s`` to take some more.
+        if self._send_timer is None:
+            self._send_timer = asyncio.get_running_loop().call_later(
+                self._limits.send_timeout_s, self._send_timeout
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        if self.transport is not None:
+            logger.info("closing a connection whose client stopped reading")
+            self.transport.abort()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_head_timer()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().connection_lost(exc)
+
+
+class CappedSite(web.SockSite):
+    """A listening socket whose connections are counted and capped."""
+
+    def __init__(self, runner: web.AppRunner, sock: Any, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(runner, sock, **kwargs)
+        self.limits = limits
+        self.refusing = 0
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        server = self._runner.server
+        assert server is not None
+        if len(server._connections) >= self.limits.max_connections:
+            if self.refusing >= REFUSERS:
+                return _Dropper()
+            return _Refuser(self)
+        return GuardedHandler(self.limits, manager=server, loop=server._loop, **_kwargs(server))
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol, sock=self._sock, backlog=self._backlog
+        )
+
+
+class _Dropper(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.abort()
+
+
+def _kwargs(server: Any) -> dict[str, Any]:
+    kwargs = dict(getattr(server, "_kwargs", {}))
+    kwargs.pop("keepalive_timeout", None)
+    return kwargs
+
+
+# -- waiting readers --------------------------------------------------------------------------
+
+
+class ReaderSlots:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        if self.used >= self.limit:
+            raise Overloaded(
+                f"the server already serves {self.limit} waiting readers (long-poll and SSE); "
+                "retry shortly"
+            )
+        self.used += 1
+        try:
+            yield
+        finally:
+            self.used -= 1
+
+
+def _waits(request: web.Request) -> bool:
+    """Long-poll and SSE reads, and group fetches (which may wait for messages)."""
+    if request.path.startswith("/v1/stream/"):
+        return request.method == "GET" and request.query.get("live") in ("long-poll", "sse")
+    return request.method == "POST" and request.path.endswith("/fetch")
+
+
+@web.middleware
+async def overload_middleware(
+    request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    try:
+        if _waits(request):
+            with request.app["readers"].slot():
+                return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)  # type: ignore[no-any-return]
+    except Overloaded as exc:
+        response = error_response(503, "overloaded", exc.message)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        # Free the connection too: a refused reader must not keep a slot.
+        response.force_close()
+        return response
