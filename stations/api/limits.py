@@ -18,9 +18,10 @@ import contextlib
 import json
 import logging
 import resource
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -88,8 +89,7 @@ class _Refuser(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         self._site.refusing += 1
         # Answer when the request head is in (or at once after a short wait), so the client
         # reads the 503 instead of a reset.
@@ -223,8 +223,7 @@ class CappedSite(web.SockSite):
 
 class _Dropper(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.abort()
+        cast(asyncio.Transport, transport).abort()
 
 
 def _kwargs(server: Any) -> dict[str, Any]:
@@ -271,6 +270,12 @@ async def overload_middleware(
             with request.app["readers"].slot():
                 return await handler(request)  # type: ignore[no-any-return]
         return await handler(request)  # type: ignore[no-any-return]
+    except ConnectionResetError as exc:
+        # The client left while waiting for room (stations.domain.budget): no one to answer.
+        traceback.clear_frames(exc.__traceback__)
+        response = web.Response(status=503)
+        response.force_close()
+        return response
     except Overloaded as exc:
         response = error_response(503, "overloaded", exc.message)
         response.headers["Retry-After"] = str(exc.retry_after_s)

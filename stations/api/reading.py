@@ -12,6 +12,7 @@ import base64
 import random
 import re
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from datetime import datetime
@@ -67,16 +68,23 @@ def _cached(
     return body
 
 
-def body(request: web.Request, result: ReadResult) -> bytes:
-    """The response body of a page (a JSON array on JSON streams), built once per page."""
-    if not result.state.is_json and len(result.parts) == 1:
-        return result.parts[0]  # no copy
-    return _cached("body", request, result, lambda: _join(result.state, result))
-
-
 def sse_data(request: web.Request, result: ReadResult, event: Callable[[str, str], bytes]) -> bytes:
     """The ``data`` event of a page, built once per page."""
     return _cached("sse", request, result, lambda: event("data", sse_payload(result.state, result)))
+
+
+def forget(exc: BaseException) -> None:
+    """Drop the locals of the frames a disconnect's traceback holds.
+
+    aiohttp's drain future holds the exception, whose traceback holds the frame that awaited
+    the future: a cycle only the cyclic collector frees, late, with the page inside.
+    """
+    traceback.clear_frames(exc.__traceback__)
+
+
+def connected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and not transport.is_closing()
 
 
 async def send(response: web.StreamResponse, data: bytes) -> None:
@@ -86,14 +94,52 @@ async def send(response: web.StreamResponse, data: bytes) -> None:
         await response.write(view[start : start + CHUNK])
 
 
-async def respond(request: web.Request, response: web.Response, data: bytes) -> web.StreamResponse:
-    """Send a prepared-to-be response with ``data`` as its body, small ones in one piece."""
-    if len(data) <= CHUNK:
-        response.body = data
+def _pieces(result: ReadResult) -> list[bytes]:
+    """The body of a page as pieces to write, without joining them (no copy of the page)."""
+    if not result.state.is_json:
+        return result.parts
+    pieces = [b"["]
+    for part in result.parts:
+        pieces += (part, b",")
+    pieces[-1] = b"]" if result.parts else b"[]"
+    return pieces
+
+
+async def respond(
+    request: web.Request, response: web.Response, result: ReadResult
+) -> web.StreamResponse:
+    """Answer with ``result``'s page as the body: small pages in one piece, larger ones in
+    drained chunks straight from the page's parts. A client that leaves ends it quietly (and
+    promptly frees the page: no traceback keeps it)."""
+    pieces = _pieces(result)
+    length = sum(map(len, pieces))
+    if length <= CHUNK:
+        response.body = b"".join(pieces)
         return response
     stream = web.StreamResponse(status=response.status, headers=response.headers)
-    stream.content_length = len(data)
-    await stream.prepare(request)
-    await send(stream, data)
-    await stream.write_eof()
+    stream.content_length = length
+    batch: list[bytes] = []
+    size = 0
+    try:
+        await stream.prepare(request)
+        for piece in pieces:
+            if len(piece) >= CHUNK:
+                if batch:
+                    await stream.write(b"".join(batch))
+                    batch, size = [], 0
+                await send(stream, piece)
+                continue
+            batch.append(piece)
+            size += len(piece)
+            if size >= CHUNK:
+                await stream.write(b"".join(batch))
+                batch, size = [], 0
+        if batch:
+            await stream.write(b"".join(batch))
+        await stream.write_eof()
+    except ConnectionError as exc:
+        forget(exc)
+        del pieces, batch, result  # this frame outlives the call in the exception's cycle
+        if request.transport is not None:
+            request.transport.close()
     return stream

@@ -73,7 +73,9 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
                 break
             result = await svc.read_or_wait(name, position, remaining, max_bytes=MAX_READ_BYTES)
             state = result.state
-    except (ConnectionResetError, asyncio.CancelledError):
+    except (ConnectionError, asyncio.CancelledError) as exc:
+        reading.forget(exc)
+        del result  # this frame outlives the call in the exception's cycle
         return response
     await response.write_eof()
     return response

@@ -336,10 +336,12 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         response.headers["Cache-Control"] = CACHEABLE
         if not result.closed:
             response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
-        return await reading.respond(request, response, reading.body(request, result))
+        return await reading.respond(request, response, result)
     state = await svc.stream(name)
     await svc.touch(state)
-    result = await svc.read(name, position, max_bytes=MAX_READ_BYTES)
+    result = await svc.read(
+        name, position, max_bytes=MAX_READ_BYTES, alive=lambda: reading.connected(request)
+    )
     if position is None:
         response = web.Response(status=200, body=b"[]" if state.is_json else b"")
         _read_headers(response, result)
@@ -356,7 +358,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     _read_headers(response, result)
     response.headers["ETag"] = etag
     response.headers["Cache-Control"] = CACHEABLE
-    return await reading.respond(request, response, reading.body(request, result))
+    return await reading.respond(request, response, result)
 
 
 async def head_stream(request: web.Request) -> web.Response:

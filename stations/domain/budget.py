@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 MIN_GRANT = 64 * 1024  # a read waits for at least this much room rather than run tiny pages
 
@@ -29,19 +30,22 @@ class ByteBudget:
         self.limit = limit
         self.used = 0
         self.wait_s = wait_s
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[int, asyncio.Future[None], Callable[[], bool]]] = deque()
 
     @property
     def free(self) -> int:
         return self.limit - self.used
 
-    async def take(self, want: int) -> int:
-        """Reserve up to ``want`` bytes; returns the grant (less when the budget is short)."""
+    async def take(self, want: int, alive: Callable[[], bool] = lambda: True) -> int:
+        """Reserve up to ``want`` bytes; returns the grant (less when the budget is short).
+
+        ``alive()`` False (the client left while waiting) ends the wait with ConnectionError.
+        """
         need = min(want, MIN_GRANT, self.limit)
         if not self._waiters and self.free >= need:
             return self._grant(want)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (need, future)
+        entry = (need, future, alive)
         self._waiters.append(entry)
         try:
             await asyncio.wait_for(future, self.wait_s)
@@ -82,7 +86,11 @@ class ByteBudget:
     def _wake(self) -> None:
         # In order: the first waiter is served before a later, smaller one.
         while self._waiters and self.free >= self._waiters[0][0]:
-            _need, future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return  # it takes its grant now, which wakes the next one
+            _need, future, alive = self._waiters.popleft()
+            if future.done():
+                continue
+            if not alive():
+                future.set_exception(ConnectionResetError("the client left while waiting"))
+                continue
+            future.set_result(None)
+            return  # it takes its grant now, which wakes the next one

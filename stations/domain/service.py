@@ -172,9 +172,18 @@ class Service:
             finally:
                 self.notifier.unsubscribe(req.name, woken)
 
-    async def read(self, name: str, position: int | None, *, max_bytes: int) -> ReadResult:
-        """A catch-up page, within the memory budget (a smaller page when it runs short)."""
-        grant = await self.budget.take(max_bytes)
+    async def read(
+        self,
+        name: str,
+        position: int | None,
+        *,
+        max_bytes: int,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> ReadResult:
+        """A catch-up page, within the memory budget (a smaller page when it runs short).
+
+        ``alive``: whether the asker is still there (it is not served once it left)."""
+        grant = await self.budget.take(max_bytes, alive)
         try:
             result = await self.read_db(reads.read, name, position, now=now_ms(), max_bytes=grant)
         except BaseException:

@@ -1,0 +1,430 @@
+"""The server cannot be pinned (issue 11): bounded memory for clients that never read, a
+connection cap with a clear 503, head/body/idle timeouts against slow clients, producers and
+``/healthz`` served while readers are at their cap, and one shared read per wake-up for many
+long-poll readers. Loopback only; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import resource
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import Server
+
+JSON = {"Content-Type": "application/json"}
+
+
+def _raise_own_nofile(need: int) -> None:
+    """This test process opens many sockets: raise its own descriptor limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < need:
+        pytest.fail(f"this test needs {need} file descriptors (hard limit {hard})")
+
+
+class LimitedServer(Server):
+    """A server whose process starts with RLIMIT_NOFILE soft = hard = ``nofile``."""
+
+    nofile: int | None = None
+
+    def _spawn(self, log) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
+        import sys
+
+        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
+        command += ["--db", self.db_url, *self.args]
+        nofile = self.nofile
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        return subprocess.Popen(
+            command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit
+        )
+
+
+@pytest.fixture
+def spawn(tmp_path: Path):  # type: ignore[no-untyped-def]
+    servers: list[Server] = []
+
+    def make(db_url: str, *args: str, nofile: int | None = None) -> Server:
+        server = LimitedServer(db_url, tmp_path, list(args))
+        server.nofile = nofile
+        servers.append(server.start())
+        return server
+
+    yield make
+    for server in servers:
+        server.kill()
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+# -- a minimal HTTP/1.1 client on raw sockets ----------------------------------------------------
+
+
+class Conn:
+    """One keep-alive connection; ``request`` sends and reads one response."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+        return cls(reader, writer)
+
+    async def send(self, method: str, path: str, body: bytes = b"", **headers: str) -> None:
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        if body or method in ("POST", "PUT"):
+            head += f"Content-Length: {len(body)}\r\n"
+        head += "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+        self.writer.write(head.encode() + b"\r\n" + body)
+        await self.writer.drain()
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        body = b""
+        if "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        return status, headers, body
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", **headers: str
+    ) -> tuple[int, dict[str, str], bytes]:
+        await self.send(method, path, body, **headers)
+        return await self.response()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> tuple[bool, bytes]:
+    """(True, what came) if the server closed the connection within ``seconds``."""
+    got = b""
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            chunk = await asyncio.wait_for(reader.read(65536), deadline - time.monotonic())
+            if not chunk:
+                return True, got
+            got += chunk
+    except TimeoutError:
+        return False, got
+    except ConnectionError:
+        return True, got
+    return False, got
+
+
+def _tail(url: str, name: str) -> str:
+    return httpx.head(f"{url}/v1/stream/{name}").headers["Stream-Next-Offset"]
+
+
+# -- slow and idle clients ------------------------------------------------------------------------
+
+
+async def test_slowloris_head_body_and_idle_connections_are_closed(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    server = spawn(
+        sqlite_url(tmp_path),
+        "--head-timeout-s", "1", "--body-timeout-s", "1.5", "--idle-timeout-s", "2",
+    )  # fmt: skip
+    httpx.put(f"{server.url}/v1/stream/slow", headers=JSON)
+
+    async def head_trickler() -> tuple[bool, bytes]:
+        seen = b""
+        conn = await Conn.open(server.port)
+        conn.writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        # One header byte every 0.3 s: the head never completes.
+        for i in range(40):
+            try:
+                conn.writer.write(b"X-Slow-%d: y\r\n" % i)
+                await conn.writer.drain()
+            except ConnectionError:
+                break
+            closed, got = await closed_within(conn.reader, 0.3)
+            seen += got
+            if closed:
+                return True, seen
+        return False, seen
+
+    async def body_trickler() -> tuple[bool, bytes]:
+        seen = b""
+        conn = await Conn.open(server.port)
+        conn.writer.write(
+            b"POST /v1/stream/slow HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n["
+        )
+        for _ in range(40):
+            try:
+                conn.writer.write(b" ")
+                await conn.writer.drain()
+            except ConnectionError:
+                break
+            closed, got = await closed_within(conn.reader, 0.3)
+            seen += got
+            if closed:
+                return True, seen
+        return False, seen
+
+    async def idler() -> tuple[bool, bytes]:
+        conn = await Conn.open(server.port)
+        return await closed_within(conn.reader, 8)
+
+    started = time.monotonic()
+    heads = [asyncio.create_task(head_trickler()) for _ in range(20)]
+    bodies = [asyncio.create_task(body_trickler()) for _ in range(5)]
+    idle = [asyncio.create_task(idler()) for _ in range(5)]
+    await asyncio.sleep(0.5)
+    # The server keeps answering while they hold their connections.
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"{server.url}/healthz")).status_code == 200
+    head_results = await asyncio.gather(*heads)
+    body_results = await asyncio.gather(*bodies)
+    idle_results = await asyncio.gather(*idle)
+    assert all(closed for closed, _ in head_results), "slow heads were not closed"
+    assert all(b" 408 " in got for _, got in head_results)
+    assert all(closed for closed, _ in body_results), "slow bodies were not closed"
+    for _, got in body_results:
+        assert b" 408 " in got.split(b"\r\n", 1)[0], got[:200]
+        assert b'"request_timeout"' in got
+    assert all(closed for closed, _ in idle_results), "idle connections were not closed"
+    assert time.monotonic() - started < 12
+    # Nothing of the unfinished appends was stored.
+    assert httpx.get(f"{server.url}/v1/stream/slow?offset=-1").json() == []
+
+
+# -- the connection cap and the waiting-reader cap ------------------------------------------------
+
+
+async def test_connection_cap_answers_503_and_readers_leave_room(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    server = spawn(
+        sqlite_url(tmp_path),
+        "--max-connections", "30", "--max-waiting-readers", "10",
+        "--long-poll-timeout-ms", "10000",
+    )  # fmt: skip
+    httpx.put(f"{server.url}/v1/stream/cap", headers=JSON)
+    tail = _tail(server.url, "cap")
+    readers = [await Conn.open(server.port) for _ in range(15)]
+    for conn in readers:
+        await conn.send("GET", f"/v1/stream/cap?offset={tail}&live=long-poll")
+    await asyncio.sleep(1)
+    # Readers beyond the waiting-reader cap get a JSON 503 with Retry-After, at once.
+    refused = []
+    for conn in readers:
+        with contextlib.suppress(TimeoutError):
+            refused.append(await asyncio.wait_for(conn.response(), 0.2))
+    assert len(refused) == 5, refused
+    for status, headers, body in refused:
+        assert status == 503 and headers["retry-after"] == "1"
+        assert json.loads(body)["error"]["code"] == "overloaded"
+    # A producer and /healthz still get through while the readers wait.
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"{server.url}/healthz")).status_code == 200
+        posted = await client.post(f"{server.url}/v1/stream/cap", json={"n": 1})
+        assert posted.status_code in (200, 204)
+    # Fill the connections: beyond 30, a new one is answered 503 (JSON) and closed.
+    idle = [await Conn.open(server.port) for _ in range(30)]
+    beyond = await Conn.open(server.port)
+    status, headers, body = await asyncio.wait_for(beyond.request("GET", "/healthz"), 5)
+    assert status == 503
+    assert json.loads(body)["error"]["code"] == "too_many_connections"
+    assert headers["connection"] == "close"
+    for conn in idle + readers + [beyond]:
+        conn.close()
+    # The waiting readers that were served saw the message.
+    await asyncio.sleep(0.5)
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
+async def test_1000_readers_at_nofile_1024_leave_producer_and_health_through(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    _raise_own_nofile(4096)
+    server = spawn(sqlite_url(tmp_path), "--long-poll-timeout-ms", "30000", nofile=1024)
+    httpx.put(f"{server.url}/v1/stream/many", headers=JSON)
+    tail = _tail(server.url, "many")
+
+    async def reader() -> tuple[int, bytes]:
+        try:
+            conn = await Conn.open(server.port)
+            status, _, body = await asyncio.wait_for(
+                conn.request("GET", f"/v1/stream/many?offset={tail}&live=long-poll"), 45
+            )
+            conn.close()
+            return status, body
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            return -1, repr(exc).encode()
+
+    tasks = []
+    for _ in range(20):  # 50 at a time: a burst beyond the cap is refused 64 at a time
+        tasks += [asyncio.create_task(reader()) for _ in range(50)]
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(3)  # every reader connected (or refused)
+    async with httpx.AsyncClient(timeout=10) as client:
+        health = await client.get(f"{server.url}/healthz")
+        assert health.status_code == 200
+        for i in range(3):
+            posted = await client.post(f"{server.url}/v1/stream/many", json={"i": i})
+            assert posted.status_code in (200, 204)
+    results = await asyncio.gather(*tasks)
+    served = [body for status, body in results if status == 200]
+    refused = [body for status, body in results if status == 503]
+    assert len(served) + len(refused) == 1000, [r for r in results if r[0] not in (200, 503)][:3]
+    for body in served:
+        assert json.loads(body)[0] == {"i": 0}
+    for body in refused:
+        assert json.loads(body)["error"]["code"] in ("overloaded", "too_many_connections")
+    assert len(served) >= 700, (len(served), len(refused))
+
+
+# -- memory: clients that ask for pages and never read ---------------------------------------------
+
+
+async def test_200_non_reading_clients_keep_rss_bounded(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Each asks for a 4 MB catch-up page and reads nothing: RSS stays under 300 MB."""
+    _raise_own_nofile(1024)
+    server = spawn(sqlite_url(tmp_path), "--send-timeout-s", "60")
+    assert server.proc is not None
+    pid = server.proc.pid
+    httpx.put(f"{server.url}/v1/stream/big", headers=JSON)
+    value = "x" * (64 * 1024)
+    with httpx.Client(timeout=30) as client:
+        for _ in range(8):
+            batch = json.dumps([value] * 16)  # 1 MB per append, 8 MB in all
+            assert client.post(
+                f"{server.url}/v1/stream/big", content=batch, headers=JSON
+            ).is_success
+    baseline = rss_mb(pid)
+
+    socks = []
+    loop = asyncio.get_running_loop()
+    for _ in range(200):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that never reads
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", server.port))
+        await loop.sock_sendall(
+            sock, b"GET /v1/stream/big?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        socks.append(sock)
+    peak = baseline
+    for _ in range(60):  # 15 s
+        await asyncio.sleep(0.25)
+        peak = max(peak, rss_mb(pid))
+    peak = max(peak, rss_mb(pid, "VmHWM"))
+    # Meanwhile the server serves others.
+    async with httpx.AsyncClient(timeout=15) as client:
+        assert (await client.get(f"{server.url}/healthz")).status_code == 200
+    for sock in socks:
+        sock.close()
+    await asyncio.sleep(2)
+    after = rss_mb(pid)
+    print(f"RSS baseline {baseline:.0f} MB, peak {peak:.0f} MB, after close {after:.0f} MB")
+    assert peak < 300, f"peak RSS {peak:.0f} MB (baseline {baseline:.0f} MB)"
+    assert after < 300
+    # A reader that reads gets the whole stream.
+    with httpx.Client(timeout=30) as client:
+        got, offset = 0, "-1"
+        while True:
+            r = client.get(f"{server.url}/v1/stream/big?offset={offset}")
+            assert r.status_code == 200, (r.status_code, r.text[:300])
+            got += len(r.json())
+            offset = r.headers["Stream-Next-Offset"]
+            if r.headers.get("Stream-Up-To-Date") == "true":
+                break
+        assert got == 128
+
+
+# -- wake-ups: 1,000 long-poll readers on PostgreSQL ------------------------------------------------
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} missing")
+
+
+async def test_1000_long_poll_readers_on_postgresql_see_every_message(
+    spawn: Callable[..., Server], pg_url: str
+) -> None:
+    _raise_own_nofile(4096)
+    server = spawn(pg_url, "--long-poll-timeout-ms", "20000")
+    httpx.put(f"{server.url}/v1/stream/fan", headers=JSON)
+    start = _tail(server.url, "fan")
+    count, rate = 150, 50.0
+
+    async def reader() -> list[int]:
+        seen: list[int] = []
+        conn = await Conn.open(server.port)
+        offset = start
+        deadline = time.monotonic() + 90
+        while len(seen) < count and time.monotonic() < deadline:
+            status, headers, body = await conn.request(
+                "GET", f"/v1/stream/fan?offset={offset}&live=long-poll"
+            )
+            assert status in (200, 204), (status, body[:200])
+            if status == 200:
+                seen += [m["i"] for m in json.loads(body)]
+            offset = headers["stream-next-offset"]
+        conn.close()
+        return seen
+
+    readers = []
+    for _ in range(10):
+        readers += [asyncio.create_task(reader()) for _ in range(100)]
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(2)
+    reads_before = _metric(server.url, "stations_read_transactions_total")
+
+    def produce() -> float:
+        began = time.monotonic()
+        with httpx.Client(timeout=30) as client:
+            for i in range(count):
+                due = began + i / rate
+                time.sleep(max(0.0, due - time.monotonic()))
+                r = client.post(f"{server.url}/v1/stream/fan", json={"i": i})
+                assert r.status_code in (200, 204)
+        return count / (time.monotonic() - began)
+
+    achieved = await asyncio.to_thread(produce)
+    results = await asyncio.gather(*readers)
+    reads = _metric(server.url, "stations_read_transactions_total") - reads_before
+    print(f"producer {achieved:.1f} msg/s offered {rate}; {reads:.0f} read transactions")
+    assert all(seen == list(range(count)) for seen in results), "a reader missed messages"
+    # One append wakes 1,000 readers: their reads are shared, not one each.
+    assert reads < count * 10, f"{reads:.0f} read transactions for {count} messages"
