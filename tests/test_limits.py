@@ -386,13 +386,13 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message(
     server = spawn(pg_url, "--long-poll-timeout-ms", "20000")
     httpx.put(f"{server.url}/v1/stream/fan", headers=JSON)
     start = _tail(server.url, "fan")
-    count, rate = 150, 50.0
+    count, rate = 50, 50.0
 
     async def reader() -> list[int]:
         seen: list[int] = []
         conn = await Conn.open(server.port)
         offset = start
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 150
         while len(seen) < count and time.monotonic() < deadline:
             status, headers, body = await conn.request(
                 "GET", f"/v1/stream/fan?offset={offset}&live=long-poll"
@@ -426,5 +426,6 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message(
     reads = _metric(server.url, "stations_read_transactions_total") - reads_before
     print(f"producer {achieved:.1f} msg/s offered {rate}; {reads:.0f} read transactions")
     assert all(seen == list(range(count)) for seen in results), "a reader missed messages"
-    # One append wakes 1,000 readers: their reads are shared, not one each.
+    # One append wakes 1,000 readers: their reads are shared, not one each (before: at least
+    # one per reader and message, 50,000 here).
     assert reads < count * 10, f"{reads:.0f} read transactions for {count} messages"

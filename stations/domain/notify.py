@@ -20,11 +20,21 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class _Flight:
+    """One read in progress and the callers waiting for its result."""
+
+    __slots__ = ("task", "waiters")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[Any] | None = None
+        self.waiters: list[asyncio.Future[Any]] = []
+
+
 class _Generation:
     __slots__ = ("flights", "snapshot")
 
     def __init__(self) -> None:
-        self.flights: dict[Hashable, asyncio.Task[Any]] = {}
+        self.flights: dict[Hashable, _Flight] = {}
         self.snapshot: Any = None
 
 
@@ -54,9 +64,9 @@ class Notifier:
             keys = set(keys)
         for key in keys:
             self._generations.pop(key, None)
-            for future in self._waiters.pop(key, ()):
-                if not future.done():
-                    future.set_result(None)
+            waiters = self._waiters.pop(key, None)
+            if waiters:
+                _wake(list(waiters))
         for listener in self.listeners:
             listener(keys)
 
@@ -96,8 +106,9 @@ class Notifier:
         generation = self._generations.get(key)
         if generation is None:
             generation = self._generations[key] = _Generation()
-        task = generation.flights.get(part)
-        if task is None:
+        flight = generation.flights.get(part)
+        if flight is None:
+            flight = generation.flights[part] = _Flight()
 
             async def run() -> T:
                 try:
@@ -110,13 +121,34 @@ class Notifier:
                 return result
 
             # A task of its own: one caller going away does not cancel the others' read.
-            task = asyncio.get_running_loop().create_task(run())
-            task.add_done_callback(_retrieve)
-            generation.flights[part] = task
-        return await asyncio.shield(task)
+            flight.task = asyncio.get_running_loop().create_task(run())
+            flight.task.add_done_callback(lambda task: _deliver(task, flight.waiters))
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        flight.waiters.append(future)
+        return await future
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Every caller may have gone: mark the failure as seen so asyncio does not log it."""
-    if not task.cancelled():
-        task.exception()
+WAKE_BATCH = 64
+
+
+def _wake(futures: list[asyncio.Future[Any]], start: int = 0, value: Any = None) -> None:
+    """Wake waiters a batch per event-loop turn: between batches the loop reads its sockets,
+    so a producer's request is not queued behind a thousand readers' answers."""
+    for future in futures[start : start + WAKE_BATCH]:
+        if not future.done():
+            if isinstance(value, BaseException):
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+    if start + WAKE_BATCH < len(futures):
+        asyncio.get_running_loop().call_soon(_wake, futures, start + WAKE_BATCH, value)
+
+
+def _deliver(task: asyncio.Task[Any], waiters: list[asyncio.Future[Any]]) -> None:
+    """A shared read is done: hand its result (or error) to its callers, in batches."""
+    if task.cancelled():
+        _wake(waiters, 0, asyncio.CancelledError())
+    elif task.exception() is not None:
+        _wake(waiters, 0, task.exception())
+    else:
+        _wake(waiters, 0, task.result())
