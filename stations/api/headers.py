@@ -13,6 +13,7 @@ without the grant the browser still refuses the request.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,7 @@ EXPOSE_HEADERS = ", ".join(
 )
 
 
+@functools.lru_cache(maxsize=256)  # one parse per distinct name, not one per request
 def is_loopback_host(host: str) -> bool:
     """localhost, 127.0.0.0/8 or ::1 (``host`` without its port)."""
     host = host.lower().rstrip(".")
