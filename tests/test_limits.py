@@ -317,7 +317,7 @@ async def test_200_non_reading_clients_keep_rss_bounded(
 ) -> None:
     """Each asks for a 4 MB catch-up page and reads nothing: RSS stays under 300 MB."""
     _raise_own_nofile(1024)
-    server = spawn(sqlite_url(tmp_path), "--send-timeout-s", "60")
+    server = spawn(sqlite_url(tmp_path))
     assert server.proc is not None
     pid = server.proc.pid
     httpx.put(f"{server.url}/v1/stream/big", headers=JSON)
