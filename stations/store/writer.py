@@ -52,7 +52,11 @@ class Batch:
     ids: list[tuple[Any, ...]] = field(default_factory=list)
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     dirty_sessions: set[tuple[int, str]] = field(default_factory=set)
-    pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)  # written this batch
+    # Ids stored by this batch, until it commits: (stream id, msg_id) -> position.
+    pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)
+    # SQLite: the ids of this batch per station, written as one id_blocks row each at flush.
+    id_blocks: dict[int, Any] = field(default_factory=dict)
+    block_writer: Callable[[Batch], None] | None = None
     changed: set[str] = field(default_factory=set)  # stream names whose readers must wake
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
@@ -78,7 +82,8 @@ class Batch:
         if self.ids:
             sql.execute(self.conn, sql.insert(self.conn, msg_ids), self.ids)
             self.ids = []
-        self.pending_ids.clear()
+        if self.id_blocks and self.block_writer is not None:
+            self.block_writer(self)
         if self.dirty:
             sql.run(
                 self.conn,
