@@ -33,6 +33,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from rbloom import Bloom
@@ -325,25 +326,34 @@ class IdRuns:
             moving.append(block)
             n += len(block.ids)
         # The newest copy of each id (one stored again after it expired is in two blocks).
-        entries: dict[str, tuple[int, int]] = {}
+        seq_of: dict[str, int] = {}
+        at_of: dict[str, int] = {}
         for block in moving:
-            at = block.stored_at
-            for msg_id, seq in zip(block.ids, block.seqs, strict=True):
-                entries[msg_id] = (seq, at)
+            seq_of.update(zip(block.ids, block.seqs, strict=True))
+            at_of.update(zip(block.ids, repeat(block.stored_at)))
         last = batch.conn.exec_driver_sql(
             "SELECT max(run) FROM id_runs WHERE stream_id = ?", (stream_id,)
         ).scalar()
         with self._lock:
             last = max(last or 0, station.last_run)
         ats = [b.stored_at for b in moving]
-        run = Run(last + 1, len(entries), min(ats), max(ats))
-        ids = sorted(entries)
+        run = Run(last + 1, len(seq_of), min(ats), max(ats))
+        ids = sorted(seq_of)
         cursor = batch.conn.connection.cursor()
         try:
             cursor.executemany(
                 "INSERT INTO id_run_entries (stream_id, run, msg_id, seq, stored_at) "
                 "VALUES (?, ?, ?, ?, ?)",
-                [(stream_id, run.run, msg_id, *entries[msg_id]) for msg_id in ids],
+                # Rows zipped in C: building a tuple per id in Python cost more than SQLite.
+                list(
+                    zip(
+                        repeat(stream_id),
+                        repeat(run.run),
+                        ids,
+                        map(seq_of.__getitem__, ids),
+                        map(at_of.__getitem__, ids),
+                    )
+                ),
             )
             cursor.execute(
                 "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, ?, ?, ?, ?)",
