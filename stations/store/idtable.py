@@ -11,16 +11,16 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, tuple_
 
-from stations.store import idruns
+from stations.store import db, idruns
 from stations.store.schema import msg_ids
 
-LOOKUP_CHUNK = 500  # ids per IN (...) on SQLite
+LOOKUP_CHUNK = 500  # ids per IN (...) list
 
 
-def _rows(conn: Connection, text: str, params: Any) -> list[tuple[Any, ...]]:
+def _rows(conn: Connection, text: str, params: Any, **options: Any) -> list[tuple[Any, ...]]:
     cursor = conn.connection.cursor()
     try:
-        cursor.execute(text, params)
+        cursor.execute(text, params, **options)
         return list(cursor.fetchall())
     finally:
         cursor.close()
@@ -30,15 +30,20 @@ def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[st
     """``(msg_id, seq, stored_at)`` of the wanted ids stored in ``msg_ids``."""
     if not wanted:
         return []
-    if conn.dialect.name == "postgresql":
-        # One array parameter; the primary key answers each id. A join with unnest() keeps the
-        # plan on that key also when the table has no statistics (autovacuum off): the other
-        # index, on (stream_id, stored_at), would read every id of the station.
+    if db.shared(conn):
+        # One array parameter, and one primary-key probe per id: the LATERAL subquery names
+        # the whole key, so its plan is that key's index whatever the statistics say. A plain
+        # join or IN list is planned on estimates; without statistics (autovacuum off) the
+        # planner chose the (stream_id, stored_at) index and read every id of the station.
         return _rows(
             conn,
-            "SELECT m.msg_id, m.seq, m.stored_at FROM unnest(%s::text[]) AS w(msg_id) "
-            "JOIN msg_ids m ON m.stream_id = %s AND m.msg_id = w.msg_id",
+            "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(%s::text[]) AS w(msg_id) "
+            "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
+            "WHERE stream_id = %s AND msg_id = w.msg_id LIMIT 1) AS m",
             (wanted, stream_id),
+            # Planned afresh each time: a plan prepared while the table was empty (a scan)
+            # would be kept as it grows, since without statistics nothing invalidates it.
+            prepare=False,
         )
     out: list[tuple[str, int, int]] = []
     for start in range(0, len(wanted), LOOKUP_CHUNK):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
 from stations.domain.streams import StreamState, load
-from stations.store import sql
+from stations.store import db, sql
 from stations.store.pgnotify import CHANNEL
 from stations.store.schema import messages, msg_ids
 
@@ -162,7 +162,7 @@ class Writer:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stations-writer")
         self._task: asyncio.Task[None] | None = None
         self._conn: Connection | None = None
-        self._pg = engine.dialect.name == "postgresql"
+        self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
