@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event
 from sqlalchemy.engine import make_url
 
 DEFAULT_DATA_DIR = "stations-data"
@@ -124,3 +124,14 @@ def row_lock(conn: Connection) -> str:
     """The clause that locks the rows a SELECT reads until the commit; empty where one process
     holds the database's write lock for the whole transaction (SQLite's BEGIN IMMEDIATE)."""
     return " FOR UPDATE" if shared(conn) else ""
+
+
+def insert_many_sql(conn: Connection, table: Table) -> str | None:
+    """One INSERT of many rows with one array parameter per column, for drivers that bind a
+    list as an array (PostgreSQL): one round trip and one statement instead of one per row.
+    None: insert row by row (executemany)."""
+    if not shared(conn):
+        return None
+    casts = ", ".join(f"%s::{c.type.compile(dialect=conn.dialect)}[]" for c in table.columns)
+    columns = ", ".join(c.name for c in table.columns)
+    return f"INSERT INTO {table.name} ({columns}) SELECT * FROM unnest({casts})"

@@ -95,3 +95,13 @@ def session(conn: Connection, stream_id: int, producer_id: str) -> tuple[int, in
     """``(epoch, last_seq)`` of a producer's session on a stream, if it has one."""
     row = one(conn, "session", (stream_id, producer_id))
     return None if row is None else (row[0], row[1])
+
+
+def insert_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
+    """Insert rows (tuples in column order): one statement of column arrays where the driver
+    takes arrays, else executemany."""
+    text = db.insert_many_sql(conn, table)
+    if text is None:
+        execute(conn, insert(conn, table), rows)
+    else:
+        execute(conn, text, tuple(map(list, zip(*rows, strict=True))))

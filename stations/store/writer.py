@@ -77,10 +77,10 @@ class Batch:
         # The bulk inserts go to the driver's executemany directly: SQLAlchemy's per-row
         # parameter processing would cost more than the insert itself on this hot path.
         if self.rows:
-            sql.execute(self.conn, sql.insert(self.conn, messages), self.rows)
+            sql.insert_rows(self.conn, messages, self.rows)
             self.rows = []
         if self.ids:
-            sql.execute(self.conn, sql.insert(self.conn, msg_ids), self.ids)
+            sql.insert_rows(self.conn, msg_ids, self.ids)
             self.ids = []
         if self.id_blocks and self.block_writer is not None:
             self.block_writer(self)
