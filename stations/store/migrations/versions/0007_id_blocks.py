@@ -1,7 +1,7 @@
 """Message ids of one commit in one time-ordered row (SQLite's recent ids; stations/store/idruns.py).
 
 Revision ID: 0007_id_blocks
-Revises: 0005
+Revises: 0010_subscriptions
 Create Date: 2026-11-23
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_id_blocks"
-down_revision = "0005"
+down_revision = "0010_subscriptions"
 branch_labels = None
 depends_on = None
 
