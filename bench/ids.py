@@ -43,6 +43,8 @@ WINDOW_MS = 24 * 3600 * 1000
 NATS_URL = "nats://127.0.0.1:4222"
 SLOWDOWN_TARGET = 0.8  # the run on the full window keeps >= 80% of the empty-window msg/s
 RSS_TARGET_MB = 500.0
+PG_TARGET = 0.5  # msg-id produce on PostgreSQL against JetStream
+FLAT_SPAN = 10_000  # part 3 compares the first and the last this many messages
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,6 +63,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-anchor", action="store_true", help="skip JetStream")
     p.add_argument("--data-root", type=Path, help="where the fresh data dir goes (default /tmp)")
     p.add_argument("--keep-data", action="store_true", help="leave the data dir behind")
+    p.add_argument(
+        "--pg-url",
+        default="postgresql://postgres@127.0.0.1:5432",
+        help="PostgreSQL server for part 3: a fresh database is made there and dropped",
+    )
+    p.add_argument("--pg-messages", type=int, default=200_000, help="messages of part 3's run")
+    p.add_argument("--no-pg", action="store_true", help="skip part 3 (PostgreSQL)")
+    p.add_argument("--only-pg", action="store_true", help="run part 3 (PostgreSQL) alone")
     args = p.parse_args(argv)
     if args.quick:
         args.ids = 1_000_000
@@ -214,32 +224,45 @@ class Stations:
 
 
 async def stations_run(
-    client: Stations, name: str, work: Workload, in_flight: int, phase: str
+    client: Stations,
+    name: str,
+    work: Workload,
+    in_flight: int,
+    phase: str,
+    *,
+    others: tuple[Stations, ...] = (),
+    done: list[float] | None = None,
 ) -> Run:
+    """The workload on one station. With ``others`` (servers sharing one database) the
+    requests in flight are spread over all servers; ``done`` collects each request's end."""
     run = Run("Stations", phase, sent=work.sent, unique=len(work.unique))
     bodies = [produce_body(r) for r in work.requests]
     before = await client.stats(name)
     todo = iter(bodies)
+    clients = (client, *others)
 
-    async def worker() -> None:
+    async def worker(via: Stations) -> None:
         for body in todo:
             try:
-                results = await client.produce(name, body)
+                results = await via.produce(name, body)
             except (aiohttp.ClientError, RuntimeError) as exc:
                 run.errors.append(str(exc)[:200])
                 continue
             dups = sum(1 for x in results if x["duplicate"])
             run.duplicates += dups
             run.new += len(results) - dups
+            if done is not None:
+                done.append(time.perf_counter())
 
-    s0, c0 = cpu_seconds(client.server.pid), time.process_time()
+    pids = [c.server.pid for c in clients]
+    s0, c0 = sum(cpu_seconds(pid) for pid in pids), time.process_time()
     io0 = disk_io(client.server.pid)
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    await asyncio.gather(*(worker(clients[k % len(clients)]) for k in range(in_flight)))
     run.seconds = time.perf_counter() - start
     io1 = disk_io(client.server.pid)
     run.disk_read, run.disk_written = io1[0] - io0[0], io1[1] - io0[1]
-    run.server_cpu = (cpu_seconds(client.server.pid) - s0) / run.seconds
+    run.server_cpu = (sum(cpu_seconds(pid) for pid in pids) - s0) / run.seconds
     run.client_cpu = (time.process_time() - c0) / run.seconds
 
     after = await client.stats(name)
@@ -549,8 +572,129 @@ def header(args: argparse.Namespace) -> str:
     )
 
 
+# -- part 3: PostgreSQL ---------------------------------------------------------------------------
+
+
+def segment_rates(done: list[float], start: float, batch: int) -> tuple[float, float]:
+    """msg/s over the first and over the last ``FLAT_SPAN`` messages of a run."""
+    k = max(1, FLAT_SPAN // batch)
+    if len(done) <= 2 * k:
+        return float("nan"), float("nan")
+    done = sorted(done)
+    return k * batch / (done[k - 1] - start), k * batch / (done[-1] - done[-k - 1])
+
+
+async def postgres_part(args: argparse.Namespace, root: Path, js: JetStream | None) -> bool:
+    """msg-id produce against PostgreSQL (autovacuum as the server has it), flat as ids
+    accumulate, beside JetStream; then two processes sharing the database. Returns ok."""
+    from bench.consumers import pg_create, pg_drop
+
+    print(f"\n== 3. PostgreSQL: {args.pg_messages:,} messages on a fresh station ==")
+    try:
+        pg_db, version = pg_create(args.pg_url)
+    except Exception as exc:
+        print(f"  PostgreSQL unavailable at {args.pg_url}: {exc}")
+        return False
+    url = f"{args.pg_url}/{pg_db}"
+    made: list[Server] = []
+    clients: list[Stations] = []
+    ok = True
+    try:
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW autovacuum").fetchone()
+        print(f"  PostgreSQL {version}, database {pg_db}, autovacuum {row[0] if row else '?'}")
+        for k in range(2):
+            port = servers.free_port()
+            command = [sys.executable, "-m", "stations", "serve", "--port", str(port)]
+            command += ["--db", url, "--durability", args.durability]
+            server = Server(f"stations-pg-{k}", "postgresql", command, root / f"pg-{k}", port)
+            server.start()
+            made.append(server)
+            clients.append(Stations(server, args.in_flight + 2))
+        work = argparse.Namespace(**{**vars(args), "messages": args.pg_messages})
+        name = f"bench-ids-pg-{uuid.uuid4().hex[:8]}"
+        await clients[0].create(name)
+        done: list[float] = []
+        start = time.perf_counter()
+        one = await stations_run(
+            clients[0], name, workload(work, 9_001), args.in_flight, "pg", done=done
+        )
+        first, last = segment_rates(done, start, args.batch)
+        line = summary([one])
+        anchor = None
+        if js is not None:
+            anchor = summary([await jetstream_run(js, workload(work, 9_002), args.in_flight, "pg")])
+        name2 = f"bench-ids-pg2-{uuid.uuid4().hex[:8]}"
+        await clients[0].create(name2)
+        print(
+            "  the same workload on another fresh station through two processes sharing the "
+            "database (requests in flight spread over both):"
+        )
+        two = summary(
+            [
+                await stations_run(
+                    clients[0],
+                    name2,
+                    workload(work, 9_003),
+                    args.in_flight,
+                    "pg x2",
+                    others=(clients[1],),
+                )
+            ]
+        )
+        ok = one.verified and two.verified and (anchor is None or anchor.verified)
+        print("  PostgreSQL results:")
+        print(f"    one process   {line.rate:>9,.0f} msg/s")
+        print(f"    two processes {two.rate:>9,.0f} msg/s (report only: 2 CPUs)")
+        flat = last / first if first == first and first else float("nan")
+        print(
+            f"    first {FLAT_SPAN:,} messages {first:,.0f} msg/s, last {FLAT_SPAN:,} "
+            f"{last:,.0f} msg/s: last/first {flat:.2f} (flat as ids accumulate: >= ~0.9)"
+        )
+        if anchor is not None:
+            ratio = line.rate / anchor.rate if anchor.rate else 0.0
+            verdict = "meets target" if ratio >= PG_TARGET else "BELOW TARGET"
+            print(
+                f"    Stations (PostgreSQL)/JetStream: {ratio:.2f}x "
+                f"(target >= {PG_TARGET}: {verdict})"
+            )
+        else:
+            print("    Stations (PostgreSQL)/JetStream: anchor unavailable")
+    finally:
+        for client in clients:
+            await client.close()
+        for server in made:
+            server.stop()
+        try:
+            pg_drop(args.pg_url, pg_db)
+        except Exception as exc:
+            print(f"  could not drop database {pg_db}: {exc}")
+    return ok
+
+
+async def only_postgres(args: argparse.Namespace, root: Path) -> int:
+    js: JetStream | None = None
+    try:
+        if not args.no_anchor:
+            got = await JetStream.connect(args.nats, root)
+            js = None if isinstance(got, str) else got
+            if js is None:
+                print(f"anchor unavailable: {got}")
+        ok = await postgres_part(args, root, js)
+        print(f"load average after the run: {load_average()}")
+        return 0 if ok else 1
+    finally:
+        if js is not None:
+            await js.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 async def main_async(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="stations-bench-ids-", dir=args.data_root))
+    if args.only_pg:
+        return await only_postgres(args, root)
     server = servers.stations("stations", args.durability, root / "stations")
     js: JetStream | None = None
     sampler: RssSampler | None = None
@@ -692,6 +836,8 @@ async def main_async(args: argparse.Namespace) -> int:
         )
         print(f"  fill: {fill_s:.1f} s, {args.ids / fill_s:,.0f} msg/s")
         print(f"  stored == unique: {'yes' if verified else 'no'}")
+        if not args.no_pg:
+            failed = not await postgres_part(args, root, js) or failed
         print(f"load average after the run: {load_average()}")
     finally:
         if sampler is not None and sampler.is_alive():

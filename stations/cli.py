@@ -101,14 +101,15 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--id-cache-size",
         type=int,
         default=50_000,
-        help="message ids per station answered from RAM (default %(default)s)",
+        help="message ids per station cached in RAM in front of msg_ids (PostgreSQL; "
+        "default %(default)s)",
     )
     p.add_argument(
         "--recent-ids",
         type=int,
         default=100_000,
-        help="ids per station kept in the recent-id table; older ones move to sorted runs "
-        "(SQLite; default %(default)s)",
+        help="recent ids per station held in RAM and time-ordered blocks; older ones move to "
+        "sorted runs (SQLite; default %(default)s)",
     )
     limits = p.add_argument_group(
         "limits and timeouts",

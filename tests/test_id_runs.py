@@ -91,7 +91,7 @@ def test_ids_moved_to_runs_stay_duplicates(server: Server) -> None:
         name = station(client)
         offsets = fill(client, name, 1000)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
-        (recent,) = query(server, "SELECT count(*) FROM msg_ids WHERE stream_id = ?", sid)[0]
+        (recent,) = query(server, "SELECT coalesce(sum(ids), 0) FROM id_blocks WHERE stream_id = ?", sid)[0]
         runs = query(server, "SELECT run, ids FROM id_runs WHERE stream_id = ?", sid)
         # msg_ids stays small; the rest sits in runs, every id exactly once.
         assert recent <= RECENT
@@ -163,7 +163,7 @@ def test_station_delete_takes_its_runs(server: Server) -> None:
         fill(client, name, 300)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
         assert client.delete(f"/api/stations/{name}").status_code == 204
-        for table in ("msg_ids", "id_runs", "id_run_entries"):
+        for table in ("msg_ids", "id_blocks", "id_runs", "id_run_entries"):
             assert query(server, f"SELECT count(*) FROM {table} WHERE stream_id = ?", sid) == [(0,)]
         # A new station of that name starts with an empty window.
         assert client.post("/api/stations", json={"name": name}).status_code == 201
@@ -234,9 +234,9 @@ def test_a_failed_move_keeps_ids_and_appends(
         finally:
             await service.close()
         with closing(sqlite3.connect(tmp_path / "s.db")) as conn:
-            # The half-done move was rolled back to its savepoint; every id is in msg_ids.
+            # The half-done move was rolled back to its savepoint; every id is in id_blocks.
             assert conn.execute("SELECT count(*) FROM id_runs").fetchone() == (0,)
-            assert conn.execute("SELECT count(*) FROM msg_ids").fetchone() == (50,)
+            assert conn.execute("SELECT sum(ids) FROM id_blocks").fetchone() == (50,)
             assert conn.execute("SELECT count(*) FROM messages").fetchone() == (50,)
 
     asyncio.run(scenario())

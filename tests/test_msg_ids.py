@@ -370,10 +370,12 @@ def test_duplicate_after_retention_dropped_the_original(client: httpx.Client) ->
 
 
 def ids_in_table(db_url: str, station: str) -> int:
-    """Rows of the durable id table for ``station``, read straight from the database."""
+    """Ids of ``station`` in the durable id tables (msg_ids on PostgreSQL, the blocks of
+    recent ids on SQLite), read straight from the database."""
     query = (
-        "SELECT count(*) FROM msg_ids JOIN streams ON streams.id = msg_ids.stream_id "
-        "WHERE streams.name = {}"
+        "SELECT (SELECT count(*) FROM msg_ids m WHERE m.stream_id = s.id) "
+        "+ (SELECT coalesce(sum(b.ids), 0) FROM id_blocks b WHERE b.stream_id = s.id) "
+        "FROM streams s WHERE s.name = {}"
     )
     if db_url.startswith("sqlite"):
         with closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as conn:

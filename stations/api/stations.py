@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from stations.domain import messages
@@ -78,15 +79,15 @@ async def delete_station(request: web.Request) -> web.Response:
 async def produce(request: web.Request) -> web.Response:
     body = await json_body(request)
     result, _state = await service(request).produce(station_name(request), body)
-    return web.json_response(
-        {
-            "results": [
-                {"offset": None if offset is None else encode(offset), "duplicate": dup}
-                for offset, dup in result.results
-            ],
-            "nextOffset": encode(result.tail),
-        }
-    )
+    # orjson: a few µs per message less than json.dumps on a batch of hundreds.
+    answer = {
+        "results": [
+            {"offset": None if offset is None else encode(offset), "duplicate": dup}
+            for offset, dup in result.results
+        ],
+        "nextOffset": encode(result.tail),
+    }
+    return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 
 async def browse(request: web.Request) -> web.Response:

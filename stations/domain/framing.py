@@ -30,12 +30,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def exact_ints(body: bytes) -> bool:
+    """Whether orjson parsed every integer of ``body`` exactly (none has 20 digits or more)."""
+    return _TWENTY_DIGITS not in body.translate(_DIGITS_ONLY)
+
+
 def _loads(body: bytes) -> object:
     try:
         value = orjson.loads(body)
         # orjson turns an integer beyond 64 bits into a float, losing digits; only a run of 20
         # or more digits can be one, and then the standard library parses it exactly.
-        if _TWENTY_DIGITS not in body.translate(_DIGITS_ONLY):
+        if exact_ints(body):
             return value
     except orjson.JSONDecodeError:
         pass

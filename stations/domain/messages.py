@@ -12,14 +12,20 @@ import json
 import math
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stations.domain import framing
+import orjson
+
+from stations.domain import framing, log
 from stations.domain.errors import BadRequest
-from stations.domain.log import AppendRequest
+from stations.domain.idwindow import IdWindow
+from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import encode
 from stations.domain.reads import Message
 from stations.domain.streams import StreamState
+
+if TYPE_CHECKING:
+    from stations.store.writer import Batch
 
 MAX_BATCH = 10_000
 _MSG_ID = re.compile(r"[\x21-\x7e]{1,256}")
@@ -52,7 +58,18 @@ def _one_json_value(data: bytes, field: str) -> bytes:
 
 def loads_strict(text: str) -> Any:
     """``json.loads`` without the NaN / Infinity extensions and without numbers that overflow
-    to infinity (both would come back as ``null``). Raises ValueError or RecursionError."""
+    to infinity (both would come back as ``null``). Raises ValueError or RecursionError.
+
+    orjson parses it first (about 5x faster on a batch of messages); the standard library
+    decides whatever orjson refuses (its error messages, lone surrogate escapes it accepts)
+    and any body where orjson may have turned an integer beyond 64 bits into a float."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if framing.exact_ints(text.encode("utf-8", "surrogatepass")):
+            return value
     return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
@@ -151,6 +168,15 @@ def parse_batch(state: StreamState, body: Any) -> AppendRequest:
         raise BadRequest(f"unknown field {path}", path)
     req.msg_ids, req.headers, req.messages = ids, headers, datas
     return req
+
+
+def produce(
+    batch: Batch, window: IdWindow, name: str, body: Any
+) -> tuple[AppendResult, StreamState]:
+    """``POST /api/stations/{name}/messages`` as one op of the writer: the station's state is
+    the batch's own, so the request costs no separate read of it first."""
+    state = log.live_stream(batch.stream(name), name, batch.now)
+    return log.append(batch, window, parse_batch(state, body)), state
 
 
 def iso(ms: int) -> str:

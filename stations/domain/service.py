@@ -253,8 +253,7 @@ class Service:
 
     async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
         """Messages with ids and headers, as one append (one transaction)."""
-        state = await self.stream(name)
-        return await self.append(messages.parse_batch(state, body)), state
+        return await self.write(messages.produce, self.ids, name, body)
 
     async def browse(self, name: str, position: int, limit: int) -> ReadResult:
         return await self.read_db(

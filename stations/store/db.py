@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event
 from sqlalchemy.engine import make_url
 
 DEFAULT_DATA_DIR = "stations-data"
@@ -104,3 +104,34 @@ def upgrade(engine: Engine) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+# -- what the store's queries ask of the engine (they never name the dialect) -----------------
+
+
+def mark(conn: Connection) -> str:
+    """The driver's positional parameter mark, for SQL sent to the driver's cursor."""
+    return "?" if conn.dialect.paramstyle == "qmark" else "%s"
+
+
+def shared(bind: Connection | Engine) -> bool:
+    """Several processes may write this database at once (PostgreSQL): ids are looked up in
+    the shared table, rows are locked, and commits are announced to the other processes."""
+    return bind.dialect.name == "postgresql"
+
+
+def row_lock(conn: Connection) -> str:
+    """The clause that locks the rows a SELECT reads until the commit; empty where one process
+    holds the database's write lock for the whole transaction (SQLite's BEGIN IMMEDIATE)."""
+    return " FOR UPDATE" if shared(conn) else ""
+
+
+def insert_many_sql(conn: Connection, table: Table) -> str | None:
+    """One INSERT of many rows with one array parameter per column, for drivers that bind a
+    list as an array (PostgreSQL): one round trip and one statement instead of one per row.
+    None: insert row by row (executemany)."""
+    if not shared(conn):
+        return None
+    casts = ", ".join(f"%s::{c.type.compile(dialect=conn.dialect)}[]" for c in table.columns)
+    columns = ", ".join(c.name for c in table.columns)
+    return f"INSERT INTO {table.name} ({columns}) SELECT * FROM unnest({casts})"

@@ -1,33 +1,45 @@
-"""Older message ids in sorted runs, so a window of millions of ids costs what a small one does.
+"""Message ids on SQLite: the recent ones in RAM and in time-ordered blocks, older ones in
+sorted runs, so a window of millions of ids costs what a small one does.
 
-Why: ``msg_ids`` is keyed by the ids themselves, which are random. Once its index outgrows the
-page cache, every new id dirties a leaf page of its own, which is written to the WAL at commit
-and again into the database file at checkpoint: 4 KB, twice, per 40-byte id. So ``msg_ids``
-only keeps a station's recent ids (up to ``SPILL_AT``). Beyond that, the oldest ``SPILL_CHUNK``
-of them move in one transaction, sorted, into an immutable run: a stretch of ``id_run_entries``
-written sequentially. A run is deleted whole once its newest id has left the window.
+Why: a table keyed by the ids themselves (``msg_ids``) is random-keyed. Every new id dirties a
+leaf page of its own, written to the WAL at commit and again into the database file at
+checkpoint: 4 KB, twice, per 40-byte id. So on SQLite the ids of one commit go into one
+``id_blocks`` row per station (the ids joined by newlines, their positions packed as 64-bit
+integers), appended in time order: a commit's ids cost about their own bytes on disk. The
+*hot* ids, those in blocks, are all held in a dict per station (``hot_ids``), which answers
+every lookup of a recent id without SQL; the blocks exist to rebuild it after a restart.
 
-A lookup that ``msg_ids`` cannot answer asks each *epoch* (a Bloom filter over the ids of up to
-``EPOCH_IDS`` consecutive runs, 1.8 bytes per id it has room for) and probes only the runs of epochs that
-may hold the id. Filters live in RAM under ``FILTER_BUDGET`` bytes per process; a run without
-one (after a restart until a background thread has rebuilt it, or over the budget) is probed
-for every lookup, which is slower but exact: a filter only ever decides which runs to read.
+Once a station holds ``SPILL_AT`` hot ids, its oldest blocks (at least ``SPILL_CHUNK`` ids)
+move in one transaction, sorted, into an immutable run: a stretch of ``id_run_entries``
+written sequentially, and they leave RAM. A run is deleted whole once its newest id has left
+the window.
 
-SQLite only: on PostgreSQL several processes share the ids, and one process's filters cannot
-see the runs another wrote, so there the ids stay in ``msg_ids``.
+A lookup that the hot ids cannot answer asks each *epoch* (a Bloom filter over the ids of up to
+``EPOCH_IDS`` consecutive runs, 1.8 bytes per id it has room for) and probes only the runs of
+epochs that may hold the id. Filters live in RAM under ``FILTER_BUDGET`` bytes per process; a
+run without one (after a restart until a background thread has rebuilt it, or over the budget)
+is probed for every lookup, which is slower but exact: a filter only ever decides which runs
+to read.
+
+SQLite only: on PostgreSQL several processes share the ids, and one process's RAM cannot see
+the ids another stored, so there the ids stay in ``msg_ids`` (``stations.store.idtable``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from array import array
+from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from rbloom import Bloom
 from sqlalchemy import Connection, Engine, delete, func, select
 
-from stations.store.schema import id_run_entries, id_runs
+from stations.store.schema import id_blocks, id_run_entries, id_runs
 
 if TYPE_CHECKING:
     from stations.domain.streams import StreamState
@@ -35,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stations.store.idruns")
 
-SPILL_AT = 100_000  # recent ids a station keeps in msg_ids (about 8 MB of its index)
+SPILL_AT = 100_000  # recent ids a station keeps in RAM and blocks (about 20 MB of RAM)
 SPILL_CHUNK = 50_000  # ids moved per run
 EPOCH_IDS = 4_000_000  # ids per Bloom filter, at most
 FALSE_POSITIVES = 0.001
@@ -64,12 +76,34 @@ class Epoch:
 
 
 @dataclass
+class Block:
+    """The ids one commit stored in one station, in the order they were stored."""
+
+    seq0: int  # position of the first: the block's key
+    stored_at: int
+    ids: list[str]
+    seqs: array[int]
+
+
+@dataclass
 class StationRuns:
     runs: dict[int, Run] = field(default_factory=dict)
     epochs: list[Epoch] = field(default_factory=list)
     unfiltered: set[int] = field(default_factory=set)  # runs no filter covers: always probed
-    hot: int | None = None  # ids in msg_ids, once counted (approximate: it only triggers spills)
+    # Every id of the station's committed blocks: msg_id -> (position, stored_at). An id stored
+    # again after it expired is in two blocks; the dict holds the newer copy.
+    hot_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    blocks: deque[Block] = field(default_factory=deque)  # oldest first
+    hot: int = 0  # ids in blocks (a re-stored id counts twice)
     last_run: int = 0  # run numbers are never reused while the process lives
+
+
+@dataclass
+class Draft:
+    """A block being filled by the current batch."""
+
+    ids: list[str] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
 
 
 class IdRuns:
@@ -88,11 +122,25 @@ class IdRuns:
     # -- start-up ----------------------------------------------------------------------------
 
     def load(self, engine: Engine) -> None:
-        """Read the runs' table of contents; their filters are rebuilt in the background."""
+        """Read the hot ids and the runs' table of contents; the runs' filters are rebuilt in
+        the background."""
         with engine.connect() as conn:
             rows = conn.exec_driver_sql(
                 "SELECT stream_id, run, ids, oldest, newest FROM id_runs ORDER BY stream_id, run"
             ).all()
+            cursor = conn.connection.cursor()
+            try:
+                cursor.execute(
+                    "SELECT stream_id, seq0, stored_at, msg_ids, seqs FROM id_blocks "
+                    "ORDER BY stream_id, seq0"
+                )
+                for stream_id, seq0, stored_at, text, packed in cursor.fetchall():
+                    seqs = array("q")
+                    seqs.frombytes(packed)
+                    block = Block(seq0, stored_at, text.decode().split("\n"), seqs)
+                    self._add_block(self._stations.setdefault(stream_id, StationRuns()), block)
+            finally:
+                cursor.close()
         with self._lock:
             for stream_id, run, ids, oldest, newest in rows:
                 station = self._stations.setdefault(stream_id, StationRuns())
@@ -164,6 +212,14 @@ class IdRuns:
 
     # -- lookups -----------------------------------------------------------------------------
 
+    def hot_ids(self, stream_id: int) -> dict[str, tuple[int, int]]:
+        """The station's committed recent ids: ``{msg_id: (position, stored_at)}``. Read-only
+        for the caller; the writer thread and its after-commit hooks are its only writers."""
+        station = self._stations.get(stream_id)
+        if station is None:
+            station = self._stations[stream_id] = StationRuns()
+        return station.hot_ids
+
     def lookup(
         self, batch: Batch, state: StreamState, wanted: list[str]
     ) -> dict[str, tuple[int, int]]:
@@ -200,84 +256,137 @@ class IdRuns:
                             found[msg_id] = (seq, stored_at)
         return found
 
-    # -- spilling ----------------------------------------------------------------------------
+    # -- storing and spilling -----------------------------------------------------------------
 
-    def stored(self, batch: Batch, state: StreamState, n: int) -> None:
-        """``n`` new ids go into msg_ids with this batch; move older ones out when it is full."""
-        with self._lock:
-            station = self._stations.setdefault(state.id, StationRuns())
-            if station.hot is None:
-                station.hot = batch.conn.exec_driver_sql(
-                    "SELECT count(*) FROM msg_ids WHERE stream_id = ?", (state.id,)
-                ).scalar_one()
-            station.hot += n
-            if station.hot < self.spill_at:
-                return
-        # At the end of the batch, after its own ids are written: a run moved earlier would be
-        # invisible to the batch's later lookups until its filter exists.
-        stream_id = state.id
-        batch.before_commit[("spill ids", stream_id)] = lambda b: self._spill(b, stream_id)
+    def stored(self, batch: Batch, stream_id: int, stored: list[tuple[str, int]]) -> None:
+        """New ``(msg_id, position)`` pairs go into this batch's block of the station."""
+        draft = batch.id_blocks.get(stream_id)
+        if draft is None:
+            draft = batch.id_blocks[stream_id] = Draft()
+            batch.block_writer = self.write_blocks
+            batch.before_commit[("spill ids", stream_id)] = lambda b: self._spill(b, stream_id)
+        for msg_id, seq in stored:
+            draft.ids.append(msg_id)
+            draft.seqs.append(seq)
+
+    def write_blocks(self, batch: Batch) -> None:
+        """Write the batch's blocks (one row per station); RAM learns them after the commit."""
+        rows = []
+        for stream_id, draft in batch.id_blocks.items():
+            seqs = array("q", draft.seqs)
+            rows.append(
+                (stream_id, seqs[0], batch.now, len(seqs), "\n".join(draft.ids).encode(),
+                 seqs.tobytes())
+            )
+            block = Block(seqs[0], batch.now, draft.ids, seqs)
+            station = self._stations.setdefault(stream_id, StationRuns())
+            batch.after_commit.append(partial(self._add_block, station, block))
+        batch.id_blocks = {}
+        cursor = batch.conn.connection.cursor()
+        try:
+            cursor.executemany(
+                "INSERT INTO id_blocks (stream_id, seq0, stored_at, ids, msg_ids, seqs) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        finally:
+            cursor.close()
+
+    @staticmethod
+    def _add_block(station: StationRuns, block: Block) -> None:
+        hot, at = station.hot_ids, block.stored_at
+        for msg_id, seq in zip(block.ids, block.seqs, strict=True):
+            hot[msg_id] = (seq, at)
+        station.blocks.append(block)
+        station.hot += len(block.ids)
 
     def _spill(self, batch: Batch, stream_id: int) -> None:
+        # The batch's own block is written but joins RAM after the commit: it stays hot.
+        station = self._stations.get(stream_id)
+        if station is None or station.hot < self.spill_at or not station.blocks:
+            return
         # In a savepoint: should moving fail, the ids stay where they are and the batch's
         # appends still commit.
         try:
             with batch.conn.begin_nested():
                 self._move(batch, stream_id)
         except Exception:
-            log.exception("moving message ids into a run failed; they stay in msg_ids")
+            log.exception("moving message ids into a run failed; they stay in id_blocks")
 
     def _move(self, batch: Batch, stream_id: int) -> None:
-        """Move the oldest ids of msg_ids, down to ``spill_at - chunk`` left, into a new run."""
-        conn = batch.conn
-        with self._lock:
-            hot = self._stations[stream_id].hot or 0
-        move = max(self.chunk, hot - (self.spill_at - self.chunk))
-        cutoff = conn.exec_driver_sql(
-            "SELECT stored_at FROM msg_ids WHERE stream_id = ? ORDER BY stored_at LIMIT 1 OFFSET ?",
-            (stream_id, move - 1),
-        ).scalar()
-        if cutoff is None:  # fewer ids than counted (swept meanwhile): count again
-            recount = conn.exec_driver_sql(
-                "SELECT count(*) FROM msg_ids WHERE stream_id = ?", (stream_id,)
-            ).scalar_one()
-            with self._lock:
-                self._stations[stream_id].hot = recount
-            return
-        rows = conn.exec_driver_sql(
-            "SELECT msg_id, seq, stored_at FROM msg_ids WHERE stream_id = ? AND stored_at <= ? "
-            "ORDER BY msg_id",
-            (stream_id, cutoff),
-        ).all()
-        last = conn.exec_driver_sql(
+        """Move the oldest committed blocks, down to ``spill_at - chunk`` hot ids left (at
+        least ``chunk`` ids), into a new run."""
+        station = self._stations[stream_id]
+        target = max(self.chunk, station.hot - (self.spill_at - self.chunk))
+        moving: list[Block] = []
+        n = 0
+        for block in station.blocks:
+            if n >= target:
+                break
+            moving.append(block)
+            n += len(block.ids)
+        # The newest copy of each id (one stored again after it expired is in two blocks).
+        seq_of: dict[str, int] = {}
+        at_of: dict[str, int] = {}
+        for block in moving:
+            seq_of.update(zip(block.ids, block.seqs, strict=True))
+            at_of.update(zip(block.ids, repeat(block.stored_at)))
+        last = batch.conn.exec_driver_sql(
             "SELECT max(run) FROM id_runs WHERE stream_id = ?", (stream_id,)
         ).scalar()
         with self._lock:
-            last = max(last or 0, self._stations[stream_id].last_run)
-        run = Run(last + 1, len(rows), min(r[2] for r in rows), max(r[2] for r in rows))
-        conn.exec_driver_sql(
-            "INSERT INTO id_run_entries (stream_id, run, msg_id, seq, stored_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(stream_id, run.run, msg_id, seq, at) for msg_id, seq, at in rows],
-        )
-        conn.exec_driver_sql(
-            "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, ?, ?, ?, ?)",
-            (stream_id, run.run, run.ids, run.oldest, run.newest),
-        )
-        conn.exec_driver_sql(
-            "DELETE FROM msg_ids WHERE stream_id = ? AND stored_at <= ?", (stream_id, cutoff)
-        )
-        ids = [r[0] for r in rows]
-        # The batch's lookups are over; the next batch's must see the run.
+            last = max(last or 0, station.last_run)
+        ats = [b.stored_at for b in moving]
+        run = Run(last + 1, len(seq_of), min(ats), max(ats))
+        ids = sorted(seq_of)
+        cursor = batch.conn.connection.cursor()
+        try:
+            cursor.executemany(
+                "INSERT INTO id_run_entries (stream_id, run, msg_id, seq, stored_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                # Rows zipped in C: building a tuple per id in Python cost more than SQLite.
+                list(
+                    zip(
+                        repeat(stream_id),
+                        repeat(run.run),
+                        ids,
+                        map(seq_of.__getitem__, ids),
+                        map(at_of.__getitem__, ids),
+                    )
+                ),
+            )
+            cursor.execute(
+                "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, ?, ?, ?, ?)",
+                (stream_id, run.run, run.ids, run.oldest, run.newest),
+            )
+            cursor.execute(
+                "DELETE FROM id_blocks WHERE stream_id = ? AND seq0 <= ?",
+                (stream_id, moving[-1].seq0),
+            )
+        finally:
+            cursor.close()
+        # The batch's lookups are over; the next batch's must see the run, not the blocks.
         batch.after_commit.append(lambda: self._add_run(stream_id, run, ids))
+        batch.after_commit.append(lambda: self._drop_blocks(station, moving))
+
+    @staticmethod
+    def _drop_blocks(station: StationRuns, gone: list[Block]) -> None:
+        """The oldest blocks left RAM (moved to a run, or expired; a sweep and a move in one
+        batch may both name a block)."""
+        hot, leaving = station.hot_ids, {id(block) for block in gone}
+        while station.blocks and id(station.blocks[0]) in leaving:
+            block = station.blocks.popleft()
+            station.hot -= len(block.ids)
+            for msg_id, seq in zip(block.ids, block.seqs, strict=True):
+                entry = hot.get(msg_id)
+                if entry is not None and entry[0] == seq:
+                    del hot[msg_id]
 
     def _add_run(self, stream_id: int, run: Run, ids: list[str]) -> None:
         with self._lock:
             station = self._stations.setdefault(stream_id, StationRuns())
             station.runs[run.run] = run
             station.last_run = max(station.last_run, run.run)
-            if station.hot is not None:
-                station.hot = max(0, station.hot - run.ids)
             epoch = next((e for e in reversed(station.epochs) if e.open), None)
             if epoch is not None and epoch.ids + run.ids <= epoch.capacity:
                 epoch.bloom.update(ids)
@@ -300,8 +409,25 @@ class IdRuns:
     # -- expiry ------------------------------------------------------------------------------
 
     def sweep(self, batch: Batch, state: StreamState) -> int:
-        """Delete the station's runs whose newest id has left the window."""
+        """Delete the station's blocks and runs whose newest id has left the window."""
         cutoff = batch.now - state.window_ms
+        station = self._stations.get(state.id)
+        hot_gone = 0
+        if station is not None and station.blocks and station.blocks[0].stored_at <= cutoff:
+            expired: list[Block] = []
+            for block in station.blocks:
+                if block.stored_at > cutoff:
+                    break
+                expired.append(block)
+                hot_gone += len(block.ids)
+            batch.conn.exec_driver_sql(
+                "DELETE FROM id_blocks WHERE stream_id = ? AND seq0 <= ?",
+                (state.id, expired[-1].seq0),
+            )
+            batch.after_commit.append(lambda: self._drop_blocks(station, expired))
+        return hot_gone + self._sweep_runs(batch, state, cutoff)
+
+    def _sweep_runs(self, batch: Batch, state: StreamState, cutoff: int) -> int:
         with self._lock:
             station = self._stations.get(state.id)
             gone = [r for r in station.runs.values() if r.newest <= cutoff] if station else []
@@ -333,12 +459,6 @@ class IdRuns:
                     station.epochs.remove(epoch)
                     self._filter_bytes -= epoch.nbytes
 
-    def swept_hot(self, stream_id: int, n: int) -> None:
-        with self._lock:
-            station = self._stations.get(stream_id)
-            if station is not None and station.hot is not None:
-                station.hot = max(0, station.hot - n)
-
     def forget_station(self, stream_id: int) -> None:
         with self._lock:
             station = self._stations.pop(stream_id, None)
@@ -347,18 +467,23 @@ class IdRuns:
 
 
 def purge(conn: Connection, stream_id: int) -> None:
-    for table in (id_run_entries, id_runs):
+    for table in (id_blocks, id_run_entries, id_runs):
         conn.execute(delete(table).where(table.c.stream_id == stream_id))
 
 
 def count(conn: Connection, stream_id: int, cutoff: int) -> int:
-    """Ids of the station's runs stored after ``cutoff``."""
+    """Ids of the station's blocks and runs stored after ``cutoff``."""
+    hot = conn.execute(
+        select(func.coalesce(func.sum(id_blocks.c.ids), 0)).where(
+            id_blocks.c.stream_id == stream_id, id_blocks.c.stored_at > cutoff
+        )
+    ).scalar_one()
     whole = conn.execute(
         select(id_runs.c.run, id_runs.c.ids, id_runs.c.oldest, id_runs.c.newest).where(
             id_runs.c.stream_id == stream_id, id_runs.c.newest > cutoff
         )
     ).all()
-    n = 0
+    n = int(hot)
     for run, ids, oldest, _newest in whole:
         if oldest > cutoff:
             n += ids

@@ -87,6 +87,21 @@ msg_ids = Table(
 )
 Index("ix_msg_ids_stored_at", msg_ids.c.stream_id, msg_ids.c.stored_at)
 
+# SQLite's recent ids (stations/store/idruns.py): the ids one commit stored in one station, in
+# one row keyed by the first one's position, so a commit's ids are written as one sequential
+# stretch. ``msg_ids`` holds them joined by "\n" (ids are printable ASCII without spaces),
+# ``seqs`` their positions as native 64-bit integers.
+id_blocks = Table(
+    "id_blocks",
+    metadata,
+    Column("stream_id", Integer, primary_key=True, autoincrement=False),
+    Column("seq0", BigInteger, primary_key=True, autoincrement=False),
+    Column("stored_at", BigInteger, nullable=False),
+    Column("ids", Integer, nullable=False),
+    Column("msg_ids", LargeBinary, nullable=False),
+    Column("seqs", LargeBinary, nullable=False),
+)
+
 # Older ids of a station, moved out of msg_ids in sorted, immutable runs (SQLite; see
 # stations/idruns.py). ``id_runs`` has one row per run, ``id_run_entries`` its ids, keyed so a
 # run is written as one sequential stretch of its B-tree.

@@ -2,8 +2,8 @@
 
 Everything else goes through SQLAlchemy Core. These run once or more per append, where building
 and caching a Core statement costs more than executing it, so they go to the driver as plain
-text with positional parameters in the driver's own style (``?`` for sqlite3, ``%s`` for
-psycopg). The schema they name is the one in ``stations.store.schema``; both dialects accept them.
+text with positional parameters in the driver's own style (``db.mark``). The schema they name
+is the one in ``stations.store.schema``; both engines accept them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table
 
+from stations.store import db
 from stations.store.schema import streams
 
 STREAM_COLUMNS = ", ".join(c.name for c in streams.columns)
@@ -32,13 +33,8 @@ STREAM_UPDATES = (
 )
 
 
-def _mark(conn: Connection) -> str:
-    return "?" if conn.dialect.paramstyle == "qmark" else "%s"
-
-
 @cache
-def _statements(mark: str, dialect: str) -> dict[str, str]:
-    lock = " FOR UPDATE" if dialect == "postgresql" else ""
+def _statements(mark: str, lock: str) -> dict[str, str]:
     return {
         "load": f"SELECT {STREAM_COLUMNS} FROM streams WHERE name = {mark}",
         "load_lock": f"SELECT {STREAM_COLUMNS} FROM streams WHERE name = {mark}{lock}",
@@ -55,7 +51,7 @@ def _statements(mark: str, dialect: str) -> dict[str, str]:
 
 
 def statement(conn: Connection, name: str) -> str:
-    return _statements(_mark(conn), conn.dialect.name)[name]
+    return _statements(db.mark(conn), db.row_lock(conn))[name]
 
 
 @cache
@@ -66,7 +62,7 @@ def _insert(mark: str, table: Table) -> str:
 
 def insert(conn: Connection, table: Table) -> str:
     """INSERT of every column, in table order."""
-    return _insert(_mark(conn), table)
+    return _insert(db.mark(conn), table)
 
 
 def execute(conn: Connection, text: str, params: Any) -> None:
@@ -93,3 +89,19 @@ def one(conn: Connection, name: str, params: Any) -> tuple[Any, ...] | None:
         return cursor.fetchone()
     finally:
         cursor.close()
+
+
+def session(conn: Connection, stream_id: int, producer_id: str) -> tuple[int, int] | None:
+    """``(epoch, last_seq)`` of a producer's session on a stream, if it has one."""
+    row = one(conn, "session", (stream_id, producer_id))
+    return None if row is None else (row[0], row[1])
+
+
+def insert_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
+    """Insert rows (tuples in column order): one statement of column arrays where the driver
+    takes arrays, else executemany."""
+    text = db.insert_many_sql(conn, table)
+    if text is None:
+        execute(conn, insert(conn, table), rows)
+    else:
+        execute(conn, text, tuple(map(list, zip(*rows, strict=True))))

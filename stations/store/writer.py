@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
 from stations.domain.streams import StreamState, load
-from stations.store import sql
+from stations.store import db, sql
 from stations.store.pgnotify import CHANNEL
 from stations.store.schema import messages, msg_ids
 
@@ -52,7 +52,11 @@ class Batch:
     ids: list[tuple[Any, ...]] = field(default_factory=list)
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     dirty_sessions: set[tuple[int, str]] = field(default_factory=set)
-    pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)  # written this batch
+    # Ids stored by this batch, until it commits: (stream id, msg_id) -> position.
+    pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)
+    # SQLite: the ids of this batch per station, written as one id_blocks row each at flush.
+    id_blocks: dict[int, Any] = field(default_factory=dict)
+    block_writer: Callable[[Batch], None] | None = None
     changed: set[str] = field(default_factory=set)  # stream names whose readers must wake
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
@@ -73,12 +77,13 @@ class Batch:
         # The bulk inserts go to the driver's executemany directly: SQLAlchemy's per-row
         # parameter processing would cost more than the insert itself on this hot path.
         if self.rows:
-            sql.execute(self.conn, sql.insert(self.conn, messages), self.rows)
+            sql.insert_rows(self.conn, messages, self.rows)
             self.rows = []
         if self.ids:
-            sql.execute(self.conn, sql.insert(self.conn, msg_ids), self.ids)
+            sql.insert_rows(self.conn, msg_ids, self.ids)
             self.ids = []
-        self.pending_ids.clear()
+        if self.id_blocks and self.block_writer is not None:
+            self.block_writer(self)
         if self.dirty:
             sql.run(
                 self.conn,
@@ -157,7 +162,7 @@ class Writer:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stations-writer")
         self._task: asyncio.Task[None] | None = None
         self._conn: Connection | None = None
-        self._pg = engine.dialect.name == "postgresql"
+        self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

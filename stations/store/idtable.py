@@ -1,0 +1,91 @@
+"""The ``msg_ids`` table: the durable message-id window where several processes share it
+(PostgreSQL). On SQLite the ids live in blocks and runs instead (``stations.store.idruns``).
+
+The statements run on the driver's cursor: the id lookup runs once per append with ids, where
+compiling a Core statement with hundreds of bound values would cost more than the lookup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, select, tuple_
+
+from stations.store import db, idruns
+from stations.store.schema import msg_ids
+
+LOOKUP_CHUNK = 500  # ids per IN (...) list
+
+
+def _rows(conn: Connection, text: str, params: Any, **options: Any) -> list[tuple[Any, ...]]:
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(text, params, **options)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
+
+
+def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[str, int, int]]:
+    """``(msg_id, seq, stored_at)`` of the wanted ids stored in ``msg_ids``."""
+    if not wanted:
+        return []
+    if db.shared(conn):
+        # One array parameter, and one primary-key probe per id: the LATERAL subquery names
+        # the whole key, so its plan is that key's index whatever the statistics say. A plain
+        # join or IN list is planned on estimates; without statistics (autovacuum off) the
+        # planner chose the (stream_id, stored_at) index and read every id of the station.
+        return _rows(
+            conn,
+            "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(%s::text[]) AS w(msg_id) "
+            "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
+            "WHERE stream_id = %s AND msg_id = w.msg_id LIMIT 1) AS m",
+            (wanted, stream_id),
+            # Planned afresh each time: a plan prepared while the table was empty (a scan)
+            # would be kept as it grows, since without statistics nothing invalidates it.
+            prepare=False,
+        )
+    out: list[tuple[str, int, int]] = []
+    for start in range(0, len(wanted), LOOKUP_CHUNK):
+        chunk = wanted[start : start + LOOKUP_CHUNK]
+        out += _rows(
+            conn,
+            "SELECT msg_id, seq, stored_at FROM msg_ids WHERE stream_id = ? "
+            f"AND msg_id IN ({', '.join('?' * len(chunk))})",
+            (stream_id, *chunk),
+        )
+    return out
+
+
+def forget(conn: Connection, stream_id: int, expired: list[str]) -> int:
+    """Delete ids found expired but not yet swept; returns how many went."""
+    result = conn.execute(
+        delete(msg_ids).where(msg_ids.c.stream_id == stream_id, msg_ids.c.msg_id.in_(expired))
+    )
+    return result.rowcount or 0
+
+
+def sweep(conn: Connection, stream_id: int, cutoff: int, limit: int) -> int:
+    """Delete up to ``limit`` ids stored at or before ``cutoff``; returns how many went."""
+    expired = (
+        select(msg_ids.c.stream_id, msg_ids.c.msg_id)
+        .where(msg_ids.c.stream_id == stream_id, msg_ids.c.stored_at <= cutoff)
+        .limit(limit)
+    )
+    result = conn.execute(
+        delete(msg_ids).where(tuple_(msg_ids.c.stream_id, msg_ids.c.msg_id).in_(expired))
+    )
+    return result.rowcount or 0
+
+
+def count(conn: Connection, stream_id: int, cutoff: int) -> int:
+    """Ids of the station stored after ``cutoff``: in ``msg_ids``, blocks and runs."""
+    recent = conn.execute(
+        select(func.count()).where(msg_ids.c.stream_id == stream_id, msg_ids.c.stored_at > cutoff)
+    ).scalar_one()
+    return int(recent) + idruns.count(conn, stream_id, cutoff)
+
+
+def purge(conn: Connection, stream_id: int) -> None:
+    conn.execute(delete(msg_ids).where(msg_ids.c.stream_id == stream_id))
+    idruns.purge(conn, stream_id)
