@@ -253,7 +253,9 @@ class Service:
 
     async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
         """Messages with ids and headers, as one append (one transaction)."""
-        return await self.write(messages.produce, self.ids, name, body)
+        result, state = await self.write(messages.produce, self.ids, name, body)
+        self.tally.appended(name, result.results, result.producer_duplicate)
+        return result, state
 
     async def browse(self, name: str, position: int, limit: int) -> ReadResult:
         return await self.read_db(
