@@ -31,13 +31,10 @@ try:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    from stations.spark import (
-        StationsDataSource,
-        StationsFencedError,
-        StationsStreamWriter,
-        StreamProducer,
-        _Config,
-    )
+    from stations.spark import StationsDataSource, StationsFencedError
+    from stations.spark.options import Config
+    from stations.spark.stream_write import StationsStreamWriter
+    from stations.spark.stream_write import stream_producer as StreamProducer
 except ImportError:
     if IN_CI:  # the CI installs the spark extra: a missing PySpark is a failure there
         raise
@@ -45,7 +42,7 @@ except ImportError:
         "PySpark / pyarrow not installed: pip install -e '.[spark]'", allow_module_level=True
     )
 
-from stations import pipeline  # noqa: E402
+from stations.spark import pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +153,7 @@ class FailingCommitSource(StationsDataSource):
 
 
 def test_importing_stations_does_not_import_pyspark() -> None:
-    code = "import sys, stations, stations.cli, stations.pipeline; print('pyspark' in sys.modules)"
+    code = "import sys, stations, stations.cli, stations.spark.pipeline; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -319,7 +316,7 @@ def test_stream_write_replayed_after_a_failed_commit_stores_once(
 
 def test_a_zombie_producer_of_an_older_batch_is_fenced(srv: Server, api: httpx.Client) -> None:
     name = new_station(api)
-    cfg = _Config.parse({"url": srv.url, "station": name})
+    cfg = Config.parse({"url": srv.url, "station": name})
 
     def producer(epoch: int) -> StreamProducer:
         return StreamProducer(cfg, producer_id="q:0", epoch=epoch, content_type="application/json")
