@@ -392,3 +392,62 @@ def test_pipeline_export_of_the_dls(
 
     paged = reader(spark, srv, name).option("dls", "true").option("pageSize", "7").load()
     assert paged.count() == 25  # four pages, followed through `next`
+
+
+class ClockServer(Server):
+    """A server whose clock the test moves forward (tests/clock/sitecustomize.py)."""
+
+    clock: Path
+
+    def _spawn(self, log):  # type: ignore[no-untyped-def]
+        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
+        command += ["--db", self.db_url, *self.args]
+        paths = [str(ROOT / "tests" / "clock"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+            "STATIONS_TEST_CLOCK": str(self.clock),
+        }
+        return subprocess.Popen(
+            command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+
+
+def test_pipeline_rerun_after_the_default_window_stores_nothing_twice(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = tmp_path / "clock"
+    clock.write_text("0")
+    server = ClockServer(f"sqlite:///{tmp_path / 'stations.db'}", tmp_path)
+    server.clock = clock
+    server.start()
+    try:
+        path = tmp_path / "orders.parquet"
+        pq.write_table(pa.table({"order_id": [f"o-{i}" for i in range(300)]}), path)
+        with httpx.Client(base_url=server.url, timeout=30) as api:
+            # A station made by hand keeps the default 2-minute window: the control.
+            assert api.post("/api/stations", json={"name": "short"}).status_code == 201
+
+            def ingest(station: str) -> str:
+                argv = ["ingest", "--from", str(path), "--station", station]
+                argv += ["--msg-id-column", "order_id", "--url", server.url, "--partitions", "2"]
+                out = io.StringIO()
+                with redirect_stdout(out):
+                    assert pipeline.main(argv, spark=spark) == 0
+                return out.getvalue()
+
+            assert "300 stored" in ingest("orders")  # the pipeline creates this station
+            assert "created station orders (ids remembered for 24 h)" in capsys.readouterr().err
+            assert "300 stored" in ingest("short")
+            warning = capsys.readouterr().err
+            assert "station short remembers message ids for 2 m (idempotencyWindowMs=120000)" in (
+                warning
+            )
+
+            clock.write_text(str(3 * 60))  # three minutes later: the default window is over
+            assert "300 stored, 0 duplicates" in ingest("short")  # the trap, on the control
+            assert "300 rows read, 0 stored, 300 duplicates" in ingest("orders")
+            assert stats(api, "orders")["messages"] == 300
+            assert stats(api, "short")["messages"] == 600
+    finally:
+        server.kill()
