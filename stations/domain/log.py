@@ -80,7 +80,8 @@ def _session(batch: Batch, state: StreamState, producer_id: str) -> sessions.Ses
     if key not in batch.sessions:
         row = sql.one(batch.conn, "session", key)
         batch.sessions[key] = sessions.Session(row[0], row[1]) if row else None
-    return batch.sessions[key]
+    session: sessions.Session | None = batch.sessions[key]
+    return session
 
 
 def live_stream(state: StreamState | None, name: str, now: int) -> StreamState:
@@ -129,8 +130,10 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
             )
         if verdict is Verdict.DUPLICATE:
             assert session is not None
-            results = _original_offsets(batch, window, state, req)
-            return AppendResult(state.tail, state.closed, True, producer, session.last_seq, results)
+            originals = _original_offsets(batch, window, state, req)
+            return AppendResult(
+                state.tail, state.closed, True, producer, session.last_seq, originals
+            )
 
     if (
         req.stream_seq is not None

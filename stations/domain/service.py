@@ -25,7 +25,7 @@ from stations.domain import (
     reads,
     transactions,
 )
-from stations.domain.groups import SeekResult
+from stations.domain.groups import Delivered, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
@@ -222,7 +222,7 @@ class Service:
 
     async def fetch(
         self, station: str, group: str, max_count: int, wait_s: float, consumer: str
-    ) -> list[groups.Delivered]:
+    ) -> list[Delivered]:
         """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s

@@ -50,7 +50,7 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
         self.content_type: str = station_view(cfg)["contentType"]
         self.shape = RowShape.of(cfg, schema, is_json_type(self.content_type))
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:  # type: ignore[override]
         from pyspark import TaskContext
 
         ctx = TaskContext.get()

@@ -60,7 +60,7 @@ class StationsWriter(DataSourceArrowWriter):
         self.cfg = cfg
         self.shape = RowShape.of(cfg, schema, is_json_type(station_view(cfg)["contentType"]))
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:  # type: ignore[override]
         report = WriteReport(partition=partition_id())
         path = self.cfg.api_path + "/messages"
         headers = {"Content-Type": "application/json"}
