@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from stations.api import groups, stations, streams, subscriptions, transactions
+from stations.api import cursors, groups, stations, streams, subscriptions, transactions
 from stations.api.auth import Token, auth_middleware
 from stations.api.errors import error_middleware
 from stations.api.headers import headers_middleware, on_prepare
@@ -78,6 +78,7 @@ def make_app(
     app["service"] = service
     app["tokens"] = tokens
     app["metrics"] = Metrics(service, metrics_stations)
+    app["metrics_refresh"] = [cursors.CursorLag(service, app["metrics"].registry).refresh]
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)
@@ -93,6 +94,7 @@ def make_app(
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(transactions.routes())
+    app.router.add_routes(cursors.routes())
     app.router.add_routes(stations.routes())
     app.on_response_prepare.append(on_prepare)
 

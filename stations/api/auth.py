@@ -107,6 +107,8 @@ def route_class(request: web.Request) -> str:
             return "produce"
         if "/groups/" in tail and method in ("PUT", "POST"):
             return "consume"
+        if "/cursors/" in tail and method == "PUT":  # a reader committing its position
+            return "consume"
         return "admin"
     if path == "/api/transactions":
         return "read"  # each item's station and role: stations/api/transactions.py
