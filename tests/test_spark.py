@@ -451,3 +451,61 @@ def test_pipeline_rerun_after_the_default_window_stores_nothing_twice(
             assert stats(api, "short")["messages"] == 600
     finally:
         server.kill()
+
+
+def test_a_streaming_query_commits_its_cursor_and_its_lag_goes_to_zero(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    from tests.browser import chromium, missing, require_browser
+
+    name = new_station(api)
+    produce(api, name, [{"data": i} for i in range(120)])
+    checkpoint = str(tmp_path / "checkpoint")
+    cursor_path = f"/api/stations/{quote(name, safe='')}/cursors/mirror-q"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", name)
+            .option("cursor", "mirror-q")
+            .option("maxMessagesPerTrigger", "50")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert not query.isActive and query.exception() is None
+
+    def lag_metric() -> float | None:
+        text = api.get("/metrics").text
+        line = f'stations_cursor_lag{{cursor="mirror-q",station="{name}"}} '
+        found = [ln for ln in text.splitlines() if ln.startswith(line)]
+        return float(found[0].split()[-1]) if found else None
+
+    assert api.get(cursor_path).status_code == 404
+    run()
+    view = api.get(cursor_path).json()
+    assert view["offset"] == stats(api, name)["tailOffset"] and view["lag"] == 0
+    produce(api, name, [{"data": i} for i in range(40)])  # the query is behind by 40 now
+    assert api.get(cursor_path).json()["lag"] == 40
+    listed = api.get(f"/api/stations/{quote(name, safe='')}/cursors").json()["cursors"]
+    assert [(c["name"], c["lag"]) for c in listed] == [("mirror-q", 40)]
+    assert lag_metric() == 40
+
+    require_browser()
+    assert missing() is None
+    from playwright.sync_api import expect
+
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{srv.url}/ui/#/s/{quote(name, safe='')}/groups")
+        row = page.locator("table.cursors tbody tr", has_text="mirror-q")
+        expect(row.locator("td").nth(1)).to_have_text("40", timeout=10_000)
+        run()  # resumed from its checkpoint: it catches up
+        expect(row.locator("td").nth(1)).to_have_text("0", timeout=10_000)
+        page.close()
+    assert api.get(cursor_path).json()["lag"] == 0
+    assert lag_metric() == 0

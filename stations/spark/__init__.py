@@ -30,7 +30,9 @@ Options (all strings): ``url`` (default ``$STATIONS_URL`` or http://127.0.0.1:44
 (or the load/save path), ``token``; reads: ``startingOffset`` (``-1``, ``latest`` or an offset;
 default ``-1``), ``endingOffset`` (batch, exclusive; default ``latest``), ``numPartitions``
 (default 4), ``pageSize`` (≤ 1000), ``maxMessagesPerTrigger``, ``failOnDataLoss`` (default
-true), ``dls`` + ``group`` (read the dead-letter store, batch only); writes: ``msgIdColumn``,
+true), ``dls`` + ``group`` (read the dead-letter store, batch only), ``cursor`` (streaming:
+store the query's progress on the server under this name, e.g. the query's name, so its lag
+shows in ``/api/stations/{name}/cursors``, the console and ``/metrics``); writes: ``msgIdColumn``,
 ``allowDuplicates``, ``dataColumn`` (default ``data``), ``headersColumn`` (default
 ``headers``), ``chunkSize`` (messages per request, default 1000), ``reportPath`` (batch: a JSON
 summary written by the driver's commit), ``producerIdPrefix`` (streaming, default ``spark``).

@@ -5,6 +5,7 @@ under that name, so lag tools see how far the query got."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -17,10 +18,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from stations.client.core import path_segment
+from stations.client.errors import StationsError
 from stations.client.models import is_json_type
 from stations.spark.offsets import OffsetRange, offset_dict, position, split
 from stations.spark.options import Config, station_view
 from stations.spark.read import first_position, message_batches, tail
+
+logger = logging.getLogger("stations.spark")
 
 
 class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -33,6 +38,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self.is_json = is_json_type(station_view(cfg)["contentType"])
         self._target: int | None = None
+        self._cursor_at: str | None = None
 
     def initialOffset(self) -> dict[str, str]:
         if self.cfg.starting == "latest":
@@ -48,6 +54,11 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = tail(self.cfg)
 
     def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+        # Spark plans the next batch from ``start`` only after the batch ending there was
+        # committed to the sink, so ``start`` is the query's progress. Spark's own commit(end)
+        # for a batch comes only when the next batch starts, which leaves an idle query that
+        # caught up one batch behind: the cursor moves here too.
+        self._commit_cursor(start["offset"])
         lo = position(start["offset"])
         end = tail(self.cfg)
         if self._target is not None:
@@ -73,4 +84,23 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return message_batches(self.cfg, partition, self.schema)
 
     def commit(self, end: dict[str, str]) -> None:
-        """The position lives in Spark's checkpoint; nothing to do on the server."""
+        """With ``cursor``, store the committed end offset on the server (see latestOffset)."""
+        self._commit_cursor(end["offset"])
+
+    def _commit_cursor(self, offset: str) -> None:
+        """Store ``offset`` under the ``cursor`` name, once per position.
+
+        Spark's checkpoint stays what a restart resumes from; the cursor is what the service
+        shows (lag in the API, the console and /metrics). A failed commit is logged, not fatal:
+        the next batch carries the position again."""
+        if self.cfg.cursor is None or offset == self._cursor_at:
+            return
+        path = f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor)}"
+        try:
+            with self.cfg.http() as http:
+                http.call("PUT", path, {"offset": offset}, what="commit the cursor")
+            self._cursor_at = offset
+        except StationsError as exc:
+            logger.warning(
+                "cursor %s of %s not committed: %s", self.cfg.cursor, self.cfg.station, exc
+            )
