@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -509,3 +510,46 @@ def test_a_streaming_query_commits_its_cursor_and_its_lag_goes_to_zero(
         page.close()
     assert api.get(cursor_path).json()["lag"] == 0
     assert lag_metric() == 0
+
+
+def test_batch_reads_push_offset_and_time_filters_to_the_server(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    import time
+
+    import stations.spark
+
+    stations.spark.register(spark)  # the source with filter pushdown
+    name = new_station(api)
+    offsets: list[str] = []
+    for part in range(3):
+        offsets += produce(api, name, [{"data": {"part": part, "n": i}} for i in range(100)])
+        time.sleep(0.01)  # the parts get distinct store times (milliseconds)
+    stored = all_messages(api, name)
+    since = datetime.fromisoformat(stored[100]["time"].replace("Z", "+00:00"))
+    assert stored[99]["time"] < stored[100]["time"]
+
+    def page_requests() -> float:
+        line = 'stations_http_requests_total{method="GET",route="/api/stations/{name}/messages",'
+        text = api.get("/metrics").text
+        return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(line))
+
+    df = reader(spark, srv, name).option("pageSize", "10").option("numPartitions", "1").load()
+
+    before = page_requests()
+    rows = df.where(F.col("offset") >= offsets[250]).select("offset").collect()
+    assert sorted(r.offset for r in rows) == offsets[250:]
+    assert page_requests() - before <= 8  # 5 pages of 10, not the 30 of a full scan
+
+    before = page_requests()
+    rows = df.where(F.col("timestamp") >= since).select("data").collect()
+    assert sorted((d["part"], d["n"]) for d in (json.loads(r.data) for r in rows)) == [
+        (p, n) for p in (1, 2) for n in range(100)
+    ]
+    assert page_requests() - before <= 24  # 20 pages of 10 (+ probes), not 30
+
+    early = df.where(F.col("timestamp") < since).where(F.col("offset") >= offsets[50]).count()
+    assert early == 50
+    assert api.get(
+        f"/api/stations/{quote(name, safe='')}/offsets", params={"time": stored[100]["time"]}
+    ).json()["offset"] == offsets[100]

@@ -4,6 +4,7 @@ in the API, the console and ``/metrics``."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from stations.api.stations import json_body, station_name
 from stations.domain import cursors
+from stations.domain.errors import BadRequest
 from stations.domain.service import Service
 from stations.store.writer import now_ms
 
@@ -44,6 +46,30 @@ async def put_cursor(request: web.Request) -> web.Response:
         cursors.commit, station_name(request), _cursor(request), body
     )
     return web.json_response(view)
+
+
+def _time_ms(raw: str | None) -> int:
+    """``time``: milliseconds since the epoch, or an ISO 8601 time with a zone."""
+    if raw is None:
+        raise BadRequest("time is required (milliseconds since the epoch or ISO 8601)", "time")
+    if raw.isdigit() and len(raw) <= 15:
+        return int(raw)
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest("time must be milliseconds since the epoch or ISO 8601", "time") from None
+    if when.tzinfo is None:
+        raise BadRequest("time needs a zone (e.g. Z or +00:00)", "time")
+    return int(when.timestamp() * 1000)
+
+
+async def offset_at_time(request: web.Request) -> web.Response:
+    """The offset of the first message stored at or after ``time``: readers start there to
+    read by time (Spark pushes ``timestamp`` filters down through it)."""
+    found: dict[str, Any] = await _service(request).read_db(
+        cursors.offset_at, station_name(request), _time_ms(request.query.get("time")), now_ms()
+    )
+    return web.json_response(found)
 
 
 async def delete_cursor(request: web.Request) -> web.Response:
@@ -82,6 +108,7 @@ def routes() -> list[web.RouteDef]:
     cursor = one + "/cursors/{cursor:[^/{}]+}"
     return [
         web.get(one + "/cursors", list_cursors),
+        web.get(one + "/offsets", offset_at_time),
         web.get(cursor, get_cursor),
         web.put(cursor, put_cursor),
         web.delete(cursor, delete_cursor),

@@ -93,3 +93,23 @@ def lags(conn: Connection, limit: int) -> list[tuple[str, str, int]]:
         (station, name, max(0, tail - max(position, head)))
         for station, name, position, tail, head in store.with_streams(conn, limit)
     ]
+
+
+def offset_at(conn: Connection, station: str, time_ms: int, now: int) -> dict[str, Any]:
+    """The offset of the first message stored at or after ``time_ms`` (the tail when none),
+    by a binary search over positions: messages are stored in time order, one index probe per
+    step. A fork's messages before its fork offset are not searched (they live in its source)."""
+    state = live_stream(load(conn, station), station, now)
+    lo, hi = max(state.head, state.fork_offset or 0), state.tail  # the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        row = store.row_after(conn, state.id, mid)
+        if row is None:  # nothing stored after mid in this stream
+            hi = mid
+            continue
+        seq, span, stored_at = row
+        if stored_at >= time_ms:
+            hi = min(mid, seq - span)  # this row's first message qualifies
+        else:
+            lo = max(mid + 1, seq)  # every message up to seq is older
+    return {"offset": encode(lo), "time": iso(time_ms)}

@@ -90,7 +90,11 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``stations`` format with ``spark`` (``spark.dataSource.register``)."""
-    from stations.spark.source import StationsDataSource
+    """Register the ``stations`` format with ``spark``, with batch reads that push filters on
+    ``offset`` and ``timestamp`` down to the server (this sets
+    ``spark.sql.python.filterPushdown.enabled``, which PySpark requires for that).
+    ``spark.dataSource.register(StationsDataSource)`` registers it without pushdown."""
+    from stations.spark.source import FilteringStationsDataSource
 
-    spark.dataSource.register(StationsDataSource)
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(FilteringStationsDataSource)

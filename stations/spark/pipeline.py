@@ -289,8 +289,7 @@ def _check_station(args: argparse.Namespace, *, create: bool) -> None:
                 body = {"name": args.station, "idempotencyWindowMs": args.window}
                 http.call("POST", "/api/stations", body, what=f"create station {args.station}")
                 print(
-                    f"created station {args.station} (ids remembered for "
-                    f"{_duration(args.window)})",
+                    f"created station {args.station} (ids remembered for {_duration(args.window)})",
                     file=sys.stderr,
                 )
                 return

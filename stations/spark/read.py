@@ -3,10 +3,21 @@ one server page at a time into Arrow batches; or the dead-letter store with ``dl
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
 from pyspark.sql.types import StructType
 
 from stations.client.blocking import BlockingHttp
@@ -172,13 +183,94 @@ class StationsReader(DataSourceReader):
             if self.cfg.ending == "latest"
             else min(position(self.cfg.ending), end_of_station)
         )
+        start, end = self.narrow(start, end)
         if start == 0 and end > 0:  # -1 reads from the earliest retained message
             start = first_position(self.cfg, end)
         ranges = split(start, end, self.cfg.num_partitions, is_json)
         return ranges or [OffsetRange(0, start, start, is_json)]
+
+    def narrow(self, start: int, end: int) -> tuple[int, int]:
+        """The range left by pushed-down filters (none here; see FilteringReader)."""
+        return start, end
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if isinstance(partition, DlsPartition):
             return dls_rows(self.cfg, partition)
         assert isinstance(partition, OffsetRange)
         return message_batches(self.cfg, partition, self.schema)
+
+
+def offset_at(cfg: Config, time_ms: int) -> int:
+    """The position of the first message stored at or after ``time_ms`` (server-side lookup)."""
+    with cfg.http() as http:
+        reply = http.call(
+            "GET", cfg.api_path + "/offsets", params={"time": str(time_ms)}, what="offset at time"
+        )
+    return position(_loads(reply.body)["offset"])
+
+
+def _ms(value: Any) -> float | None:
+    return value.timestamp() * 1000 if isinstance(value, datetime) else None
+
+
+_Comparison = EqualTo | GreaterThan | GreaterThanOrEqual | LessThan | LessThanOrEqual
+_COMPARISONS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+
+
+class FilteringReader(StationsReader):
+    """A batch read that narrows its offset range by the query's filters on ``offset`` and
+    ``timestamp``: offsets bound the range directly, times through the server's
+    ``/offsets?time=`` lookup, so only the matching part of the station is read.
+
+    The narrowing is conservative (whole milliseconds around a time), so every filter is also
+    handed back to Spark, which evaluates it exactly on what was read. PySpark calls this only
+    with ``spark.sql.python.filterPushdown.enabled``; ``stations.spark.register`` sets it."""
+
+    def __init__(self, cfg: Config, schema: StructType) -> None:
+        super().__init__(cfg, schema)
+        self.lo = 0  # positions [lo, hi)
+        self.hi: int | None = None
+        self.since_ms: int | None = None  # stored at or after
+        self.until_ms: int | None = None  # stored before
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            if isinstance(f, _COMPARISONS):
+                if f.attribute == ("offset",) and isinstance(f.value, str):
+                    self._offset_bound(f)
+                elif f.attribute == ("timestamp",):
+                    self._time_bound(f)
+            yield f
+
+    def _offset_bound(self, f: _Comparison) -> None:
+        try:
+            p = position(f.value)
+        except ValueError:
+            return  # not an offset token: ordering as text says nothing about positions
+        lower = {GreaterThan: p + 1, GreaterThanOrEqual: p, EqualTo: p}.get(type(f))
+        upper = {LessThan: p, LessThanOrEqual: p + 1, EqualTo: p + 1}.get(type(f))
+        if lower is not None:
+            self.lo = max(self.lo, lower)
+        if upper is not None:
+            self.hi = upper if self.hi is None else min(self.hi, upper)
+
+    def _time_bound(self, f: _Comparison) -> None:
+        ms = _ms(f.value)
+        if ms is None:
+            return
+        if isinstance(f, GreaterThan | GreaterThanOrEqual | EqualTo):
+            since = math.floor(ms)
+            self.since_ms = since if self.since_ms is None else max(self.since_ms, since)
+        if isinstance(f, LessThan | LessThanOrEqual | EqualTo):
+            until = math.floor(ms) + 1
+            self.until_ms = until if self.until_ms is None else min(self.until_ms, until)
+
+    def narrow(self, start: int, end: int) -> tuple[int, int]:
+        start = max(start, self.lo)
+        if self.hi is not None:
+            end = min(end, self.hi)
+        if self.since_ms is not None and start < end:
+            start = max(start, offset_at(self.cfg, self.since_ms))
+        if self.until_ms is not None and start < end:
+            end = min(end, offset_at(self.cfg, self.until_ms))
+        return start, max(start, end)

@@ -22,7 +22,7 @@ from pyspark.sql.types import (
 )
 
 from stations.spark.options import NAME, Config
-from stations.spark.read import StationsReader
+from stations.spark.read import FilteringReader, StationsReader
 from stations.spark.stream_read import StationsStreamReader
 from stations.spark.stream_write import StationsStreamWriter
 from stations.spark.write import StationsWriter
@@ -79,7 +79,13 @@ class StationsDataSource(DataSource):
     def schema(self) -> str:
         return DLS_SCHEMA if self.cfg.dls else MESSAGES_SCHEMA
 
+    # PySpark refuses a reader with pushFilters unless spark.sql.python.filterPushdown.enabled
+    # is set, so only the source that register() installs (and sets it for) pushes filters.
+    push_filters = False
+
     def reader(self, schema: StructType) -> DataSourceReader:
+        if self.push_filters and not self.cfg.dls:
+            return FilteringReader(self.cfg, self._fixed(schema))
         return StationsReader(self.cfg, self._fixed(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -101,3 +107,10 @@ class StationsDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         return StationsStreamWriter(self.cfg, schema, overwrite)
+
+
+class FilteringStationsDataSource(StationsDataSource):
+    """``format("stations")`` whose batch reads push offset and time filters down (see
+    ``stations.spark.read.FilteringReader``); ``stations.spark.register`` installs it."""
+
+    push_filters = True

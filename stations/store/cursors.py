@@ -61,3 +61,16 @@ def with_streams(conn: Connection, limit: int) -> list[tuple[str, str, int, int,
         .limit(limit)
     )
     return [(r[0], r[1], r[2], r[3], r[4]) for r in conn.execute(query)]
+
+
+def row_after(conn: Connection, stream_id: int, position: int) -> tuple[int, int, int] | None:
+    """(seq, span, stored_at) of the row holding the message right after ``position``."""
+    from stations.store.schema import messages
+
+    found = conn.execute(
+        select(messages.c.seq, messages.c.span, messages.c.stored_at)
+        .where(messages.c.stream_id == stream_id, messages.c.seq > position)
+        .order_by(messages.c.seq)
+        .limit(1)
+    ).first()
+    return None if found is None else (found[0], found[1], found[2])
