@@ -553,3 +553,49 @@ def test_batch_reads_push_offset_and_time_filters_to_the_server(
     assert api.get(
         f"/api/stations/{quote(name, safe='')}/offsets", params={"time": stored[100]["time"]}
     ).json()["offset"] == offsets[100]
+
+
+def test_a_streaming_write_to_a_missing_station_fails_when_it_starts(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    source = new_station(api)
+    produce(api, source, [{"data": 1}])
+    with pytest.raises(Exception, match="station 'no-such-station' does not exist") as failed:
+        query = (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", source)
+            .load()
+            .select("data")
+            .writeStream.format("stations")
+            .option("url", srv.url)
+            .option("station", "no-such-station")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        raise AssertionError(f"the query ran: {query.exception()}")
+    assert "no-such-station" in str(failed.value)
+
+
+def test_spark_failures_become_one_line_with_the_fix() -> None:
+    from stations.spark.launch import one_line
+
+    worker = (
+        "pyspark.errors.exceptions.captured.PythonException:\n"
+        "  An exception was thrown from the Python worker.\nTraceback (most recent call last):\n"
+        '  File "/x/worker.py", line 9, in main\nModuleNotFoundError: No module named '
+        "'pyarrow.lib'\n\tat org.apache.spark.api.python.BasePythonRunner(...)\n"
+    )
+    line = one_line(worker, "http://10.0.0.5:4437")
+    assert line is not None and "cannot import 'pyarrow'" in line
+    assert "pip install 'stations[spark]'" in line and "\n" not in line
+    refused = (
+        "Traceback (most recent call last):\n  ...\nstations.client.errors.ConnectionFailed: "
+        "GET http://127.0.0.1:4437/api/stations/o/messages: ConnectionRefusedError: [Errno 111]\n"
+        "\tat org.apache.spark.api.python.PythonRunner(...)\n"
+    )
+    line = one_line(refused, "http://127.0.0.1:4437")
+    assert line is not None and line.startswith("Spark executors cannot reach")
+    assert "not 127.0.0.1 when executors run elsewhere" in line and "\n" not in line
