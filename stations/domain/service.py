@@ -110,7 +110,8 @@ class Service:
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        return await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+        result: T = await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+        return result
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(conn, *args)`` in a read transaction on a reader thread."""
