@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     import stations.spark
-    from stations import pipeline
+    from stations.spark import pipeline
 
     workdir = Path(tempfile.mkdtemp(prefix="stations-bench-spark-"))
     server, url = _start_server(workdir, args.durability)

@@ -29,4 +29,6 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 
 "$PY" -m ruff check stations tests bench
+# Strict types (config in pyproject.toml), on the paths that pass so far.
+"$PY" -m mypy stations/client stations/spark stations/domain/cursors.py stations/store/cursors.py stations/api/cursors.py
 exec "$PY" -m pytest -q "$@"

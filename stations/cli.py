@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
-    from stations import pipeline  # light: PySpark is imported only when a job runs
+    from stations.spark import pipeline  # light: PySpark is imported only when a job runs
 
     pipeline.add_parser(sub)
     from stations import commands  # light: the SDK is imported only when a command runs

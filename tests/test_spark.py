@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,13 +32,10 @@ try:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    from stations.spark import (
-        StationsDataSource,
-        StationsFencedError,
-        StationsStreamWriter,
-        StreamProducer,
-        _Config,
-    )
+    from stations.spark import StationsDataSource, StationsFencedError
+    from stations.spark.options import Config
+    from stations.spark.stream_write import StationsStreamWriter
+    from stations.spark.stream_write import stream_producer as StreamProducer
 except ImportError:
     if IN_CI:  # the CI installs the spark extra: a missing PySpark is a failure there
         raise
@@ -45,7 +43,7 @@ except ImportError:
         "PySpark / pyarrow not installed: pip install -e '.[spark]'", allow_module_level=True
     )
 
-from stations import pipeline  # noqa: E402
+from stations.spark import pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +154,7 @@ class FailingCommitSource(StationsDataSource):
 
 
 def test_importing_stations_does_not_import_pyspark() -> None:
-    code = "import sys, stations, stations.cli, stations.pipeline; print('pyspark' in sys.modules)"
+    code = "import sys, stations, stations.cli, stations.spark.pipeline; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -319,7 +317,7 @@ def test_stream_write_replayed_after_a_failed_commit_stores_once(
 
 def test_a_zombie_producer_of_an_older_batch_is_fenced(srv: Server, api: httpx.Client) -> None:
     name = new_station(api)
-    cfg = _Config.parse({"url": srv.url, "station": name})
+    cfg = Config.parse({"url": srv.url, "station": name})
 
     def producer(epoch: int) -> StreamProducer:
         return StreamProducer(cfg, producer_id="q:0", epoch=epoch, content_type="application/json")
@@ -395,3 +393,209 @@ def test_pipeline_export_of_the_dls(
 
     paged = reader(spark, srv, name).option("dls", "true").option("pageSize", "7").load()
     assert paged.count() == 25  # four pages, followed through `next`
+
+
+class ClockServer(Server):
+    """A server whose clock the test moves forward (tests/clock/sitecustomize.py)."""
+
+    clock: Path
+
+    def _spawn(self, log):  # type: ignore[no-untyped-def]
+        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
+        command += ["--db", self.db_url, *self.args]
+        paths = [str(ROOT / "tests" / "clock"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+            "STATIONS_TEST_CLOCK": str(self.clock),
+        }
+        return subprocess.Popen(
+            command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+
+
+def test_pipeline_rerun_after_the_default_window_stores_nothing_twice(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = tmp_path / "clock"
+    clock.write_text("0")
+    server = ClockServer(f"sqlite:///{tmp_path / 'stations.db'}", tmp_path)
+    server.clock = clock
+    server.start()
+    try:
+        path = tmp_path / "orders.parquet"
+        pq.write_table(pa.table({"order_id": [f"o-{i}" for i in range(300)]}), path)
+        with httpx.Client(base_url=server.url, timeout=30) as api:
+            # A station made by hand keeps the default 2-minute window: the control.
+            assert api.post("/api/stations", json={"name": "short"}).status_code == 201
+
+            def ingest(station: str) -> str:
+                argv = ["ingest", "--from", str(path), "--station", station]
+                argv += ["--msg-id-column", "order_id", "--url", server.url, "--partitions", "2"]
+                out = io.StringIO()
+                with redirect_stdout(out):
+                    assert pipeline.main(argv, spark=spark) == 0
+                return out.getvalue()
+
+            assert "300 stored" in ingest("orders")  # the pipeline creates this station
+            assert "created station orders (ids remembered for 24 h)" in capsys.readouterr().err
+            assert "300 stored" in ingest("short")
+            warning = capsys.readouterr().err
+            assert "station short remembers message ids for 2 m (idempotencyWindowMs=120000)" in (
+                warning
+            )
+
+            clock.write_text(str(3 * 60))  # three minutes later: the default window is over
+            assert "300 stored, 0 duplicates" in ingest("short")  # the trap, on the control
+            assert "300 rows read, 0 stored, 300 duplicates" in ingest("orders")
+            assert stats(api, "orders")["messages"] == 300
+            assert stats(api, "short")["messages"] == 600
+    finally:
+        server.kill()
+
+
+def test_a_streaming_query_commits_its_cursor_and_its_lag_goes_to_zero(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    from tests.browser import chromium, missing, require_browser
+
+    name = new_station(api)
+    produce(api, name, [{"data": i} for i in range(120)])
+    checkpoint = str(tmp_path / "checkpoint")
+    cursor_path = f"/api/stations/{quote(name, safe='')}/cursors/mirror-q"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", name)
+            .option("cursor", "mirror-q")
+            .option("maxMessagesPerTrigger", "50")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert not query.isActive and query.exception() is None
+
+    def lag_metric() -> float | None:
+        text = api.get("/metrics").text
+        line = f'stations_cursor_lag{{cursor="mirror-q",station="{name}"}} '
+        found = [ln for ln in text.splitlines() if ln.startswith(line)]
+        return float(found[0].split()[-1]) if found else None
+
+    assert api.get(cursor_path).status_code == 404
+    run()
+    view = api.get(cursor_path).json()
+    assert view["offset"] == stats(api, name)["tailOffset"] and view["lag"] == 0
+    produce(api, name, [{"data": i} for i in range(40)])  # the query is behind by 40 now
+    assert api.get(cursor_path).json()["lag"] == 40
+    listed = api.get(f"/api/stations/{quote(name, safe='')}/cursors").json()["cursors"]
+    assert [(c["name"], c["lag"]) for c in listed] == [("mirror-q", 40)]
+    assert lag_metric() == 40
+
+    require_browser()
+    assert missing() is None
+    from playwright.sync_api import expect
+
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{srv.url}/ui/#/s/{quote(name, safe='')}/groups")
+        row = page.locator("table.cursors tbody tr", has_text="mirror-q")
+        expect(row.locator("td").nth(1)).to_have_text("40", timeout=10_000)
+        run()  # resumed from its checkpoint: it catches up
+        expect(row.locator("td").nth(1)).to_have_text("0", timeout=10_000)
+        page.close()
+    assert api.get(cursor_path).json()["lag"] == 0
+    assert lag_metric() == 0
+
+
+def test_batch_reads_push_offset_and_time_filters_to_the_server(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    import time
+
+    import stations.spark
+
+    stations.spark.register(spark)  # the source with filter pushdown
+    name = new_station(api)
+    offsets: list[str] = []
+    for part in range(3):
+        offsets += produce(api, name, [{"data": {"part": part, "n": i}} for i in range(100)])
+        time.sleep(0.01)  # the parts get distinct store times (milliseconds)
+    stored = all_messages(api, name)
+    since = datetime.fromisoformat(stored[100]["time"].replace("Z", "+00:00"))
+    assert stored[99]["time"] < stored[100]["time"]
+
+    def page_requests() -> float:
+        line = 'stations_http_requests_total{method="GET",route="/api/stations/{name}/messages",'
+        text = api.get("/metrics").text
+        return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(line))
+
+    df = reader(spark, srv, name).option("pageSize", "10").option("numPartitions", "1").load()
+
+    before = page_requests()
+    rows = df.where(F.col("offset") >= offsets[250]).select("offset").collect()
+    assert sorted(r.offset for r in rows) == offsets[250:]
+    assert page_requests() - before <= 8  # 5 pages of 10, not the 30 of a full scan
+
+    before = page_requests()
+    rows = df.where(F.col("timestamp") >= since).select("data").collect()
+    assert sorted((d["part"], d["n"]) for d in (json.loads(r.data) for r in rows)) == [
+        (p, n) for p in (1, 2) for n in range(100)
+    ]
+    assert page_requests() - before <= 24  # 20 pages of 10 (+ probes), not 30
+
+    early = df.where(F.col("timestamp") < since).where(F.col("offset") >= offsets[50]).count()
+    assert early == 50
+    assert api.get(
+        f"/api/stations/{quote(name, safe='')}/offsets", params={"time": stored[100]["time"]}
+    ).json()["offset"] == offsets[100]
+
+
+def test_a_streaming_write_to_a_missing_station_fails_when_it_starts(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    source = new_station(api)
+    produce(api, source, [{"data": 1}])
+    with pytest.raises(Exception, match="station 'no-such-station' does not exist") as failed:
+        query = (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", source)
+            .load()
+            .select("data")
+            .writeStream.format("stations")
+            .option("url", srv.url)
+            .option("station", "no-such-station")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        raise AssertionError(f"the query ran: {query.exception()}")
+    assert "no-such-station" in str(failed.value)
+
+
+def test_spark_failures_become_one_line_with_the_fix() -> None:
+    from stations.spark.launch import one_line
+
+    worker = (
+        "pyspark.errors.exceptions.captured.PythonException:\n"
+        "  An exception was thrown from the Python worker.\nTraceback (most recent call last):\n"
+        '  File "/x/worker.py", line 9, in main\nModuleNotFoundError: No module named '
+        "'pyarrow.lib'\n\tat org.apache.spark.api.python.BasePythonRunner(...)\n"
+    )
+    line = one_line(worker, "http://10.0.0.5:4437")
+    assert line is not None and "cannot import 'pyarrow'" in line
+    assert "pip install 'stations[spark]'" in line and "\n" not in line
+    refused = (
+        "Traceback (most recent call last):\n  ...\nstations.client.errors.ConnectionFailed: "
+        "GET http://127.0.0.1:4437/api/stations/o/messages: ConnectionRefusedError: [Errno 111]\n"
+        "\tat org.apache.spark.api.python.PythonRunner(...)\n"
+    )
+    line = one_line(refused, "http://127.0.0.1:4437")
+    assert line is not None and line.startswith("Spark executors cannot reach")
+    assert "not 127.0.0.1 when executors run elsewhere" in line and "\n" not in line

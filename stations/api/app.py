@@ -7,7 +7,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from stations.api import groups, stations, streams, subscriptions, transactions
+from stations.api import cursors, groups, stations, streams, subscriptions, transactions
 from stations.api.auth import Token, auth_middleware
 from stations.api.errors import error_middleware
 from stations.api.headers import CorsPolicy, headers_middleware, host_middleware, on_prepare
@@ -109,6 +109,7 @@ def make_app(
     app["cors"] = cors or CorsPolicy(any_origin=bool(tokens))
     app["readers"] = ReaderSlots(limits.max_waiting_readers)
     app["metrics"].registry.register(_ReadCollector(service, app["readers"]))
+    app["metrics_refresh"] = [cursors.CursorLag(service, app["metrics"].registry).refresh]
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)
@@ -124,6 +125,7 @@ def make_app(
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(transactions.routes())
+    app.router.add_routes(cursors.routes())
     app.router.add_routes(stations.routes())
     app.on_response_prepare.append(on_prepare)
 

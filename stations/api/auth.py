@@ -18,9 +18,9 @@ import hmac
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from stations.api import subscriptions
 from stations.api.errors import error_response
@@ -107,6 +107,8 @@ def route_class(request: web.Request) -> str:
             return "produce"
         if "/groups/" in tail and method in ("PUT", "POST"):
             return "consume"
+        if "/cursors/" in tail and method == "PUT":  # a reader committing its position
+            return "consume"
         return "admin"
     if path == "/api/transactions":
         return "read"  # each item's station and role: stations/api/transactions.py
@@ -122,7 +124,7 @@ OPEN_PATHS = ("/healthz",)
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     tokens: list[Token] | None = request.app.get("tokens")
     if (
         not tokens

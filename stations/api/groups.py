@@ -11,6 +11,7 @@ from stations.domain import dls, messages
 from stations.domain.errors import BadRequest
 from stations.domain.groups import MAX_FETCH, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
+from stations.domain.reads import Message
 
 MAX_WAIT_MS = 300_000
 
@@ -69,7 +70,7 @@ async def fetch(request: web.Request) -> web.Response:
     result = []
     for d in out:
         assert state is not None
-        view = messages.to_view(state, messages.Message(d.seq, d.data, d.msg_id, d.headers, 0))
+        view = messages.to_view(state, Message(d.seq, d.data, d.msg_id, d.headers, 0))
         view.pop("time")
         view["deliveryCount"] = d.delivery_count
         view["ackDeadline"] = messages.iso(d.ack_deadline)

@@ -184,6 +184,8 @@ async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamRe
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
+    for refresh in request.app.get("metrics_refresh", ()):  # gauges read from the database
+        await refresh()
     body = await request.app["metrics"].render()
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST

@@ -7,51 +7,113 @@
 - ``Station.consumer``: consumer groups with batched acks, nack and dead-letter.
 - ``Consumer.transaction`` / ``Client.transaction``: settle and produce across stations atomically.
 
-Importing this package loads neither SQLAlchemy nor the server.
+Importing this package loads neither SQLAlchemy nor the server, and its names load on first
+use: the blocking transport (``stations.client.blocking``) needs no aiohttp.
 """
 
-from stations.client.client import Client, Station
-from stations.client.consumer import Consumer, Message
-from stations.client.errors import (
-    BadRequest,
-    BufferFull,
-    Conflict,
-    ConnectionFailed,
-    Forbidden,
-    Gone,
-    GroupNotFound,
-    NotFound,
-    PayloadTooLarge,
-    ProducerClosed,
-    ProducerFenced,
-    RateLimited,
-    SequenceGap,
-    ServerError,
-    StationNotFound,
-    StationsError,
-    StreamClosed,
-    Unauthorized,
-)
-from stations.client.models import (
-    ConsumerDefaults,
-    DeadLetter,
-    DeadLetterPage,
-    DeadLetterSettings,
-    GroupInfo,
-    MessagePage,
-    NewMessage,
-    Produced,
-    RedrivePolicy,
-    Retention,
-    StationInfo,
-    StationStats,
-    StoredMessage,
-)
-from stations.client.producer import IdempotentProducer
-from stations.client.reader import ReadBatch, StreamReader, read_stream
-from stations.client.retry import RetryPolicy
-from stations.client.seek import SeekResult
-from stations.client.transaction import Transaction, TransactionResult, TxProduced
+from typing import TYPE_CHECKING
+
+from stations.client.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from stations.client.client import Client, Station
+    from stations.client.consumer import Consumer, Message
+    from stations.client.errors import (
+        BadRequest,
+        BufferFull,
+        Conflict,
+        ConnectionFailed,
+        Forbidden,
+        Gone,
+        GroupNotFound,
+        NotFound,
+        PayloadTooLarge,
+        ProducerClosed,
+        ProducerFenced,
+        RateLimited,
+        SequenceGap,
+        ServerError,
+        StationNotFound,
+        StationsError,
+        StreamClosed,
+        Unauthorized,
+    )
+    from stations.client.models import (
+        ConsumerDefaults,
+        DeadLetter,
+        DeadLetterPage,
+        DeadLetterSettings,
+        GroupInfo,
+        MessagePage,
+        NewMessage,
+        Produced,
+        RedrivePolicy,
+        Retention,
+        StationInfo,
+        StationStats,
+        StoredMessage,
+    )
+    from stations.client.producer import IdempotentProducer
+    from stations.client.reader import ReadBatch, StreamReader, read_stream
+    from stations.client.retry import RetryPolicy
+    from stations.client.seek import SeekResult
+    from stations.client.transaction import Transaction, TransactionResult, TxProduced
+
+# Names load on first use (PEP 562): code that needs only part of the SDK, such as a Spark
+# executor on the blocking transport, does not import aiohttp.
+_LAZY = {
+    "BadRequest": "stations.client.errors",
+    "BufferFull": "stations.client.errors",
+    "Client": "stations.client.client",
+    "Conflict": "stations.client.errors",
+    "ConnectionFailed": "stations.client.errors",
+    "Consumer": "stations.client.consumer",
+    "ConsumerDefaults": "stations.client.models",
+    "DeadLetter": "stations.client.models",
+    "DeadLetterPage": "stations.client.models",
+    "DeadLetterSettings": "stations.client.models",
+    "Forbidden": "stations.client.errors",
+    "Gone": "stations.client.errors",
+    "GroupInfo": "stations.client.models",
+    "GroupNotFound": "stations.client.errors",
+    "IdempotentProducer": "stations.client.producer",
+    "Message": "stations.client.consumer",
+    "MessagePage": "stations.client.models",
+    "NewMessage": "stations.client.models",
+    "NotFound": "stations.client.errors",
+    "PayloadTooLarge": "stations.client.errors",
+    "Produced": "stations.client.models",
+    "ProducerClosed": "stations.client.errors",
+    "ProducerFenced": "stations.client.errors",
+    "RateLimited": "stations.client.errors",
+    "ReadBatch": "stations.client.reader",
+    "RedrivePolicy": "stations.client.models",
+    "Retention": "stations.client.models",
+    "RetryPolicy": "stations.client.retry",
+    "SeekResult": "stations.client.seek",
+    "SequenceGap": "stations.client.errors",
+    "ServerError": "stations.client.errors",
+    "Station": "stations.client.client",
+    "StationInfo": "stations.client.models",
+    "StationNotFound": "stations.client.errors",
+    "StationStats": "stations.client.models",
+    "StationsError": "stations.client.errors",
+    "StoredMessage": "stations.client.models",
+    "StreamClosed": "stations.client.errors",
+    "StreamReader": "stations.client.reader",
+    "Transaction": "stations.client.transaction",
+    "TransactionResult": "stations.client.transaction",
+    "TxProduced": "stations.client.transaction",
+    "Unauthorized": "stations.client.errors",
+    "read_stream": "stations.client.reader",
+}
+
+__getattr__ = lazy_getattr(__name__, _LAZY)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BadRequest",

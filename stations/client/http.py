@@ -1,60 +1,38 @@
-"""The HTTP transport shared by the SDK: one aiohttp session, the bearer token, and transport
-failures turned into ``ConnectionFailed``."""
+"""The asyncio transport of the client core (``stations.client.core``): one aiohttp session;
+transport failures become ``ConnectionFailed``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
-from multidict import CIMultiDictProxy
 from yarl import URL
 
-from stations.client.errors import ConnectionFailed, NotFound, StationNotFound, error_for
+from stations.client.core import (
+    DEFAULT_URL,
+    LIVE_READ_TIMEOUT,
+    BaseHttp,
+    Reply,
+    path_segment,
+    stream_path,
+)
+from stations.client.errors import ConnectionFailed, NotFound, StationNotFound
 
-DEFAULT_URL = "http://127.0.0.1:4437"
-# Longer than the server's long-poll timeout (30 s by default) and SSE lifetime (60 s), so a
-# read that is merely waiting is not mistaken for a dead connection.
-LIVE_READ_TIMEOUT = 75.0
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
-    def flag(self, name: str) -> bool:
-        """A protocol boolean header: present only when exactly ``true`` (any case)."""
-        return (self.headers.get(name) or "").lower() == "true"
+__all__ = [
+    "DEFAULT_URL",
+    "LIVE_READ_TIMEOUT",
+    "BaseHttp",
+    "Http",
+    "Reply",
+    "path_segment",
+    "stream_path",
+]
 
 
-def path_segment(name: str) -> str:
-    """A station name as one path segment of the management API (``/`` becomes ``%2F``)."""
-    return quote(name, safe="")
-
-
-def stream_path(name: str) -> str:
-    """A station name as a stream path under ``/v1/stream/`` (``/`` stays a separator)."""
-    return quote(name, safe="/")
-
-
-class Http:
-    """An aiohttp session created on first use (it needs a running loop), closed by ``close()``
-    only when this object created it."""
+class Http(BaseHttp):
+    """The asyncio transport: an aiohttp session created on first use (it needs a running
+    loop), closed by ``close()`` only when this object created it."""
 
     def __init__(
         self,
@@ -64,13 +42,9 @@ class Http:
         session: aiohttp.ClientSession | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.token = token
-        self.timeout = timeout
+        super().__init__(token, timeout=timeout, headers=headers)
         self._session = session
         self._owns_session = session is None
-        self._headers = dict(headers or {})
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -85,9 +59,6 @@ class Http:
         if self._owns_session and self._session is not None and not self._session.closed:
             await self._session.close()
 
-    def _merge(self, headers: Mapping[str, str] | None) -> dict[str, str]:
-        return {**self._headers, **(headers or {})}
-
     async def request(
         self,
         method: str,
@@ -100,23 +71,13 @@ class Http:
         read_timeout: float | None = None,
     ) -> Reply:
         """Send one request and read the whole answer; any status comes back as a Reply."""
-        if json_body is not None:
-            data = json.dumps(json_body, separators=(",", ":"), allow_nan=False).encode()
-            headers = {"Content-Type": "application/json", **(headers or {})}
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=10, sock_read=read_timeout or self.timeout
+        data, headers = self._body(json_body, data, headers)
+        response = await self.open(
+            method, url, data=data, headers=headers, params=params, read_timeout=read_timeout
         )
         try:
-            async with self.session().request(
-                method,
-                URL(url, encoded=True),
-                data=data,
-                headers=self._merge(headers),
-                params=params,
-                timeout=timeout,
-            ) as response:
-                body = await response.read()
-                return Reply(response.status, response.headers, body)
+            async with response:
+                return Reply(response.status, response.headers, await response.read())
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ConnectionFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
 
@@ -125,11 +86,13 @@ class Http:
         method: str,
         url: str,
         *,
+        data: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
     ) -> aiohttp.ClientResponse:
-        """Start a streaming request (SSE); the caller reads and releases the response."""
+        """Start a request; the caller reads and releases the response (SSE reads it as it
+        comes)."""
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=10, sock_read=read_timeout or self.timeout
         )
@@ -137,6 +100,7 @@ class Http:
             return await self.session().request(
                 method,
                 URL(url, encoded=True),
+                data=data,
                 headers=self._merge(headers),
                 params=params,
                 timeout=timeout,
@@ -156,6 +120,4 @@ class Http:
     ) -> Reply:
         """A management API call: the Reply on 2xx, else the matching ``StationsError``."""
         reply = await self.request(method, url, json_body=json_body, params=params)
-        if not reply.ok:
-            raise error_for(reply.status, reply.headers, reply.body, what=what, not_found=not_found)
-        return reply
+        return self.checked(reply, what=what, not_found=not_found)

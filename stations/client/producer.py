@@ -18,26 +18,25 @@ append loop yields to the event loop now and then, so batches are sent while the
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from stations.client.batching import OBJ, RAW, TEXT, Batch, batch_body, json_bytes
 from stations.client.errors import (
     BufferFull,
     ProducerClosed,
     ProducerFenced,
     SequenceGap,
+    ServerError,
     StationsError,
     error_for,
 )
 from stations.client.http import Http, Reply
 from stations.client.models import is_json_type
 from stations.client.retry import DEFAULT_RETRY, Backoff, RetryPolicy
+from stations.client.session import ProducerSession
 
 if TYPE_CHECKING:
     from stations.client.client import Station
@@ -50,25 +49,8 @@ _MISSING: Any = object()
 # appending), so that a loop that never awaits anything else still lets sends and answers run.
 _YIELD_EVERY = 1000
 
-# Item kinds: ready bytes, UTF-8 text whose meaning depends on the stream (a JSON string, or
-# text), or an already JSON-encoded value (only valid on a JSON stream).
-_RAW, _TEXT, _OBJ = 0, 1, 2
 _CONTAINERS = (dict, list)  # tuples, not X | Y: no union object built on every call
 _BYTES = (bytes, bytearray, memoryview)
-
-
-@dataclass(eq=False)
-class _Batch:
-    # Either the messages already joined (JSON values separated by ",", or the bytes of a byte
-    # stream, back to back) or, for messages appended before the stream's content type was
-    # known, a list of (kind, bytes) items, turned into a body when the batch is sent.
-    data: bytes | None
-    items: list[tuple[int, bytes]] | None
-    size: int
-    order: int  # position among all batches, never changes (seq does, on an epoch change)
-    epoch: int = 0
-    seq: int = 0
-    settled: bool = False
 
 
 class IdempotentProducer:
@@ -98,10 +80,8 @@ class IdempotentProducer:
         token: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if not producer_id:
-            raise ValueError("producer_id must not be empty")
-        if epoch < 0 or max_batch_bytes <= 0 or max_in_flight <= 0 or linger_ms < 0:
-            raise ValueError("epoch and linger_ms must be >= 0, max_* must be > 0")
+        if max_batch_bytes <= 0 or max_in_flight <= 0 or linger_ms < 0:
+            raise ValueError("linger_ms must be >= 0, max_* must be > 0")
         if max_buffered_bytes < max_batch_bytes:
             raise ValueError("max_buffered_bytes must be at least max_batch_bytes")
         if isinstance(target, str):
@@ -113,6 +93,7 @@ class IdempotentProducer:
             self._http = target.client.http
             self._owns_http = False
             content_type = content_type or target.content_type
+        self._session = ProducerSession(producer_id, epoch=epoch, content_type=content_type)
         self.producer_id = producer_id
         self.auto_claim = auto_claim
         self.max_batch_bytes = max_batch_bytes
@@ -125,8 +106,6 @@ class IdempotentProducer:
         self._json: bool | None = None if content_type is None else is_json_type(content_type)
         self._resolving: asyncio.Task[None] | None = None
 
-        self._epoch = epoch
-        self._next_seq = 0
         # Until a batch of the current epoch succeeded, only one batch is in flight: a server
         # that sees seq 1 of a new epoch before seq 0 refuses it (400), and with auto_claim the
         # first answer may move us to another epoch anyway.
@@ -146,9 +125,9 @@ class IdempotentProducer:
         # The pending batch has lingered long enough but every send slot was busy: it goes on
         # growing (up to max_batch_bytes) and is sealed as soon as a slot is free.
         self._linger_due = False
-        self._queue: deque[_Batch] = deque()  # sealed, not yet sent
-        self._unsettled: deque[_Batch] = deque()  # sealed, not yet settled, in order
-        self._in_flight: dict[_Batch, asyncio.Task[None]] = {}
+        self._queue: deque[Batch] = deque()  # sealed, not yet sent
+        self._unsettled: deque[Batch] = deque()  # sealed, not yet settled, in order
+        self._in_flight: dict[Batch, asyncio.Task[None]] = {}
         self._buffered = 0
         self._fenced_epoch: int | None = None
         self._fence_error: ProducerFenced | None = None
@@ -162,11 +141,11 @@ class IdempotentProducer:
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._session.epoch
 
     @property
     def next_seq(self) -> int:
-        return self._next_seq
+        return self._session.next_seq
 
     @property
     def buffered_bytes(self) -> int:
@@ -237,16 +216,16 @@ class IdempotentProducer:
 
     def _encode(self, data: Any) -> tuple[int, bytes]:
         if isinstance(data, _CONTAINERS) and self._json:  # the common case first
-            return _RAW, _json_bytes(data)
+            return RAW, json_bytes(data)
         if isinstance(data, _BYTES):
-            return _RAW, bytes(data)
+            return RAW, bytes(data)
         if isinstance(data, str):
             if self._json is None:
-                return _TEXT, data.encode()
-            return _RAW, (_json_bytes(data) if self._json else data.encode())
+                return TEXT, data.encode()
+            return RAW, (json_bytes(data) if self._json else data.encode())
         if self._json is False:
             raise TypeError(f"a {self._content_type} stream takes bytes or str, not {type(data)}")
-        return (_OBJ if self._json is None else _RAW), _json_bytes(data)
+        return (OBJ if self._json is None else RAW), json_bytes(data)
 
     def _lingered(self) -> None:
         """``linger_ms`` after the first message of the pending batch: seal it, unless it would
@@ -271,12 +250,11 @@ class IdempotentProducer:
         if not self._pending_count:
             return
         data = None if self._pending_items is not None else bytes(self._pending_data)
-        batch = _Batch(data, self._pending_items, self._pending_bytes, self._orders)
+        batch = Batch(data, self._pending_items, self._pending_bytes, self._orders)
         self._orders += 1
         self._clear_pending()
         self._kick = True
-        batch.epoch, batch.seq = self._epoch, self._next_seq
-        self._next_seq += 1
+        batch.epoch, batch.seq = self._session.take_seq()
         self._queue.append(batch)
         self._unsettled.append(batch)
         self._pump()
@@ -328,31 +306,16 @@ class IdempotentProducer:
                     self._fail(exc)
                     return
         self._content_type = reply.header("Content-Type") or "application/octet-stream"
+        self._session.content_type = self._content_type
         self._json = is_json_type(self._content_type)
         self._pump()
 
     # -- sending ----------------------------------------------------------------------------------
 
-    def _body(self, batch: _Batch) -> bytes:
-        if batch.data is not None:
-            return b"[" + batch.data + b"]" if self._json else batch.data
-        items = batch.items or []
-        if self._json:
-            parts = [_json_bytes(p.decode()) if kind == _TEXT else p for kind, p in items]
-            return b"[" + b",".join(parts) + b"]"
-        if any(kind == _OBJ for kind, _ in items):
-            raise TypeError(f"a {self._content_type} stream takes bytes or str, not JSON values")
-        return b"".join(p for _, p in items)
+    def _body(self, batch: Batch) -> bytes:
+        return batch_body(batch, bool(self._json), self._content_type)
 
-    def _producer_headers(self, epoch: int, seq: int) -> dict[str, str]:
-        return {
-            "Content-Type": self._content_type or "application/octet-stream",
-            "Producer-Id": self.producer_id,
-            "Producer-Epoch": str(epoch),
-            "Producer-Seq": str(seq),
-        }
-
-    async def _send(self, batch: _Batch) -> None:
+    async def _send(self, batch: Batch) -> None:
         try:
             await self._send_until_settled(batch)
         except StationsError as exc:
@@ -365,13 +328,13 @@ class IdempotentProducer:
         self._in_flight.pop(batch, None)
         self._after_send()
 
-    async def _send_until_settled(self, batch: _Batch) -> None:
+    async def _send_until_settled(self, batch: Batch) -> None:
         body = self._body(batch)
         backoff = Backoff(self.retry)
         while True:
             if self._error is not None:
                 raise self._error
-            headers = self._producer_headers(batch.epoch, batch.seq)
+            headers = self._session.headers(batch.epoch, batch.seq)
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
             except StationsError as exc:
@@ -380,7 +343,7 @@ class IdempotentProducer:
             if reply.status in (200, 204):
                 self._stored(batch, reply)
                 return
-            error = error_for(reply.status, reply.headers, reply.body, what="append")
+            error = self._session.error(reply, batch.epoch, batch.seq)
             if isinstance(error, ProducerFenced):
                 self._fenced(batch, error)
                 return
@@ -406,10 +369,10 @@ class IdempotentProducer:
                 continue
             await backoff.wait(error)  # raises unless retryable (429, 5xx)
 
-    def _earlier_settled(self, batch: _Batch) -> bool:
+    def _earlier_settled(self, batch: Batch) -> bool:
         return not self._unsettled or self._unsettled[0] is batch
 
-    def _stored(self, batch: _Batch, reply: Reply) -> None:
+    def _stored(self, batch: Batch, reply: Reply) -> None:
         offset = reply.header("Stream-Next-Offset")
         if reply.status == 200 and offset and (self._last_offset or "") < offset:
             self._last_offset = offset
@@ -417,7 +380,7 @@ class IdempotentProducer:
             self._established = True
         self._settle(batch, None)
 
-    def _settle(self, batch: _Batch, error: StationsError | None) -> None:
+    def _settle(self, batch: Batch, error: StationsError | None) -> None:
         if batch.settled:
             return
         batch.settled = True
@@ -453,7 +416,7 @@ class IdempotentProducer:
                 logger.exception("on_error raised")
         self._notify()
 
-    def _fenced(self, batch: _Batch, exc: ProducerFenced | None) -> None:
+    def _fenced(self, batch: Batch, exc: ProducerFenced | None) -> None:
         """A newer epoch owns this producer id. The batch goes back to the queue; once nothing
         is in flight any more, ``_after_send`` claims a new epoch or gives up."""
         if exc is not None:
@@ -471,14 +434,13 @@ class IdempotentProducer:
             # Claim the next epoch and renumber everything not yet stored from seq 0, in order.
             # A batch whose first attempt got no answer under the old epoch may have been stored
             # then: across an epoch change delivery is at-least-once (protocol §5.2.1).
-            self._epoch = max(self._epoch, fenced) + 1
+            self._session.claim_after(fenced)
             self._established = False
             pending = sorted(self._queue, key=lambda b: b.order)
-            for seq, batch in enumerate(pending):
-                batch.epoch, batch.seq = self._epoch, seq
+            for batch in pending:
+                batch.epoch, batch.seq = self._session.take_seq()
             self._queue = deque(pending)
-            self._next_seq = len(pending)
-            logger.info("producer %s claimed epoch %d", self.producer_id, self._epoch)
+            logger.info("producer %s claimed epoch %d", self.producer_id, self._session.epoch)
         self._notify()
         self._pump()
 
@@ -528,7 +490,7 @@ class IdempotentProducer:
             await self.start()
             body = b""
             if final_message is not _MISSING:
-                final = _Batch(None, [self._encode(final_message)], 0, -1)
+                final = Batch(None, [self._encode(final_message)], 0, -1)
                 body = self._body(final)
             offset = await self._post_close(body)
             if offset and (self._last_offset or "") < offset:
@@ -539,23 +501,22 @@ class IdempotentProducer:
 
     async def _post_close(self, body: bytes) -> str | None:
         backoff = Backoff(self.retry)
-        seq = self._next_seq
+        session = self._session
+        seq = session.next_seq
         while True:
-            headers = self._producer_headers(self._epoch, seq)
-            headers["Stream-Closed"] = "true"
-            if not body:
-                del headers["Content-Type"]
+            headers = session.headers(session.epoch, seq, close=True, body=bool(body))
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
             except StationsError as exc:
                 await backoff.wait(exc)
                 continue
             if reply.status in (200, 204):
-                self._next_seq = seq + 1
+                session.next_seq = seq + 1
                 return reply.header("Stream-Next-Offset")
-            error = error_for(reply.status, reply.headers, reply.body, what="close")
+            error = session.error(reply, session.epoch, seq, what="close")
             if isinstance(error, ProducerFenced) and self.auto_claim:
-                self._epoch, seq = max(self._epoch, error.current_epoch) + 1, 0
+                session.claim_after(error.current_epoch)
+                seq = 0
                 continue
             await backoff.wait(error)
 
@@ -591,28 +552,8 @@ class IdempotentProducer:
             await self.detach()
 
 
-# orjson's own types beyond JSON that json.dumps refuses too stay refused (TypeError).
-_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-
-
-def _json_bytes(value: Any) -> bytes:
-    """One JSON value, compact. orjson for speed; json.dumps for what orjson does not take
-    (non-string keys, integers beyond 64 bits, lone surrogates) and whenever orjson wrote a
-    ``null``, because orjson writes NaN and Infinity as null where json.dumps refuses them: NaN
-    and Infinity are not JSON, refuse them in append(), not as a 400 that stops the producer."""
-    try:
-        data = orjson.dumps(value, option=_ORJSON_OPTIONS)
-    except TypeError:  # orjson.JSONEncodeError
-        data = b"null"
-    if b"null" in data:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-    return data
-
-
 def _as_retryable(exc: StationsError) -> StationsError:
     """A 409 that should resolve by itself, made retryable for the backoff's give-up clock."""
-    from stations.client.errors import ServerError
-
     retry = ServerError(exc.message, status=exc.status, headers=exc.headers)
     retry.__cause__ = exc
     return retry

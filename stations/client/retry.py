@@ -39,8 +39,8 @@ PATIENT_RETRY = RetryPolicy(give_up_after=None)
 
 
 class Backoff:
-    """Retry state of one operation: ``await backoff.wait(exc)`` sleeps, or re-raises ``exc``
-    when it is not retryable or the policy gave up."""
+    """Retry state of one operation: ``await backoff.wait(exc)`` (or ``wait_blocking``) sleeps,
+    or re-raises ``exc`` when it is not retryable or the policy gave up."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
@@ -51,7 +51,9 @@ class Backoff:
         self.attempt = 0
         self._since = None
 
-    async def wait(self, exc: StationsError) -> None:
+    def next_delay(self, exc: StationsError) -> float:
+        """The pause before the next attempt (sans-IO: the caller sleeps its own way), or
+        ``exc`` raised when it is not retryable or the policy gave up."""
         if not is_retryable(exc):
             raise exc
         now = time.monotonic()
@@ -63,4 +65,11 @@ class Backoff:
         if limit is not None and now + delay - self._since > limit:
             raise exc
         self.attempt += 1
-        await asyncio.sleep(delay)
+        return delay
+
+    async def wait(self, exc: StationsError) -> None:
+        await asyncio.sleep(self.next_delay(exc))
+
+    def wait_blocking(self, exc: StationsError) -> None:
+        """``wait`` for code without an event loop (Spark executors, the blocking transport)."""
+        time.sleep(self.next_delay(exc))

@@ -28,7 +28,7 @@ from stations.domain import (
 )
 from stations.domain.budget import ByteBudget
 from stations.domain.errors import StationsError
-from stations.domain.groups import SeekResult
+from stations.domain.groups import Delivered, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
@@ -122,7 +122,8 @@ class Service:
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        return await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+        result: T = await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+        return result
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(conn, *args)`` in a read transaction on a reader thread."""
@@ -278,7 +279,7 @@ class Service:
 
     async def fetch(
         self, station: str, group: str, max_count: int, wait_s: float, consumer: str
-    ) -> list[groups.Delivered]:
+    ) -> list[Delivered]:
         """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s

@@ -76,6 +76,7 @@ export const api = {
   groups: (name, opts) => request('GET', one(name) + '/groups', undefined, opts),
   deleteGroup: (name, group) =>
     request('DELETE', one(name) + '/groups/' + encodeURIComponent(group)),
+  cursors: (name, opts) => request('GET', one(name) + '/cursors', undefined, opts),
   dls: (name, { group, after, limit = 100 } = {}, opts) =>
     request('GET', one(name) + '/dls' + query({ group, after, limit }), undefined, opts),
   replay: (name, selection) => request('POST', one(name) + '/dls/replay', selection),

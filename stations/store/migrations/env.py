@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 
 from stations.store.schema import metadata
 
 config = context.config
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
@@ -23,6 +23,9 @@ connection = config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise RuntimeError("alembic: no connection handed in and no sqlalchemy.url configured")
+    engine = create_engine(url)
     with engine.connect() as conn:
         _run(conn)

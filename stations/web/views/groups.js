@@ -4,6 +4,7 @@
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
 import { alertBox, announce, duration, errorText, h, num } from '../dom.js';
+import { renderCursors } from './cursors.js';
 import { stationHref } from './station.js';
 
 const COLUMNS = [
@@ -106,6 +107,7 @@ export async function renderGroups(panel, ctx, station) {
     table.hidden = true;
   }
   ctx.every(2000, refresh);
+  await renderCursors(panel, ctx, name);
 }
 
 const TARGETS = [

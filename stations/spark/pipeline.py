@@ -16,28 +16,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+from stations.client.core import DEFAULT_URL
+from stations.client.errors import ConnectionFailed, StationNotFound, StationsError
+from stations.spark.launch import PipelineError, run_spark, spark_session
+from stations.spark.progress import progress
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 FORMATS = ("parquet", "json", "csv")
-DEFAULT_URL = "http://127.0.0.1:4437"
+# The server's largest idempotencyWindowMs (24 h): how long a station remembers message ids.
+MAX_WINDOW_MS = 86_400_000
 _runs = iter(range(1, 1 << 62))
-
-
-class PipelineError(Exception):
-    """A problem to report in one line (exit status 2)."""
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -92,6 +95,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     ingest.add_argument(
         "--no-create", action="store_true", help="fail when the station does not exist"
+    )
+    ingest.add_argument(
+        "--window",
+        type=_window,
+        default=MAX_WINDOW_MS,
+        metavar="DURATION",
+        help="idempotency window of a station the job creates, e.g. 90m or 24h: a re-run "
+        "within it stores nothing twice (default and maximum: 24h); an existing station "
+        "with a shorter window gets a warning",
     )
     common(ingest)
 
@@ -175,10 +187,10 @@ def preflight(args: argparse.Namespace) -> None:
             raise PipelineError("--group goes with --dls")
         if os.path.exists(args.target) and not args.overwrite:
             raise PipelineError(f"--to {args.target} exists (give --overwrite to replace it)")
-        from stations.spark import _Config
+        from stations.spark.options import Config
 
         try:
-            _Config.parse(
+            Config.parse(
                 {
                     "station": args.station,
                     "startingOffset": args.from_offset,
@@ -190,6 +202,24 @@ def preflight(args: argparse.Namespace) -> None:
         _check_station(args, create=False)
 
 
+def _window(text: str) -> int:
+    """``--window``: milliseconds, or a number with ms, s, m or h."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*(ms|s|m|h)?\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90m, 24h)")
+    ms = int(match.group(1)) * _UNITS[match.group(2) or "ms"]
+    if not 1000 <= ms <= MAX_WINDOW_MS:
+        raise argparse.ArgumentTypeError(f"{text} is outside 1s..24h")
+    return ms
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the arguments that follow ``stations pipeline``."""
     parser = argparse.ArgumentParser(prog="stations")
@@ -198,7 +228,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> int:
-    """``stations pipeline ...`` on its own (for tests and ``python3 -m stations.pipeline``)."""
+    """``stations pipeline ...`` on its own (for tests and ``python3 -m stations.spark.pipeline``)."""
     return run(parse_args(argv if argv is not None else sys.argv[1:]), spark)
 
 
@@ -208,6 +238,7 @@ def _connector() -> ModuleType:
         import pyspark  # noqa: F401
 
         import stations.spark
+        import stations.spark.source  # noqa: F401
     except ImportError as exc:
         raise PipelineError(
             f"stations pipeline needs PySpark and pyarrow ({exc.name} is missing): "
@@ -219,54 +250,13 @@ def _connector() -> ModuleType:
 @contextmanager
 def _session(args: argparse.Namespace, spark: SparkSession | None) -> Iterator[SparkSession]:
     connector = _connector()
-    from pyspark.sql import SparkSession
-
     if spark is not None:
         connector.register(spark)
         yield spark
         return
-    if args.master.startswith("local"):  # workers must run this interpreter
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    confs: dict[str, str] = {}
-    for item in args.conf:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise PipelineError(f"--conf takes KEY=VALUE (got {item!r})")
-        confs[key] = value
-    logdir = tempfile.mkdtemp(prefix="stations-pipeline-log-")
-    if "spark.driver.extraJavaOptions" not in confs:  # errors only, not Spark's start-up chatter
-        config = os.path.join(logdir, "log4j2.properties")
-        Path(config).write_text(_LOG4J2)
-        confs["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{config}"
-    builder = (
-        SparkSession.builder.appName(f"stations pipeline {args.job}")
-        .master(args.master)
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.ui.enabled", "false")
-    )
-    for key, value in confs.items():
-        builder = builder.config(key, value)
-    try:
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+    with spark_session(f"stations pipeline {args.job}", args.master, args.conf) as session:
         connector.register(session)
-        try:
-            yield session
-        finally:
-            session.stop()
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
-
-
-_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
-"""
+        yield session
 
 
 def _options(args: argparse.Namespace, station: str) -> dict[str, str]:
@@ -282,28 +272,40 @@ def _partitions(spark: SparkSession, args: argparse.Namespace) -> int:
 
 def _check_station(args: argparse.Namespace, *, create: bool) -> None:
     """Fail early, in one line, when the server is unreachable or the station is missing;
-    with ``create``, make a missing station with default settings."""
-    from stations.spark import StationsError, _Config
+    with ``create``, make a missing station whose window covers re-runs (``--window``); warn
+    when an existing station's window is shorter than asked."""
+    from stations.spark.options import Config
 
-    cfg = _Config.parse(_options(args, args.station))
-    http = cfg.client()
+    cfg = Config.parse(_options(args, args.station))
     try:
-        try:
-            http.json("GET", f"/api/stations/{cfg.quoted}")
-            return
-        except StationsError as exc:
-            if exc.status != 404:
-                raise PipelineError(str(exc)) from None
-        if not create:
-            raise PipelineError(f"station {args.station} does not exist at {args.url}")
-        http.json("POST", "/api/stations", {"name": args.station})
-        print(f"created station {args.station} (default settings)", file=sys.stderr)
+        with cfg.http() as http:
+            try:
+                view = http.call("GET", cfg.api_path, what=f"station {args.station}").json()
+            except StationNotFound:
+                if not create:
+                    raise PipelineError(
+                        f"station {args.station} does not exist at {args.url}"
+                    ) from None
+                body = {"name": args.station, "idempotencyWindowMs": args.window}
+                http.call("POST", "/api/stations", body, what=f"create station {args.station}")
+                print(
+                    f"created station {args.station} (ids remembered for {_duration(args.window)})",
+                    file=sys.stderr,
+                )
+                return
+    except ConnectionFailed as exc:
+        raise PipelineError(f"cannot reach {args.url}: {exc}") from None
     except StationsError as exc:
         raise PipelineError(str(exc)) from None
-    except OSError as exc:
-        raise PipelineError(f"cannot reach {args.url}: {exc}") from None
-    finally:
-        http.close()
+    window = view.get("idempotencyWindowMs")
+    if args.job == "ingest" and isinstance(window, int) and window < args.window:
+        print(
+            f"stations pipeline: warning: station {args.station} remembers message ids for "
+            f"{_duration(window)} (idempotencyWindowMs={window}): a re-run more than "
+            f"{_duration(window)} after this one stores its rows again; raise it with "
+            f"PATCH /api/stations/{args.station} (up to 24 h)",
+            file=sys.stderr,
+        )
 
 
 def _ingest(spark: SparkSession, args: argparse.Namespace) -> Summary:
@@ -337,8 +339,8 @@ def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) ->
     started = time.monotonic()
     group = f"stations-pipeline-{next(_runs)}"
     try:
-        with _progress(spark, args, group, f"ingest → {args.station}"):
-            _run_job(spark, group, writer.save)
+        with progress(spark, args.progress, group, f"ingest → {args.station}"):
+            _run_job(spark, group, writer.save, args.url)
         with open(report) as f:
             totals = json.load(f)
     finally:
@@ -365,16 +367,16 @@ def _export(spark: SparkSession, args: argparse.Namespace) -> Summary:
         reader = reader.option("startingOffset", args.from_offset)
         reader = reader.option("endingOffset", args.to_offset)
         reader = reader.option("numPartitions", str(_partitions(spark, args)))
-    df: DataFrame = reader.load()
+    df: DataFrame = run_spark(reader.load, args.url)
     if args.format == "csv":  # CSV has no map type
         df = df.withColumn("headers", F.to_json("headers"))
     started = time.monotonic()
     group = f"stations-pipeline-{next(_runs)}"
-    with _progress(spark, args, group, f"export {args.station} → {args.target}"):
+    with progress(spark, args.progress, group, f"export {args.station} → {args.target}"):
         writer = df.write.mode("overwrite").format(args.format)
         if args.format == "csv":
             writer = writer.option("header", "true")
-        _run_job(spark, group, lambda: writer.save(args.target))
+        _run_job(spark, group, lambda: writer.save(args.target), args.url)
     seconds = time.monotonic() - started
     written_df = spark.read.format(args.format)
     if args.format == "csv":
@@ -413,86 +415,13 @@ def _format_of(path: str) -> str:
     raise PipelineError(f"cannot tell the format of {path}: give --format {'|'.join(FORMATS)}")
 
 
-def _run_job(spark: SparkSession, group: str, job: Any) -> None:
-    """Run ``job`` under the job group ``group``; turn connector errors into one line."""
+def _run_job(spark: SparkSession, group: str, job: Callable[[], object], url: str) -> None:
+    """Run ``job`` under the job group ``group``; known failures become one line."""
     spark.sparkContext.setJobGroup(group, "stations pipeline")
     try:
-        job()
-    except Exception as exc:
-        text = str(exc)
-        for marker in ("StationsError: ", "StationsFencedError: ", "ValueError: "):
-            if marker in text:
-                raise PipelineError(text.split(marker, 1)[1].splitlines()[0]) from None
-        raise
+        run_spark(job, url)
     finally:
         spark.sparkContext.setJobGroup("", "")
-
-
-# -- progress --------------------------------------------------------------------------------
-
-
-class _Bar:
-    """A one-line progress bar on a terminal: tasks done of all tasks of the job group."""
-
-    WIDTH = 30
-
-    def __init__(self, label: str, stream: TextIO) -> None:
-        self.label = label
-        self.stream = stream
-        self.started = time.monotonic()
-
-    def draw(self, done: int, total: int) -> None:
-        frac = done / total if total else 0.0
-        filled = int(frac * self.WIDTH)
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        elapsed = time.monotonic() - self.started
-        self.stream.write(
-            f"\r{self.label} [{bar}] {frac:4.0%} {done}/{total} tasks {elapsed:6.1f} s"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
-
-
-def _task_counts(spark: SparkSession, group: str) -> tuple[int, int]:
-    tracker = spark.sparkContext.statusTracker()
-    done = total = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        for stage_id in job.stageIds if job else []:
-            stage = tracker.getStageInfo(stage_id)
-            if stage is not None:
-                done += stage.numCompletedTasks
-                total += stage.numTasks
-    return done, total
-
-
-@contextmanager
-def _progress(
-    spark: SparkSession, args: argparse.Namespace, group: str, label: str
-) -> Iterator[None]:
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
-    if not show:
-        yield
-        return
-    bar = _Bar(label, sys.stderr)
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(0.5):
-            bar.draw(*_task_counts(spark, group))
-
-    thread = threading.Thread(target=loop, name="stations-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        bar.draw(*_task_counts(spark, group))
-        bar.close()
 
 
 if __name__ == "__main__":

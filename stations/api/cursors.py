@@ -1,0 +1,115 @@
+"""Reader cursors under ``/api/stations/{name}/cursors`` (``stations.domain.cursors``): a
+reader that keeps its own position (a Spark streaming query) commits it here, and its lag shows
+in the API, the console and ``/metrics``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge
+
+from stations.api.stations import json_body, station_name
+from stations.domain import cursors
+from stations.domain.errors import BadRequest
+from stations.domain.service import Service
+from stations.store.writer import now_ms
+
+
+def _service(request: web.Request) -> Service:
+    svc: Service = request.app["service"]
+    return svc
+
+
+def _cursor(request: web.Request) -> str:
+    return cursors.validate_name(request.match_info["cursor"])
+
+
+async def list_cursors(request: web.Request) -> web.Response:
+    found: list[dict[str, Any]] = await _service(request).read_db(
+        cursors.views, station_name(request), now_ms()
+    )
+    return web.json_response({"cursors": found})
+
+
+async def get_cursor(request: web.Request) -> web.Response:
+    found: dict[str, Any] = await _service(request).read_db(
+        cursors.one, station_name(request), _cursor(request), now_ms()
+    )
+    return web.json_response(found)
+
+
+async def put_cursor(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    view: dict[str, Any] = await _service(request).write(
+        cursors.commit, station_name(request), _cursor(request), body
+    )
+    return web.json_response(view)
+
+
+def _time_ms(raw: str | None) -> int:
+    """``time``: milliseconds since the epoch, or an ISO 8601 time with a zone."""
+    if raw is None:
+        raise BadRequest("time is required (milliseconds since the epoch or ISO 8601)", "time")
+    if raw.isdigit() and len(raw) <= 15:
+        return int(raw)
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest("time must be milliseconds since the epoch or ISO 8601", "time") from None
+    if when.tzinfo is None:
+        raise BadRequest("time needs a zone (e.g. Z or +00:00)", "time")
+    return int(when.timestamp() * 1000)
+
+
+async def offset_at_time(request: web.Request) -> web.Response:
+    """The offset of the first message stored at or after ``time``: readers start there to
+    read by time (Spark pushes ``timestamp`` filters down through it)."""
+    found: dict[str, Any] = await _service(request).read_db(
+        cursors.offset_at, station_name(request), _time_ms(request.query.get("time")), now_ms()
+    )
+    return web.json_response(found)
+
+
+async def delete_cursor(request: web.Request) -> web.Response:
+    await _service(request).write(cursors.remove, station_name(request), _cursor(request))
+    return web.Response(status=204)
+
+
+# At most this many cursor series in /metrics, so many cursors cannot blow the series up.
+MAX_LAG_SERIES = 1000
+
+
+class CursorLag:
+    """``stations_cursor_lag{station, cursor}``: messages after each cursor, refreshed from
+    the database on each scrape (the stations' tails move without the cursors)."""
+
+    def __init__(self, service: Service, registry: CollectorRegistry) -> None:
+        self.service = service
+        self.gauge = Gauge(
+            "stations_cursor_lag",
+            "Messages after a reader cursor's committed offset",
+            ["station", "cursor"],
+            registry=registry,
+        )
+
+    async def refresh(self) -> None:
+        found: list[tuple[str, str, int]] = await self.service.read_db(
+            cursors.lags, MAX_LAG_SERIES
+        )
+        self.gauge.clear()
+        for station, name, lag in found:
+            self.gauge.labels(station, name).set(lag)
+
+
+def routes() -> list[web.RouteDef]:
+    one = "/api/stations/{name:[^{}]+?}"
+    cursor = one + "/cursors/{cursor:[^/{}]+}"
+    return [
+        web.get(one + "/cursors", list_cursors),
+        web.get(one + "/offsets", offset_at_time),
+        web.get(cursor, get_cursor),
+        web.put(cursor, put_cursor),
+        web.delete(cursor, delete_cursor),
+    ]

@@ -1,0 +1,115 @@
+"""Reader cursors: a named, committed read position on a station, for readers that keep their
+own progress (a Spark streaming query commits each micro-batch's end offset under its name).
+
+Unlike a consumer group a cursor leases nothing: the reader says where it is, the server keeps
+it and reports the lag (messages after it), so lag tools and the console see every reader."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import Connection
+
+from stations.domain.errors import BadRequest, NotFound
+from stations.domain.log import live_stream
+from stations.domain.messages import iso
+from stations.domain.offsets import BadOffset, decode, encode
+from stations.domain.streams import StreamState, load
+from stations.store import cursors as store
+from stations.store.writer import Batch
+
+_NAME = re.compile(r"^[A-Za-z0-9._:@-]{1,256}$")
+
+
+def validate_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise BadRequest(
+            "a cursor name is 1 to 256 letters, digits or . _ : @ - characters", "cursor"
+        )
+    return name
+
+
+def _position(raw: Any, state: StreamState) -> int:
+    if not isinstance(raw, dict):
+        raise BadRequest("the body must be a JSON object", None)
+    unknown = set(raw) - {"offset"}
+    if unknown:
+        field = sorted(unknown)[0]
+        raise BadRequest(f"unknown field {field}", field)
+    offset = raw.get("offset")
+    if not isinstance(offset, str):
+        raise BadRequest("offset must be an offset string", "offset")
+    try:
+        position = decode(offset)
+    except BadOffset:
+        raise BadRequest("offset is not an offset of this server", "offset") from None
+    if position > state.tail:
+        raise BadRequest("offset is beyond the station's tail", "offset")
+    return position
+
+
+def view(state: StreamState, name: str, position: int, updated_at: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "offset": encode(position),
+        # Positions are consecutive message numbers; what retention dropped is not lag.
+        "lag": max(0, state.tail - max(position, state.head)),
+        "updatedAt": iso(updated_at),
+    }
+
+
+def commit(batch: Batch, station: str, name: str, raw: Any) -> dict[str, Any]:
+    """Store the reader's position (it may move back: a query restarted from an older
+    checkpoint reads again from there)."""
+    state = live_stream(batch.stream(station), station, batch.now)
+    position = _position(raw, state)
+    store.upsert(batch.conn, state.id, validate_name(name), position, batch.now)
+    return view(state, name, position, batch.now)
+
+
+def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
+    state = live_stream(load(conn, station), station, now)
+    return [view(state, *row) for row in store.rows(conn, state.id)]
+
+
+def one(conn: Connection, station: str, name: str, now: int) -> dict[str, Any]:
+    state = live_stream(load(conn, station), station, now)
+    found = store.rows(conn, state.id, validate_name(name))
+    if not found:
+        raise NotFound(f"cursor {name} not found on station {station}")
+    return view(state, *found[0])
+
+
+def remove(batch: Batch, station: str, name: str) -> None:
+    state = live_stream(batch.stream(station), station, batch.now)
+    if not store.remove(batch.conn, state.id, validate_name(name)):
+        raise NotFound(f"cursor {name} not found on station {station}")
+
+
+def lags(conn: Connection, limit: int) -> list[tuple[str, str, int]]:
+    """(station, cursor, lag) of up to ``limit`` cursors, for /metrics."""
+    return [
+        (station, name, max(0, tail - max(position, head)))
+        for station, name, position, tail, head in store.with_streams(conn, limit)
+    ]
+
+
+def offset_at(conn: Connection, station: str, time_ms: int, now: int) -> dict[str, Any]:
+    """The offset of the first message stored at or after ``time_ms`` (the tail when none),
+    by a binary search over positions: messages are stored in time order, one index probe per
+    step. A fork's messages before its fork offset are not searched (they live in its source)."""
+    state = live_stream(load(conn, station), station, now)
+    lo, hi = max(state.head, state.fork_offset or 0), state.tail  # the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        row = store.row_after(conn, state.id, mid)
+        if row is None:  # nothing stored after mid in this stream
+            hi = mid
+            continue
+        seq, span, stored_at = row
+        if stored_at >= time_ms:
+            hi = min(mid, seq - span)  # this row's first message qualifies
+        else:
+            lo = max(mid + 1, seq)  # every message up to seq is older
+    return {"offset": encode(lo), "time": iso(time_ms)}

@@ -1,0 +1,137 @@
+"""The SparkSession a pipeline job runs on, for any master, and Spark's failures as one line.
+
+Spark starts Python workers on the driver (Python data sources are planned there) and on every
+executor with the interpreter in ``PYSPARK_PYTHON``, fixed when the SparkContext starts; a
+``--conf spark.pyspark.python`` comes too late for the driver side. So the pipeline exports its
+own interpreter as ``PYSPARK_PYTHON`` (unless the user set one) for every master, and says so
+for a cluster, where each worker host must have that interpreter with the executor requirements.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+T = TypeVar("T")
+
+
+class PipelineError(Exception):
+    """A problem to report in one line (exit status 2)."""
+
+
+def parse_confs(items: list[str]) -> dict[str, str]:
+    confs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise PipelineError(f"--conf takes KEY=VALUE (got {item!r})")
+        confs[key] = value
+    return confs
+
+
+def python_for_workers(master: str) -> str:
+    """Export this interpreter for Spark's Python workers (unless ``PYSPARK_PYTHON`` is set);
+    returns the one in use."""
+    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not master.startswith("local"):
+        print(
+            f"stations pipeline: Spark's Python workers run {python} (PYSPARK_PYTHON); every "
+            "worker host needs it with stations, orjson and pyarrow",
+            file=sys.stderr,
+        )
+    return python
+
+
+@contextmanager
+def spark_session(app: str, master: str, conf_items: list[str]) -> Iterator[SparkSession]:
+    from pyspark.sql import SparkSession
+
+    confs = parse_confs(conf_items)
+    python = python_for_workers(master)
+    confs.setdefault("spark.pyspark.python", python)
+    confs.setdefault("spark.pyspark.driver.python", python)
+    logdir = tempfile.mkdtemp(prefix="stations-pipeline-log-")
+    if "spark.driver.extraJavaOptions" not in confs:  # errors only, not Spark's start-up chatter
+        config = os.path.join(logdir, "log4j2.properties")
+        Path(config).write_text(_LOG4J2)
+        confs["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{config}"
+    builder = (
+        SparkSession.builder.appName(app)
+        .master(master)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+    )
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    try:
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            yield session
+        finally:
+            session.stop()
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+# The last line of a Python traceback that Spark wraps into its own exception's text.
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+_SDK_ERROR = re.compile(r"^stations\.client\.errors\.(\w+): (.+)$", re.MULTILINE)
+_VALUE_ERROR = re.compile(r"^ValueError: (.+)$", re.MULTILINE)
+
+
+def one_line(text: str, url: str) -> str | None:
+    """The cause of a failed Spark job in one line with its fix, when it is one we know."""
+    missing = _MISSING_MODULE.search(text)
+    if missing:
+        module = missing.group(1).split(".")[0]
+        python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+        return (
+            f"a Spark Python worker cannot import {module!r}: install the executor requirements "
+            f"(pip install 'stations[spark]': stations, orjson, pyarrow) for {python} on every "
+            "worker host, or point PYSPARK_PYTHON at an interpreter that has them"
+        )
+    errors = _SDK_ERROR.findall(text)
+    if errors:
+        name, message = errors[-1]
+        if name == "ConnectionFailed":
+            return (
+                f"Spark executors cannot reach the Stations server at {url} ({message}): give a "
+                "--url every executor can reach (not 127.0.0.1 when executors run elsewhere)"
+            )
+        return str(message)
+    values = _VALUE_ERROR.findall(text)
+    return str(values[-1]) if values else None
+
+
+def run_spark(job: Callable[[], T], url: str) -> T:
+    """``job()``, with Spark's long failures turned into a ``PipelineError`` when known."""
+    try:
+        return job()
+    except PipelineError:
+        raise
+    except Exception as exc:
+        line = one_line(str(exc), url)
+        if line is not None:
+            raise PipelineError(line) from None
+        raise

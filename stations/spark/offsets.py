@@ -1,0 +1,61 @@
+"""Offsets as Spark sees them: the server's ``<position>_<sub-position>`` tokens, positions
+being consecutive message numbers, and ranges of positions split into partitions."""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql.datasource import InputPartition
+
+_WIDTH = 16
+_OFFSET = re.compile(r"^([0-9]{16})_([0-9]{16})$")
+
+
+def position(token: str) -> int:
+    """The position of an offset token (``-1`` and ``earliest`` are the start, 0)."""
+    if token in ("-1", "earliest"):
+        return 0
+    match = _OFFSET.match(token)
+    if match is None:
+        raise ValueError(
+            f"not a Stations offset: {token!r} (expected e.g. 0000000000000042_0000000000000000)"
+        )
+    return int(match.group(1))
+
+
+def token(pos: int) -> str:
+    return f"{pos:0{_WIDTH}d}_{0:0{_WIDTH}d}"
+
+
+def offset_dict(pos: int) -> dict[str, str]:
+    # One key: Spark compares offsets as JSON text, so the shape must never vary.
+    return {"offset": token(pos)}
+
+
+class OffsetRange(InputPartition):
+    """Messages whose offsets lie in ``[start, end)`` (positions), read by one task."""
+
+    def __init__(self, index: int, start: int, end: int, is_json: bool) -> None:
+        super().__init__(index)
+        self.index = index
+        self.start = start
+        self.end = end
+        self.is_json = is_json
+
+    def __repr__(self) -> str:
+        return f"OffsetRange({self.index}, {token(self.start)}, {token(self.end)})"
+
+
+def split(start: int, end: int, parts: int, is_json: bool) -> list[OffsetRange]:
+    """``[start, end)`` in at most ``parts`` ranges of nearly equal size."""
+    count = end - start
+    if count <= 0:
+        return []
+    k = max(1, min(parts, count))
+    base, extra = divmod(count, k)
+    out, lo = [], start
+    for i in range(k):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append(OffsetRange(i, lo, hi, is_json))
+        lo = hi
+    return out

@@ -1,0 +1,155 @@
+"""The data source's options: parsed once on the driver into a picklable ``Config`` that
+travels to the executors, and the client-core transport each task opens from it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stations.client.blocking import BlockingHttp
+from stations.client.core import DEFAULT_URL, path_segment, stream_path
+from stations.client.errors import ConnectionFailed, StationNotFound
+from stations.client.retry import RetryPolicy
+from stations.spark.offsets import position
+
+NAME = "stations"
+MAX_PAGE = 1000  # the server's limit for one browse / DLS page
+MAX_MESSAGES_PER_POST = 10_000  # the server's limit for one produce request
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+# Every request the connector sends is safe to repeat (reads, writes with message ids,
+# producer-sequenced appends; allowDuplicates writes accept the risk). A server that stays
+# unreachable for this long fails the task with one clear line instead of hanging it.
+CONNECTOR_RETRY = RetryPolicy(initial_delay=0.1, max_delay=2.0, give_up_after=10.0)
+
+
+def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"option {name} must be true or false (got {raw!r})")
+
+
+def _int(options: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    value = _maybe_int(options, name, lo, hi)
+    return default if value is None else value
+
+
+def _maybe_int(options: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"option {name} must be an integer (got {raw!r})") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"option {name} must be between {lo} and {hi} (got {value})")
+    return value
+
+
+@dataclass(frozen=True)
+class Config:
+    """The options (see ``stations.spark``), checked."""
+
+    url: str
+    station: str
+    token: str | None = None
+    timeout: float = 60.0
+    starting: str = "-1"
+    ending: str = "latest"
+    num_partitions: int = 4
+    page_size: int = MAX_PAGE
+    max_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    dls: bool = False
+    group: str | None = None
+    msg_id_column: str | None = None
+    allow_duplicates: bool = False
+    data_column: str = "data"
+    headers_column: str = "headers"
+    chunk_size: int = 1000
+    producer_prefix: str = "spark"
+    report_path: str | None = None
+    cursor: str | None = None
+
+    @classmethod
+    def parse(cls, options: Any) -> Config:
+        opts = {str(k).lower(): str(v) for k, v in dict(options).items()}
+        station = opts.get("station") or opts.get("path")
+        if not station:
+            raise ValueError('the stations data source needs option("station", NAME)')
+        starting = opts.get("startingoffset", "-1")
+        ending = opts.get("endingoffset", "latest")
+        for name, value in (("startingOffset", starting), ("endingOffset", ending)):
+            if value != "latest":
+                try:
+                    position(value)
+                except ValueError as exc:
+                    raise ValueError(f"option {name}: {exc}") from None
+        return cls(
+            url=(opts.get("url") or os.environ.get("STATIONS_URL") or DEFAULT_URL).rstrip("/"),
+            station=station,
+            token=opts.get("token") or os.environ.get("STATIONS_TOKEN") or None,
+            timeout=float(opts.get("timeout", "60")),
+            starting=starting,
+            ending=ending,
+            num_partitions=_int(opts, "numpartitions", 4, 1, 100_000),
+            page_size=_int(opts, "pagesize", MAX_PAGE, 1, MAX_PAGE),
+            max_per_trigger=_maybe_int(opts, "maxmessagespertrigger", 1, 2**53),
+            fail_on_data_loss=_flag(opts, "failondataloss", True),
+            dls=_flag(opts, "dls", False),
+            group=opts.get("group") or None,
+            msg_id_column=opts.get("msgidcolumn") or None,
+            allow_duplicates=_flag(opts, "allowduplicates", False),
+            data_column=opts.get("datacolumn", "data"),
+            headers_column=opts.get("headerscolumn", "headers"),
+            chunk_size=_int(opts, "chunksize", 1000, 1, MAX_MESSAGES_PER_POST),
+            producer_prefix=opts.get("produceridprefix", "spark"),
+            report_path=opts.get("reportpath") or None,
+            cursor=opts.get("cursor") or None,
+        )
+
+    @property
+    def api_path(self) -> str:
+        """The station under the management API: ``/api/stations/{name}``."""
+        return f"/api/stations/{path_segment(self.station)}"
+
+    @property
+    def stream_path(self) -> str:
+        """The station as a Durable Streams URL path: ``/v1/stream/{name}``."""
+        return f"/v1/stream/{stream_path(self.station)}"
+
+    def http(self) -> BlockingHttp:
+        """A blocking transport of the client core to the server (one connection)."""
+        return BlockingHttp(self.url, self.token, timeout=self.timeout, retry=CONNECTOR_RETRY)
+
+
+def station_view(cfg: Config) -> dict[str, Any]:
+    """The station's view (config and stats); one clear line when it is missing or the
+    server cannot be reached."""
+    with cfg.http() as http:
+        try:
+            view: dict[str, Any] = http.call("GET", cfg.api_path, what="station").json()
+        except StationNotFound:
+            raise StationNotFound(
+                f"station {cfg.station!r} does not exist at {cfg.url}", status=404
+            ) from None
+        except ConnectionFailed as exc:
+            raise ConnectionFailed(unreachable(cfg.url, exc)) from None
+    return view
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    return (
+        f"cannot reach the Stations server at {url} ({exc}): the url must be reachable from "
+        "the Spark driver and every executor (not 127.0.0.1 when executors run on other hosts)"
+    )

@@ -1,0 +1,106 @@
+"""Streaming reads: micro-batches over offset ranges. Spark checkpoints the offsets
+(``{"offset": token}``), so a query restarted from its checkpoint resumes right after the last
+committed batch; with ``cursor`` set, each committed end offset is also stored on the server
+under that name, so lag tools see how far the query got."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from stations.client.core import path_segment
+from stations.client.errors import StationsError
+from stations.client.models import is_json_type
+from stations.spark.offsets import OffsetRange, offset_dict, position, split
+from stations.spark.options import Config, station_view
+from stations.spark.read import first_position, message_batches, tail
+
+logger = logging.getLogger("stations.spark")
+
+
+class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Nothing is kept here but the ``availableNow`` target."""
+
+    def __init__(self, cfg: Config, schema: StructType) -> None:
+        if cfg.dls:
+            raise ValueError("the DLS can be read in batch only (spark.read, not readStream)")
+        self.cfg = cfg
+        self.schema = schema
+        self.is_json = is_json_type(station_view(cfg)["contentType"])
+        self._target: int | None = None
+        self._cursor_at: str | None = None
+
+    def initialOffset(self) -> dict[str, str]:
+        if self.cfg.starting == "latest":
+            return offset_dict(tail(self.cfg))
+        return offset_dict(position(self.cfg.starting))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.cfg.max_per_trigger is not None:
+            return ReadMaxRows(self.cfg.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = tail(self.cfg)
+
+    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+        # Spark plans the next batch from ``start`` only after the batch ending there was
+        # committed to the sink, so ``start`` is the query's progress. Spark's own commit(end)
+        # for a batch comes only when the next batch starts, which leaves an idle query that
+        # caught up one batch behind: the cursor moves here too.
+        self._commit_cursor(start["offset"])
+        lo = position(start["offset"])
+        end = tail(self.cfg)
+        if self._target is not None:
+            end = min(end, self._target)
+        if isinstance(limit, ReadMaxRows) and end > lo:
+            first = first_position(self.cfg, lo)  # skip positions retention dropped
+            end = min(end, max(lo, first) + limit.max_rows)
+        return offset_dict(max(lo, end))
+
+    def reportLatestOffset(self) -> dict[str, str]:
+        return offset_dict(tail(self.cfg))
+
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
+        return split(
+            position(start["offset"]),
+            position(end["offset"]),
+            self.cfg.num_partitions,
+            self.is_json,
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, OffsetRange)
+        return message_batches(self.cfg, partition, self.schema)
+
+    def commit(self, end: dict[str, str]) -> None:
+        """With ``cursor``, store the committed end offset on the server (see latestOffset)."""
+        self._commit_cursor(end["offset"])
+
+    def _commit_cursor(self, offset: str) -> None:
+        """Store ``offset`` under the ``cursor`` name, once per position.
+
+        Spark's checkpoint stays what a restart resumes from; the cursor is what the service
+        shows (lag in the API, the console and /metrics). A failed commit is logged, not fatal:
+        the next batch carries the position again."""
+        if self.cfg.cursor is None or offset == self._cursor_at:
+            return
+        path = f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor)}"
+        try:
+            with self.cfg.http() as http:
+                http.call("PUT", path, {"offset": offset}, what="commit the cursor")
+            self._cursor_at = offset
+        except StationsError as exc:
+            logger.warning(
+                "cursor %s of %s not committed: %s", self.cfg.cursor, self.cfg.station, exc
+            )
