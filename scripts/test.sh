@@ -30,5 +30,5 @@ fi
 
 "$PY" -m ruff check stations tests bench
 # Strict types (config in pyproject.toml), on the paths that pass so far.
-"$PY" -m mypy stations/client stations/spark stations/domain/cursors.py stations/store/cursors.py stations/api/cursors.py
+"$PY" -m mypy stations
 exec "$PY" -m pytest -q "$@"
