@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_cursors"
-down_revision = "0010_subscriptions"
+down_revision = "0007_id_blocks"
 branch_labels = None
 depends_on = None
 
