@@ -7,10 +7,8 @@ The same row is the Durable Streams stream, so a station made here is readable a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
-
-from sqlalchemy import Connection, select
 
 from stations.domain import idwindow
 from stations.domain import station as config_rules
@@ -20,12 +18,13 @@ from stations.domain.lifecycle import CreateRequest, CreateResult, create
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import encode
-from stations.domain.streams import StreamState, load
-from stations.store.schema import streams
+from stations.domain.streams import StreamState
+from stations.store import streams as rows
+from stations.store.db import Tx
 from stations.store.writer import Batch
 
 # Modules with per-station state (consumer groups, the DLS) add their counts to the stats.
-StatsProvider = Callable[[Connection, list[int]], dict[int, dict[str, int]]]
+StatsProvider = Callable[[Any, list[int]], dict[int, dict[str, int]]]
 stats_providers: list[StatsProvider] = []
 
 # Told (on the event loop, after the commit) of every idempotency window a station was given,
@@ -61,28 +60,21 @@ def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
     return state
 
 
-def _live(conn: Connection, now: int, rows: Sequence[Any]) -> list[StreamState]:
-    states = [StreamState.from_row(r) for r in rows]
-    return [s for s in states if not s.deleted and not s.expired(now)]
-
-
-def views(conn: Connection, now: int, name: str | None = None) -> list[dict[str, Any]]:
+def views(tx: Tx, now: int, name: str | None = None) -> list[dict[str, Any]]:
     """StationViews: the config plus live stats, for one station or all."""
     if name is not None:
-        state = load(conn, name)
-        states = [live_stream(state, name, now)]
+        states = [live_stream(rows.load(tx, name), name, now)]
     else:
-        rows = conn.execute(select(streams).order_by(streams.c.name)).all()
-        states = _live(conn, now, rows)
+        states = [s for s in rows.every(tx) if not s.deleted and not s.expired(now)]
     if not states:
         return []
     ids = [s.id for s in states]
     in_window: dict[int, int] = {}
     for state in states:
-        in_window[state.id] = idwindow.count(conn, state, now)
+        in_window[state.id] = idwindow.count(tx, state, now)  # type: ignore[arg-type]
     extra: dict[int, dict[str, int]] = {}
     for provider in stats_providers:
-        for sid, values in provider(conn, ids).items():
+        for sid, values in provider(tx, ids).items():
             extra.setdefault(sid, {}).update(values)
     return [_view(s, in_window[s.id], extra.get(s.id, {})) for s in states]
 
@@ -104,8 +96,8 @@ def _view(state: StreamState, ids_in_window: int, extra: dict[str, int]) -> dict
     return view
 
 
-def view_of(conn: Connection, now: int, name: str) -> dict[str, Any]:
-    found = views(conn, now, name)
+def view_of(tx: Tx, now: int, name: str) -> dict[str, Any]:
+    found = views(tx, now, name)
     if not found:
         raise NotFound(f"station {name} not found")
     return found[0]

@@ -30,10 +30,11 @@ from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append, live_stream
 from stations.domain.messages import iso, to_view
 from stations.domain.reads import Message, messages_at
-from stations.domain.streams import StreamState, load
+from stations.domain.streams import StreamState
 from stations.store import dls as store
 from stations.store import groups as group_store
 from stations.store.dls import Connection, Selection
+from stations.store.streams import load
 from stations.store.writer import Batch
 
 logger = logging.getLogger("stations.domain.dls")

@@ -28,9 +28,10 @@ from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
-from stations.domain.streams import StreamState, load, segments
+from stations.domain.streams import StreamState
 from stations.store import groups as store
 from stations.store.groups import Connection
+from stations.store.streams import load, segments
 from stations.store.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")

@@ -11,14 +11,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
-
 from stations.domain import idwindow
 from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.station import first_difference
-from stations.domain.streams import StreamState, is_json_type, load, load_by_id, same_content_type
-from stations.store.schema import messages, producers, streams
+from stations.domain.streams import StreamState, is_json_type, same_content_type
+from stations.store import streams as rows
+from stations.store.db import Tx
+from stations.store.streams import load, load_by_id
 from stations.store.writer import Batch
 
 
@@ -79,14 +79,13 @@ def _matches(existing: StreamState, req: CreateRequest, spec: str) -> bool:
 def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
     batch.flush()
     batch.forget()
-    conn, now = batch.conn, batch.now
+    tx, now = batch.conn, batch.now
     spec = _spec(req)
-    if conn.dialect.name == "postgresql":
-        # Another process may be creating the same stream right now: its INSERT would make ours
-        # fail on the unique name. Creates of one name wait for each other instead (the lock
-        # lasts until the commit), so the later one finds the stream and compares.
-        conn.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(req.name, 0))))
-    existing = load(conn, req.name, lock=True)
+    # Another process may be creating the same stream right now: its INSERT would make ours
+    # fail on the unique name. Creates of one name wait for each other instead (the lock
+    # lasts until the commit), so the later one finds the stream and compares.
+    rows.lock_name(tx, req.name)
+    existing = load(tx, req.name, lock=True)
     if existing is not None and not existing.deleted and existing.expired(now):
         purge(batch, window, existing)
         existing = None
@@ -125,7 +124,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
     }
     copied: list[bytes] = []
     if req.fork_from is not None:
-        source = load(conn, req.fork_from, lock=True)
+        source = load(tx, req.fork_from, lock=True)
         if source is None or (source.expired(now) and not source.deleted):
             raise NotFound(f"fork source {req.fork_from} not found", "Stream-Forked-From")
         if source.deleted:
@@ -138,7 +137,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         if offset < source.head:
             raise BadRequest("Stream-Fork-Offset was dropped by retention", "Stream-Fork-Offset")
         if req.fork_sub_offset:
-            offset, copied = _sub_offset(conn, source, offset, req.fork_sub_offset)
+            offset, copied = _sub_offset(tx, source, offset, req.fork_sub_offset)
         values.update(
             content_type=source.content_type,
             fork_of=source.id,
@@ -151,8 +150,8 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         values["config"] = json.dumps(config, separators=(",", ":"))
         if req.ttl_seconds is None and req.expires_at is None:
             values["ttl_seconds"], values["expires_at"] = source.ttl_seconds, source.expires_at
-    stream_id = conn.execute(insert(streams).values(**values).returning(streams.c.id)).scalar_one()
-    state = load_by_id(conn, stream_id)
+    stream_id = rows.insert_row(tx, values)
+    state = load_by_id(tx, stream_id)
     assert state is not None
     for data in [*copied, *req.initial]:
         state.tail += 1
@@ -165,7 +164,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
     return CreateResult(state, True)
 
 
-def _sub_offset(conn, source: StreamState, offset: int, sub: int) -> tuple[int, list[bytes]]:  # type: ignore[no-untyped-def]
+def _sub_offset(tx: Tx, source: StreamState, offset: int, sub: int) -> tuple[int, list[bytes]]:
     """Resolve (offset, sub-offset) on the source: whole messages for JSON, bytes otherwise."""
     from stations.domain.reads import scan
 
@@ -175,7 +174,7 @@ def _sub_offset(conn, source: StreamState, offset: int, sub: int) -> tuple[int, 
                 "Stream-Fork-Sub-Offset is past the source's data", "Stream-Fork-Sub-Offset"
             )
         return offset + sub, []
-    nxt = next(iter(scan(conn, source, offset)), None)
+    nxt = next(iter(scan(tx, source, offset)), None)
     if nxt is None or sub > len(nxt.data):
         raise BadRequest(
             "Stream-Fork-Sub-Offset is past the next data boundary", "Stream-Fork-Sub-Offset"
@@ -184,12 +183,6 @@ def _sub_offset(conn, source: StreamState, offset: int, sub: int) -> tuple[int, 
         return nxt.seq, []
     # The fork keeps a copy of the part of the source message it inherits.
     return offset, [nxt.data[:sub]]
-
-
-def _fork_count(batch: Batch, stream_id: int) -> int:
-    return batch.conn.execute(
-        select(func.count()).select_from(streams).where(streams.c.fork_of == stream_id)
-    ).scalar_one()
 
 
 def remove(batch: Batch, window: IdWindow, name: str) -> None:
@@ -205,22 +198,21 @@ def remove(batch: Batch, window: IdWindow, name: str) -> None:
 
 
 def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
-    conn = batch.conn
+    tx = batch.conn
     batch.changed.add(state.name)
-    if _fork_count(batch, state.id):
-        conn.execute(streams.update().where(streams.c.id == state.id).values(deleted=True))
+    if rows.fork_count(tx, state.id):
+        rows.mark_deleted(tx, state.id)
         return
-    for table in (messages, producers):
-        conn.execute(delete(table).where(table.c.stream_id == state.id))
-    idwindow.purge(conn, state.id)
+    rows.delete_data(tx, state.id)
+    idwindow.purge(tx, state.id)
     for hook in purge_hooks:
         hook(batch, state)
-    conn.execute(delete(streams).where(streams.c.id == state.id))
+    rows.delete_row(tx, state.id)
     window.forget_station(state.id)
     # Cascade: a soft-deleted source whose last fork just went goes too.
     if state.fork_of is not None:
-        source = load_by_id(conn, state.fork_of)
-        if source is not None and source.deleted and not _fork_count(batch, source.id):
+        source = load_by_id(tx, state.fork_of)
+        if source is not None and source.deleted and not rows.fork_count(tx, source.id):
             purge(batch, window, source)
 
 
@@ -240,15 +232,8 @@ def expired_streams(batch: Batch, window: IdWindow) -> int:
     """Purge streams whose TTL or Expires-At has passed (the scheduler calls this)."""
     batch.flush()
     batch.forget()
-    rows = batch.conn.execute(
-        select(streams).where(
-            streams.c.deleted.is_(False),
-            (streams.c.expires_at.is_not(None)) | (streams.c.ttl_seconds.is_not(None)),
-        )
-    ).all()
     n = 0
-    for row in rows:
-        state = StreamState.from_row(row)
+    for state in rows.expiring(batch.conn, batch.now):
         if state.expired(batch.now):
             purge(batch, window, state)
             n += 1

@@ -3,8 +3,7 @@ their ids and headers for the management API, consumer groups and the DLS.
 
 A ``messages`` row holds ``span`` consecutive messages ending at position ``seq``. Reads clip
 rows to the positions asked for, follow a fork into its source up to the fork offset, and stop
-near a byte budget. They go through the driver's own cursor: on a catch-up of a million messages
-SQLAlchemy's per-row result processing would cost more than SQLite itself.
+near a byte budget. The rows come from the store (``stations.store.messages``).
 """
 
 from __future__ import annotations
@@ -12,17 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection
-
 from stations.domain.errors import BadRequest, Gone
 from stations.domain.log import live_stream
-from stations.domain.streams import StreamState, load, segments
+from stations.domain.streams import StreamState
+from stations.store import messages as stored
+from stations.store.db import Tx
+from stations.store.messages import Row
+from stations.store.streams import load
 
 SEP = b"\n"  # between the messages of a multi-message JSON row
-# Rows per query: the first query asks for one row (a row may hold thousands of messages, and a
-# consumer fetch may want only a few), each next one for four times more, while the reader
-# wants more.
-FIRST_PAGE, MAX_PAGE = 1, 4096
 
 
 @dataclass
@@ -52,42 +49,8 @@ class ReadResult:
         return self.state.closed and self.next >= self.state.tail
 
 
-Row = tuple[int, int, bytes, str | None, str | None, int]  # seq, span, data, id, headers, time
-
-
-def open_stream(conn: Connection, name: str, now: int) -> StreamState:
-    return live_stream(load(conn, name), name, now)
-
-
-def _rows(conn: Connection, state: StreamState, after: int) -> Iterator[tuple[Row, int, int]]:
-    """Rows holding positions after ``after``, each with the positions (lo, hi] to take."""
-    raw = conn.connection.cursor()
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    sql = (
-        "SELECT seq, span, data, msg_id, headers, stored_at FROM messages "
-        f"WHERE stream_id = {mark} AND seq > {mark} ORDER BY seq LIMIT {mark}"
-    )
-    try:
-        for stream_id, lo, hi in segments(conn, state):
-            start = max(lo, after)
-            if hi is not None and hi <= start:
-                continue
-            cursor, page = start, FIRST_PAGE
-            while True:
-                raw.execute(sql, (stream_id, cursor, page))
-                fetched = raw.fetchall()
-                for row in fetched:
-                    first = row[0] - row[1]
-                    if hi is not None and first >= hi:
-                        break
-                    yield row, max(first, start), row[0] if hi is None else min(row[0], hi)
-                else:
-                    if len(fetched) == page:
-                        cursor, page = fetched[-1][0], min(page * 4, MAX_PAGE)
-                        continue
-                break
-    finally:
-        raw.close()
+def open_stream(tx: Tx, name: str, now: int) -> StreamState:
+    return live_stream(load(tx, name), name, now)
 
 
 def _split(row: Row) -> list[bytes]:
@@ -105,16 +68,14 @@ def _begin(state: StreamState, position: int | None) -> tuple[int, int]:
     return position, max(position, state.head)
 
 
-def read(
-    conn: Connection, name: str, position: int | None, *, now: int, max_bytes: int
-) -> ReadResult:
+def read(tx: Tx, name: str, position: int | None, *, now: int, max_bytes: int) -> ReadResult:
     """A catch-up page after ``position`` (None: the tail), about ``max_bytes`` long."""
-    state = open_stream(conn, name, now)
+    state = open_stream(tx, name, now)
     position, start = _begin(state, position)
     result = ReadResult(state, position, start, start >= state.tail)
     size = 0
     json_rows = state.is_json
-    for row, lo, hi in _rows(conn, state, start):
+    for row, lo, hi in stored.rows(tx, state, start):
         span, data = row[1], row[2]
         if hi - lo == span:  # the whole row
             piece = data.replace(SEP, b",") if span > 1 and json_rows else data
@@ -131,9 +92,9 @@ def read(
     return result
 
 
-def scan(conn: Connection, state: StreamState, after: int) -> Iterator[Message]:
+def scan(tx: Tx, state: StreamState, after: int) -> Iterator[Message]:
     """Every message after ``after``, one by one, with its id, headers and store time."""
-    for row, lo, hi in _rows(conn, state, after):
+    for row, lo, hi in stored.rows(tx, state, after):
         first = row[0] - row[1]
         pieces = _split(row)
         for position in range(lo + 1, hi + 1):
@@ -141,14 +102,14 @@ def scan(conn: Connection, state: StreamState, after: int) -> Iterator[Message]:
 
 
 def read_messages(
-    conn: Connection, name: str, position: int, *, now: int, limit: int, max_bytes: int
+    tx: Tx, name: str, position: int, *, now: int, limit: int, max_bytes: int
 ) -> ReadResult:
     """Up to ``limit`` messages after ``position``, one by one (the management API)."""
-    state = open_stream(conn, name, now)
+    state = open_stream(tx, name, now)
     position, start = _begin(state, position)
     result = ReadResult(state, position, start, start >= state.tail)
     size = 0
-    for message in scan(conn, state, start):
+    for message in scan(tx, state, start):
         result.messages.append(message)
         result.next = message.seq
         size += len(message.data)
@@ -159,11 +120,11 @@ def read_messages(
     return result
 
 
-def messages_at(conn: Connection, state: StreamState, positions: list[int]) -> list[Message]:
+def messages_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Message]:
     """The messages at ``positions`` that still exist (retention may have dropped some)."""
     out: list[Message] = []
     for lo, hi in _runs(sorted(set(positions))):
-        for message in scan(conn, state, max(lo - 1, state.head)):
+        for message in scan(tx, state, max(lo - 1, state.head)):
             if message.seq > hi:
                 break
             out.append(message)

@@ -6,13 +6,10 @@ outlives the data. Offsets before the head answer 410 Gone.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select
-
-from stations.domain.streams import StreamState, load
-from stations.store.schema import messages, streams
+from stations.domain.streams import StreamState
+from stations.store import messages
+from stations.store import streams as rows
 from stations.store.writer import Batch
-
-CHUNK = 10_000
 
 
 def _new_head(batch: Batch, state: StreamState) -> int:
@@ -25,26 +22,14 @@ def _new_head(batch: Batch, state: StreamState) -> int:
         head = max(head, state.tail - max_messages)
     max_age = rules.get("maxAgeMs")
     if max_age is not None:
-        newest_old = batch.conn.execute(
-            select(func.max(messages.c.seq)).where(
-                messages.c.stream_id == state.id,
-                messages.c.seq > head,
-                messages.c.stored_at <= batch.now - max_age,
-            )
-        ).scalar()
+        newest_old = messages.newest_stored_by(batch.conn, state.id, head, batch.now - max_age)
         if newest_old is not None:
             head = max(head, newest_old)
     max_bytes = rules.get("maxBytes")
     if max_bytes is not None and state.byte_count > max_bytes:
         excess = state.byte_count - max_bytes
         dropped = 0
-        rows = batch.conn.execute(
-            select(messages.c.seq, func.length(messages.c.data))
-            .where(messages.c.stream_id == state.id, messages.c.seq > head)
-            .order_by(messages.c.seq)
-            .limit(CHUNK)
-        )
-        for seq, size in rows:
+        for seq, size in messages.sizes(batch.conn, state.id, head):
             if dropped >= excess:
                 break
             dropped += size
@@ -57,15 +42,16 @@ def enforce(batch: Batch) -> int:
     batch.flush()
     batch.forget()
     total = 0
-    rows = batch.conn.execute(select(streams).where(streams.c.deleted.is_(False))).all()
-    for row in rows:
-        rules = StreamState.from_row(row).config.get("retention") or {}
+    for candidate in rows.every(batch.conn):
+        if candidate.deleted:
+            continue
+        rules = candidate.config.get("retention") or {}
         if not any(rules.get(k) is not None for k in ("maxAgeMs", "maxMessages", "maxBytes")):
             continue
         # Decide under the station's row lock: on PostgreSQL another process may be appending
         # to it or enforcing the same rules right now, and counting rows it is about to delete
         # would take them off ``msg_count`` twice.
-        state = load(batch.conn, row.name, lock=True)
+        state = rows.load(batch.conn, candidate.name, lock=True)
         if state is None or state.deleted:
             continue
         head = _new_head(batch, state)
@@ -73,24 +59,8 @@ def enforce(batch: Batch) -> int:
             continue
         # Rows wholly at or below the head go; a multi-message row the head cuts through stays
         # until its last message goes too (reads start after the head either way).
-        dropped_bytes = batch.conn.execute(
-            select(func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
-                messages.c.stream_id == state.id, messages.c.seq <= head
-            )
-        ).scalar_one()
-        batch.conn.execute(
-            delete(messages).where(messages.c.stream_id == state.id, messages.c.seq <= head)
-        )
         # A fork's own messages start after its fork offset; inherited ones are not counted.
         dropped = max(0, head - max(state.head, state.fork_offset or 0))
-        batch.conn.execute(
-            streams.update()
-            .where(streams.c.id == state.id)
-            .values(
-                head=head,
-                msg_count=streams.c.msg_count - dropped,
-                byte_count=streams.c.byte_count - dropped_bytes,
-            )
-        )
+        messages.drop_through(batch.conn, state.id, head, dropped)
         total += dropped
     return total

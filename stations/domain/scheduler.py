@@ -9,28 +9,35 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from sqlalchemy import select
 
 from stations.domain import catalog, dls, groups, lifecycle, retention
+from stations.domain.idwindow import IdWindow
 from stations.domain.streams import StreamState
-from stations.store.schema import streams
+from stations.store import streams
 from stations.store.writer import Batch, now_ms
-
-if TYPE_CHECKING:
-    from stations.domain.service import Service
 
 logger = logging.getLogger("stations.domain.scheduler")
 MIN_SWEEP_S = 0.25
 MAX_SWEEP_S = 60.0
+T = TypeVar("T")
+
+
+class Host(Protocol):
+    """What the scheduler needs of the service (which starts it): the id window and the
+    writer. A protocol, so the scheduler does not import the service that imports it."""
+
+    ids: IdWindow
+
+    async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T: ...
 
 
 def _live(batch: Batch) -> list[StreamState]:
-    rows = batch.conn.execute(select(streams).where(streams.c.deleted.is_(False))).all()
-    return [StreamState.from_row(r) for r in rows]
+    return [s for s in streams.every(batch.conn) if not s.deleted]
 
 
 class LeaseTimer:
@@ -40,7 +47,7 @@ class LeaseTimer:
     next tick from the database, so nothing polls while nothing is due.
     """
 
-    def __init__(self, service: Service, sched: AsyncIOScheduler) -> None:
+    def __init__(self, service: Host, sched: AsyncIOScheduler) -> None:
         self.service = service
         self._sched = sched
         self._at: float | None = None
@@ -78,7 +85,7 @@ class LeaseTimer:
 
 
 class Scheduler:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Host) -> None:
         self.service = service
         self._sched = AsyncIOScheduler()
         self.leases = LeaseTimer(service, self._sched)

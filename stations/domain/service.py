@@ -1,7 +1,8 @@
 """The Stations service: the domain's async face, used by the HTTP layer.
 
-It owns the engines, the group-commit writer, the readers' thread pool, the wake-ups and the
-scheduler. Everything it answers is a domain object; it knows nothing of HTTP.
+It owns the database (``stations.store.database``: engines, the group-commit writer, the
+readers' threads), the wake-ups and the scheduler. Everything it answers is a domain object; it
+knows nothing of HTTP nor of SQL.
 """
 
 from __future__ import annotations
@@ -10,10 +11,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
-
-from sqlalchemy import Connection
 
 from stations.domain import (
     catalog,
@@ -34,10 +32,12 @@ from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
 from stations.domain.notify import Notifier
 from stations.domain.reads import ReadResult
+from stations.domain.scheduler import Scheduler
 from stations.domain.streams import StreamState
-from stations.store import db
+from stations.store.database import Database
+from stations.store.db import Tx
 from stations.store.idruns import SPILL_AT, IdRuns
-from stations.store.writer import Writer, now_ms
+from stations.store.writer import now_ms
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
@@ -63,16 +63,16 @@ class Service:
         recent_ids: int = SPILL_AT,
         read_budget_bytes: int = 64 << 20,
     ) -> None:
-        self.url = db.normalize_url(url or db.default_url())
+        self.db = Database(url, durability=durability, read_threads=read_threads)
+        self.url = self.db.url
         self.durability = durability
         self.notifier = Notifier()
         # Bytes of read pages in memory across all connections (see stations.domain.budget).
         self.budget = ByteBudget(read_budget_bytes)
         self.read_transactions = 0  # exported as a metric
-        # Sorted runs of older ids need one writer process: SQLite only (see stations.store.idruns).
-        runs = IdRuns(recent_ids, recent_ids // 2) if db.is_sqlite(self.url) else None
+        # Sorted runs of older ids need one writer process (see stations.store.idruns).
+        runs = IdRuns(recent_ids, recent_ids // 2) if self.db.embedded else None
         self.ids = IdWindow(id_cache_size or CACHE_SIZE, runs)
-        self._read_threads = read_threads
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
         # Groups and the DLS keep per-station rows: delete them with the station, count them
@@ -84,23 +84,12 @@ class Service:
     # -- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.write_engine = db.make_engine(self.url, durability=self.durability, writer=True)
-        self.read_engine = db.make_engine(self.url, durability=self.durability)
-        self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix="stations-read")
-        await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
-        if self.ids.runs is not None:
-            await loop.run_in_executor(self._readers, self.ids.runs.load, self.read_engine)
-        self.writer = Writer(self.write_engine, self.notifier.fire, on_batch=self.tally.batch)
-        self.writer.start()
-        self._listener: Any = None
-        if self.write_engine.dialect.name == "postgresql":
-            from stations.store.pgnotify import Listener
-
-            self._listener = Listener(self.url, self.notifier.fire, self.notifier.fire_all)
-            await self._listener.start()
-        from stations.domain.scheduler import Scheduler
-
+        await self.db.open(
+            self.notifier.fire,
+            self.ids.runs,
+            on_batch=self.tally.batch,
+            on_listen=self.notifier.fire_all,
+        )
         self.scheduler = Scheduler(self)
         self.leases = self.scheduler.leases
         self.scheduler.start()
@@ -111,30 +100,18 @@ class Service:
             return
         self._started = False
         self.scheduler.stop()
-        if self._listener is not None:
-            await self._listener.stop()
-        await self.writer.stop()
-        self._readers.shutdown(wait=True)
-        self.write_engine.dispose()
-        self.read_engine.dispose()
+        await self.db.close()
 
     # -- plumbing ---------------------------------------------------------------------------
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        result: T = await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
-        return result
+        return await self.db.write(lambda batch: fn(batch, *args), sort_key)
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, *args)`` in a read transaction on a reader thread."""
-
+        """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""
         self.read_transactions += 1
-
-        def run() -> T:
-            with self.read_engine.connect() as conn, conn.begin():
-                return fn(conn, *args, **kwargs)
-
-        return await asyncio.get_running_loop().run_in_executor(self._readers, run)
+        return await self.db.read(fn, *args, **kwargs)
 
     # -- streams ----------------------------------------------------------------------------
 
@@ -347,7 +324,6 @@ class Service:
         self.tally.forget_except(snap.live)  # the counts of stations that are gone go too
         return snap
 
-    def run_sync(self, fn: Callable[[Connection], T]) -> T:
-        """For tests and tools: run ``fn`` on a read connection, blocking."""
-        with self.read_engine.connect() as conn:
-            return fn(conn)
+    def run_sync(self, fn: Callable[[Tx], T]) -> T:
+        """For tests and tools: run ``fn`` in a read transaction, blocking."""
+        return self.db.read_sync(fn)

@@ -1,7 +1,8 @@
-"""Stream state as the storage layer sees it: one row of ``streams`` plus what follows from it.
+"""Stream state: one row of ``streams`` plus what follows from it.
 
-A stream is the Durable Streams face of a station; the two are one row. This module loads and
-describes streams (expiry, fork chains); creating and deleting them is in ``lifecycle``.
+A stream is the Durable Streams face of a station; the two are one row. This module describes
+streams (expiry, the id window); the store loads them (``stations.store.streams``), creating and
+deleting them is decided in ``lifecycle``.
 """
 
 from __future__ import annotations
@@ -9,10 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
-
-from sqlalchemy import Connection, select
-
-from stations.store.schema import streams
 
 
 @dataclass
@@ -84,36 +81,3 @@ def is_json_type(content_type: str) -> bool:
 
 def same_content_type(a: str, b: str) -> bool:
     return media_type(a) == media_type(b)
-
-
-def load(conn: Connection, name: str, *, lock: bool = False) -> StreamState | None:
-    from stations.store import sql
-
-    # On PostgreSQL the row lock orders appends to one stream across processes.
-    row = sql.one(conn, "load_lock" if lock else "load", (name,))
-    return StreamState.from_tuple(row) if row else None
-
-
-def load_by_id(conn: Connection, stream_id: int) -> StreamState | None:
-    row = conn.execute(select(streams).where(streams.c.id == stream_id)).first()
-    return StreamState.from_row(row) if row else None
-
-
-Segment = tuple[int, int, int | None]  # (stream id, from position exclusive, to inclusive)
-
-
-def segments(conn: Connection, state: StreamState) -> list[Segment]:
-    """Where a stream's positions live: a fork reads its source up to the fork offset."""
-    chain: list[Segment] = [(state.id, state.fork_offset or 0, None)]
-    upper = state.fork_offset
-    current = state
-    while current.fork_of is not None:
-        source = load_by_id(conn, current.fork_of)
-        if source is None:
-            break
-        assert upper is not None
-        chain.append((source.id, source.fork_offset or 0, upper))
-        upper = min(upper, source.fork_offset) if source.fork_offset is not None else upper
-        current = source
-    chain.reverse()
-    return chain

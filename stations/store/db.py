@@ -1,11 +1,17 @@
-"""Engines and schema upgrades for SQLite (embedded default) and PostgreSQL."""
+"""Engines and schema upgrades for SQLite (embedded default) and PostgreSQL.
+
+This is the store's engine code: the one place that asks which database it is talking to.
+The store's queries ask it for what differs (a parameter mark, a row lock, an advisory lock),
+never for the dialect's name.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
 from sqlalchemy.engine import make_url
 
 DEFAULT_DATA_DIR = "stations-data"
@@ -28,6 +34,47 @@ def normalize_url(url: str) -> str:
 
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
+
+
+def embedded(url: str) -> bool:
+    """One process owns the database (SQLite): process-local indexes of stored data are safe.
+    Otherwise several ``stations serve`` processes may write it at once."""
+    return is_sqlite(normalize_url(url))
+
+
+def listen_dsn(url: str) -> str | None:
+    """Where to LISTEN for other processes' commits, or None when no other process writes."""
+    if embedded(url):
+        return None
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Tx(Protocol):
+    """An open transaction as the domain holds it: a token handed back to the store's queries
+    (a reader's connection, or the writer's ``Batch.conn``). Only the store looks inside."""
+
+
+def conn_of(tx: Tx) -> Connection:
+    return cast(Connection, tx)
+
+
+def _postgresql(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def lock_name(conn: Connection, name: str) -> None:
+    """Serialize, until the commit, every process's transactions that take this name (a create
+    of one stream name). One process alone (SQLite's single writer) needs no lock."""
+    if _postgresql(conn):
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(name, 0))))
+
+
+def analyze(conn: Connection, tables: list[str] | None = None) -> None:
+    """Refresh the planner's statistics, so plans never depend on the server's autoanalyze
+    (PostgreSQL with autovacuum off has none on new tables and scans a whole station's ids
+    instead of probing the primary key). SQLite's planner prefers the key without them."""
+    if _postgresql(conn):
+        conn.execute(text("ANALYZE " + ", ".join(tables) if tables else "ANALYZE"))
 
 
 def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) -> Engine:
@@ -98,9 +145,7 @@ def upgrade(engine: Engine) -> None:
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option(
-        "script_location", str(Path(__file__).resolve().parent / "migrations")
-    )
+    cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")

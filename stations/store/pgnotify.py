@@ -11,24 +11,18 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from sqlalchemy.engine import make_url
-
 CHANNEL = "stations"
 logger = logging.getLogger("stations.store.pgnotify")
-
-
-def _dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 class Listener:
     def __init__(
         self,
-        url: str,
+        dsn: str,
         fire: Callable[[set[str]], None],
         on_connect: Callable[[], None] = lambda: None,
     ) -> None:
-        self._dsn = _dsn(url)
+        self._dsn = dsn  # a libpq connection string (``stations.store.db.listen_dsn``)
         self._fire = fire
         self._on_connect = on_connect
         self._task: asyncio.Task[None] | None = None

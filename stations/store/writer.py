@@ -22,10 +22,11 @@ from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
-from stations.domain.streams import StreamState, load
+from stations.domain.streams import StreamState
 from stations.store import db, sql
 from stations.store.pgnotify import CHANNEL
 from stations.store.schema import messages, msg_ids
+from stations.store.streams import load
 
 log = logging.getLogger("stations.store.writer")
 

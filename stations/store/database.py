@@ -1,0 +1,87 @@
+"""The database as the service sees it: both engines, the group-commit writer, the readers'
+threads, schema upgrades and the wake-ups other processes send (PostgreSQL LISTEN/NOTIFY).
+
+The service hands it plain functions: ``write(op)`` runs ``op(batch)`` in the writer's next
+transaction, ``read(fn, ...)`` runs ``fn(tx, ...)`` in a read transaction on a reader thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from stations.store import db
+from stations.store.db import Tx
+from stations.store.idruns import IdRuns
+from stations.store.pgnotify import Listener
+from stations.store.writer import Batch, Writer
+
+T = TypeVar("T")
+
+
+class Database:
+    def __init__(
+        self, url: str | None, *, durability: str = "fsync", read_threads: int = 4
+    ) -> None:
+        self.url = db.normalize_url(url or db.default_url())
+        self.durability = durability
+        # One process owns an embedded database (SQLite); others may be shared by several.
+        self.embedded = db.embedded(self.url)
+        self._read_threads = read_threads
+        self._listener: Listener | None = None
+
+    async def open(
+        self,
+        on_commit: Callable[[set[str]], None],
+        runs: IdRuns | None,
+        *,
+        on_batch: Callable[[int, float], None] | None = None,
+        on_listen: Callable[[], None] | None = None,
+    ) -> None:
+        """Connect, bring the schema up to date and start the writer. ``on_commit`` hears the
+        names of the streams every commit changed, this process's and (PostgreSQL) others';
+        ``on_batch`` each transaction's ops and seconds (monitoring); ``on_listen`` that the
+        LISTEN connection (re)connected, so notifications may have been missed."""
+        loop = asyncio.get_running_loop()
+        self.write_engine = db.make_engine(self.url, durability=self.durability, writer=True)
+        self.read_engine = db.make_engine(self.url, durability=self.durability)
+        self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix="stations-read")
+        await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
+        if runs is not None:
+            await loop.run_in_executor(self._readers, runs.load, self.read_engine)
+        self.writer = Writer(self.write_engine, on_commit, on_batch=on_batch)
+        self.writer.start()
+        dsn = db.listen_dsn(self.url)
+        if dsn is not None:
+            self._listener = Listener(dsn, on_commit, on_listen or (lambda: None))
+            await self._listener.start()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
+        await self.writer.stop()
+        self._readers.shutdown(wait=True)
+        self.write_engine.dispose()
+        self.read_engine.dispose()
+
+    async def write(self, op: Callable[[Batch], T], sort_key: Any = None) -> T:
+        """Run ``op(batch)`` in the writer's next transaction; answered after the commit."""
+        result: T = await self.writer.submit(op, sort_key)
+        return result
+
+    async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(tx, *args, **kwargs)`` in a read transaction on a reader thread."""
+
+        def run() -> T:
+            with self.read_engine.connect() as conn, conn.begin():
+                return fn(conn, *args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(self._readers, run)
+
+    def read_sync(self, fn: Callable[[Tx], T]) -> T:
+        """For tests and tools: run ``fn`` on a read connection, blocking."""
+        with self.read_engine.connect() as conn:
+            return fn(conn)

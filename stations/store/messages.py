@@ -1,0 +1,121 @@
+"""The ``messages`` table: pages of a stream's rows for readers, and retention's drops.
+
+A row holds ``span`` consecutive messages ending at position ``seq``. Pages go through the
+driver's own cursor: on a catch-up of a million messages SQLAlchemy's per-row result
+processing would cost more than SQLite itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sqlalchemy import delete, func, select
+
+from stations.domain.streams import StreamState
+from stations.store import db
+from stations.store.db import Tx
+from stations.store.schema import messages, streams
+from stations.store.streams import segments
+
+Row = tuple[int, int, bytes, str | None, str | None, int]  # seq, span, data, id, headers, time
+# Rows per query: the first query asks for one row (a row may hold thousands of messages, and a
+# consumer fetch may want only a few), each next one for four times more, while the reader
+# wants more.
+FIRST_PAGE, MAX_PAGE = 1, 4096
+CHUNK = 10_000  # rows retention looks at per station and pass
+
+
+def rows(tx: Tx, state: StreamState, after: int) -> Iterator[tuple[Row, int, int]]:
+    """Rows holding positions after ``after``, each with the positions (lo, hi] to take."""
+    conn = db.conn_of(tx)
+    raw = conn.connection.cursor()
+    mark = db.mark(conn)
+    query = (
+        "SELECT seq, span, data, msg_id, headers, stored_at FROM messages "
+        f"WHERE stream_id = {mark} AND seq > {mark} ORDER BY seq LIMIT {mark}"
+    )
+    try:
+        for stream_id, lo, hi in segments(tx, state):
+            start = max(lo, after)
+            if hi is not None and hi <= start:
+                continue
+            cursor, page = start, FIRST_PAGE
+            while True:
+                raw.execute(query, (stream_id, cursor, page))
+                fetched = raw.fetchall()
+                for row in fetched:
+                    first = row[0] - row[1]
+                    if hi is not None and first >= hi:
+                        break
+                    yield row, max(first, start), row[0] if hi is None else min(row[0], hi)
+                else:
+                    if len(fetched) == page:
+                        cursor, page = fetched[-1][0], min(page * 4, MAX_PAGE)
+                        continue
+                break
+    finally:
+        raw.close()
+
+
+def newest_stored_by(tx: Tx, stream_id: int, after: int, cutoff: int) -> int | None:
+    """The last position after ``after`` of a row stored at or before ``cutoff``."""
+    seq: int | None = (
+        db.conn_of(tx)
+        .execute(
+            select(func.max(messages.c.seq)).where(
+                messages.c.stream_id == stream_id,
+                messages.c.seq > after,
+                messages.c.stored_at <= cutoff,
+            )
+        )
+        .scalar()
+    )
+    return seq
+
+
+def oldest_stored_after(tx: Tx, stream_id: int, after: int) -> int | None:
+    """When the first row holding a position after ``after`` was stored (None: no such row)."""
+    stored: int | None = (
+        db.conn_of(tx)
+        .execute(
+            select(messages.c.stored_at)
+            .where(messages.c.stream_id == stream_id, messages.c.seq > after)
+            .order_by(messages.c.seq)
+            .limit(1)
+        )
+        .scalar()
+    )
+    return stored
+
+
+def sizes(tx: Tx, stream_id: int, after: int) -> list[tuple[int, int]]:
+    """(seq, bytes) of the first ``CHUNK`` rows after ``after``."""
+    result = db.conn_of(tx).execute(
+        select(messages.c.seq, func.length(messages.c.data))
+        .where(messages.c.stream_id == stream_id, messages.c.seq > after)
+        .order_by(messages.c.seq)
+        .limit(CHUNK)
+    )
+    return [(seq, size) for seq, size in result]
+
+
+def drop_through(tx: Tx, stream_id: int, head: int, dropped: int) -> int:
+    """Delete the rows wholly at or below ``head``, move the stream's head there and take
+    ``dropped`` messages and the rows' bytes off its counts; returns the bytes."""
+    conn = db.conn_of(tx)
+    dropped_bytes: int = conn.execute(
+        select(func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
+            messages.c.stream_id == stream_id, messages.c.seq <= head
+        )
+    ).scalar_one()
+    conn.execute(delete(messages).where(messages.c.stream_id == stream_id, messages.c.seq <= head))
+    conn.execute(
+        streams.update()
+        .where(streams.c.id == stream_id)
+        .values(
+            head=head,
+            msg_count=streams.c.msg_count - dropped,
+            byte_count=streams.c.byte_count - dropped_bytes,
+        )
+    )
+    return dropped_bytes

@@ -1,0 +1,111 @@
+"""The ``streams`` table: one row per station (= Durable Streams stream).
+
+Loading, listing, inserting and deleting stream rows, and the fork chain a read follows. What
+follows from a row (expiry, the window) is the domain's ``StreamState``; what to do with it is
+the domain's decision (``stations.domain.lifecycle``, ``catalog``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select
+
+from stations.domain.streams import StreamState
+from stations.store import db, sql
+from stations.store.db import Tx
+from stations.store.schema import messages, producers, streams
+
+
+def load(tx: Tx, name: str, *, lock: bool = False) -> StreamState | None:
+    # On PostgreSQL the row lock orders appends to one stream across processes.
+    row = sql.one(db.conn_of(tx), "load_lock" if lock else "load", (name,))
+    return StreamState.from_tuple(row) if row else None
+
+
+def load_by_id(tx: Tx, stream_id: int) -> StreamState | None:
+    row = db.conn_of(tx).execute(select(streams).where(streams.c.id == stream_id)).first()
+    return StreamState.from_row(row) if row else None
+
+
+def every(tx: Tx) -> list[StreamState]:
+    """Every stream row, deleted and expired ones too, by name."""
+    rows = db.conn_of(tx).execute(select(streams).order_by(streams.c.name)).all()
+    return [StreamState.from_row(r) for r in rows]
+
+
+def expiring(tx: Tx, now: int) -> list[StreamState]:
+    """Streams, not yet deleted, whose TTL or Expires-At has passed at ``now``: one statement
+    over the rows that have either, so idle streams without them cost nothing."""
+    ttl_end = streams.c.accessed_at + streams.c.ttl_seconds * 1000
+    rows = (
+        db.conn_of(tx)
+        .execute(
+            select(streams).where(
+                streams.c.deleted.is_(False),
+                ((streams.c.expires_at.is_not(None)) & (streams.c.expires_at <= now))
+                | ((streams.c.ttl_seconds.is_not(None)) & (ttl_end <= now)),
+            )
+        )
+        .all()
+    )
+    return [StreamState.from_row(r) for r in rows]
+
+
+Segment = tuple[int, int, int | None]  # (stream id, from position exclusive, to inclusive)
+
+
+def segments(tx: Tx, state: StreamState) -> list[Segment]:
+    """Where a stream's positions live: a fork reads its source up to the fork offset."""
+    chain: list[Segment] = [(state.id, state.fork_offset or 0, None)]
+    upper = state.fork_offset
+    current = state
+    while current.fork_of is not None:
+        source = load_by_id(tx, current.fork_of)
+        if source is None:
+            break
+        assert upper is not None
+        chain.append((source.id, source.fork_offset or 0, upper))
+        upper = min(upper, source.fork_offset) if source.fork_offset is not None else upper
+        current = source
+    chain.reverse()
+    return chain
+
+
+def lock_name(tx: Tx, name: str) -> None:
+    """Until the commit, creates of ``name`` in other processes wait for this one."""
+    db.lock_name(db.conn_of(tx), name)
+
+
+def insert_row(tx: Tx, values: dict[str, Any]) -> int:
+    """A new stream row; returns its id."""
+    stream_id: int = (
+        db.conn_of(tx)
+        .execute(insert(streams).values(**values).returning(streams.c.id))
+        .scalar_one()
+    )
+    return stream_id
+
+
+def fork_count(tx: Tx, stream_id: int) -> int:
+    count: int = (
+        db.conn_of(tx)
+        .execute(select(func.count()).select_from(streams).where(streams.c.fork_of == stream_id))
+        .scalar_one()
+    )
+    return count
+
+
+def mark_deleted(tx: Tx, stream_id: int) -> None:
+    db.conn_of(tx).execute(streams.update().where(streams.c.id == stream_id).values(deleted=True))
+
+
+def delete_data(tx: Tx, stream_id: int) -> None:
+    """A stream's messages and producer sessions."""
+    conn = db.conn_of(tx)
+    for table in (messages, producers):
+        conn.execute(delete(table).where(table.c.stream_id == stream_id))
+
+
+def delete_row(tx: Tx, stream_id: int) -> None:
+    db.conn_of(tx).execute(delete(streams).where(streams.c.id == stream_id))
