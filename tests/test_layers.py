@@ -1,0 +1,234 @@
+"""The folder layout is the architecture; these tests read every module's imports (with ``ast``,
+nothing is imported) and hold each layer to its rule:
+
+- ``stations/domain/`` decides: it imports no SQLAlchemy, Alembic, psycopg, HTTP server nor
+  ``stations.api``;
+- ``stations/api/`` speaks HTTP: no SQLAlchemy, no ``stations.store``;
+- ``stations/client/`` (the SDK) speaks HTTP only: nothing server-side;
+- only the store's engine code names a database dialect: outside ``stations/store/db.py``,
+  ``schema.py`` and the migrations, no code (comments and docstrings aside) says ``sqlite``,
+  ``postgresql`` or ``paramstyle`` or asks a ``dialect``;
+- no two modules import each other, directly or round a longer circle (imports inside functions
+  and under ``TYPE_CHECKING`` count: they are circles all the same).
+
+Every import counts, wherever it is written. Files that still break a rule are listed in
+``PENDING`` below, each with the reason; the lists only ever shrink, and a listed file that
+no longer breaks its rule fails ``test_pending_lists_are_current`` so it is taken off.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "stations"
+
+# (file relative to the repository, rule) pairs that still break a rule, waiting for the branch
+# that moves their SQL into stations/store/.
+PENDING: set[tuple[str, str]] = {
+    # The message-id window and the append path (issue 12, branch t12ids): msg_ids queries and
+    # driver-level SQL with its own parameter marks.
+    ("stations/domain/idwindow.py", "domain imports sqlalchemy"),
+    ("stations/domain/idwindow.py", "names a dialect"),
+    ("stations/store/sql.py", "names a dialect"),
+    ("stations/store/writer.py", "names a dialect"),
+    # Consumer groups and the DLS (issue 13, branch t13).
+    ("stations/domain/groups.py", "domain imports sqlalchemy"),
+    ("stations/domain/dls.py", "domain imports sqlalchemy"),
+}
+
+# Import circles (the modules of each), same story.
+PENDING_CYCLES: set[frozenset[str]] = {
+    # groups calls the DLS, the DLS reads messages through groups (issue 13, branch t13).
+    frozenset({"stations.domain.groups", "stations.domain.dls"}),
+    # The SSE handler reuses the streams handler's helpers, which dispatch to it (HTTP layer).
+    frozenset({"stations.api.sse", "stations.api.streams"}),
+    # The SDK's Station hands itself to consumers and producers, typed under TYPE_CHECKING.
+    frozenset({"stations.client.client", "stations.client.consumer", "stations.client.producer"}),
+}
+
+SERVER_DRIVERS = ("sqlalchemy", "alembic", "psycopg")
+# Outside the store's engine code a dialect is never named nor asked for.
+ENGINE_CODE = ("stations/store/db.py", "stations/store/schema.py", "stations/store/migrations/")
+DIALECT_NAME = re.compile(r"sqlite|postgres|paramstyle|dialect", re.IGNORECASE)
+DIALECT_IN_STRING = re.compile(r"\b(sqlite|postgres|postgresql)\b|paramstyle|FOR UPDATE")
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name → file, for every module of the package."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def imports(name: str, path: Path) -> Iterator[str]:
+    """Every module ``name`` imports, anywhere in the file; ``from pkg import mod`` yields
+    ``pkg.mod`` when that is a module of ours."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield full if full in MODULES else base
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def under(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def import_violations() -> set[tuple[str, str]]:
+    found = set()
+    for name, path in MODULES.items():
+        for target in imports(name, path):
+            if under(name, "stations.domain"):
+                for lib in (*SERVER_DRIVERS, "aiohttp", "stations.api"):
+                    if under(target, lib):
+                        found.add((rel(path), f"domain imports {lib}"))
+            if under(name, "stations.api"):
+                for lib in (*SERVER_DRIVERS, "stations.store"):
+                    if under(target, lib):
+                        found.add((rel(path), f"api imports {lib}"))
+            if under(name, "stations.client") and (
+                under(target, *SERVER_DRIVERS, "apscheduler")
+                or (under(target, "stations") and not under(target, "stations.client"))
+            ):
+                found.add((rel(path), f"client imports {target}"))
+    return found
+
+
+def docstring_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                lines.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    return lines
+
+
+def names_a_dialect(path: Path) -> list[str]:
+    """Code (not comments, not docstrings) that names a dialect or asks which one it is."""
+    source = path.read_text()
+    skip = docstring_lines(ast.parse(source))
+    hits = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.start[0] in skip:
+            continue
+        pattern = {tokenize.NAME: DIALECT_NAME, tokenize.STRING: DIALECT_IN_STRING}.get(tok.type)
+        if pattern is not None and pattern.search(tok.string):
+            hits.append(f"{tok.start[0]}: {tok.string}")
+    return hits
+
+
+def dialect_violations() -> set[tuple[str, str]]:
+    found = set()
+    for path in MODULES.values():
+        if rel(path).startswith(ENGINE_CODE):
+            continue
+        if names_a_dialect(path):
+            found.add((rel(path), "names a dialect"))
+    return found
+
+
+def cycles() -> set[frozenset[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {
+        name: {t for t in imports(name, path) if t in MODULES and t != name}
+        for name, path in MODULES.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_the_checks_see_what_they_look_for() -> None:
+    """The readers themselves: a module known to import SQLAlchemy is seen doing so, and the
+    store's engine code is seen naming dialects (else every other test here passes vacuously)."""
+    assert "sqlalchemy" in set(imports("stations.store.db", MODULES["stations.store.db"]))
+    assert names_a_dialect(MODULES["stations.store.db"])
+    assert "stations.store.db" in set(
+        imports("stations.store.database", MODULES["stations.store.database"])
+    )
+    assert len(MODULES) > 40
+
+
+def test_layers_import_only_what_they_may() -> None:
+    broken = import_violations() - PENDING
+    assert not broken, "\n".join(f"{f}: {rule}" for f, rule in sorted(broken))
+
+
+def test_only_the_store_engine_code_names_a_dialect() -> None:
+    broken = dialect_violations() - PENDING
+    details = [f"{f}: {', '.join(names_a_dialect(ROOT / f))}" for f, _ in sorted(broken)]
+    assert not broken, "\n".join(details)
+
+
+def test_no_import_circles() -> None:
+    broken = cycles() - PENDING_CYCLES
+    assert not broken, "\n".join(" <-> ".join(sorted(c)) for c in broken)
+
+
+def test_pending_lists_are_current() -> None:
+    """A file taken off its pending list's reason must be taken off the list too."""
+    stale = PENDING - import_violations() - dialect_violations()
+    assert not stale, f"fixed, remove from PENDING: {sorted(stale)}"
+    stale_cycles = PENDING_CYCLES - cycles()
+    assert not stale_cycles, f"fixed, remove from PENDING_CYCLES: {stale_cycles}"
