@@ -24,6 +24,7 @@ from stations.store.writer import Batch, now_ms
 logger = logging.getLogger("stations.domain.scheduler")
 MIN_SWEEP_S = 0.25
 MAX_SWEEP_S = 60.0
+STATISTICS_S = 5.0
 T = TypeVar("T")
 
 
@@ -34,6 +35,8 @@ class Host(Protocol):
     ids: IdWindow
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T: ...
+
+    async def refresh_statistics(self) -> None: ...
 
 
 def _live(batch: Batch) -> list[StreamState]:
@@ -98,6 +101,9 @@ class Scheduler:
         # database now and then, so their expiry never depends on one process staying up.
         self._sched.add_job(self.leases.tick, "interval", seconds=5.0, id="leases-rearm")
         self._sched.add_job(self.leases.tick, id="leases-start")
+        # The database's query plans follow the tables' growth without relying on its own
+        # autoanalyze (which may be off).
+        self._sched.add_job(self.refresh_statistics, "interval", seconds=STATISTICS_S, id="stats")
         self._sched.start()
         catalog.window_listeners.append(self.window_set)
 
@@ -138,6 +144,12 @@ class Scheduler:
             logger.exception("id sweep failed")
             return
         self._set_sweep_period(period, only_shorter=False)
+
+    async def refresh_statistics(self) -> None:
+        try:
+            await self.service.refresh_statistics()
+        except Exception:
+            logger.exception("refreshing statistics failed")
 
     async def expire_streams(self) -> None:
         try:

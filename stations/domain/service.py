@@ -108,6 +108,9 @@ class Service:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
         return await self.db.write(lambda batch: fn(batch, *args), sort_key)
 
+    async def refresh_statistics(self) -> None:
+        await self.db.refresh_statistics()
+
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""
         self.read_transactions += 1

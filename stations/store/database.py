@@ -81,6 +81,12 @@ class Database:
 
         return await asyncio.get_running_loop().run_in_executor(self._readers, run)
 
+    async def refresh_statistics(self) -> list[str]:
+        """Refresh the planner's statistics of tables that grew (see ``db.analyze_grown``)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._readers, db.analyze_grown, self.read_engine
+        )
+
     def read_sync(self, fn: Callable[[Tx], T]) -> T:
         """For tests and tools: run ``fn`` on a read connection, blocking."""
         with self.read_engine.connect() as conn:

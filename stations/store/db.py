@@ -18,6 +18,13 @@ DEFAULT_DATA_DIR = "stations-data"
 # SQLite writer connection only (readers keep SQLite's defaults: 2 MiB cache each).
 WRITER_CACHE_KIB = 32 * 1024  # its page cache: the upper levels of big indexes stay in it
 WAL_AUTOCHECKPOINT_PAGES = 10_000  # checkpoint at ~40 MB of WAL instead of SQLite's ~4 MB
+# PostgreSQL: what the planner charges for a random page read, against 1.0 for a sequential
+# one. The default (4.0) models cold spinning disks; the store's hot key ranges (recent ids,
+# recent messages, leases) are in cache, where an index probe costs about a sequential read.
+RANDOM_PAGE_COST = 1.1
+# PostgreSQL statistics are refreshed (``analyze_grown``) once a table has changed by this many
+# rows plus this fraction of its size since its last ANALYZE, like autoanalyze's defaults.
+ANALYZE_ROWS, ANALYZE_FRACTION = 200, 0.1
 
 
 def default_url(data_dir: str = DEFAULT_DATA_DIR) -> str:
@@ -71,10 +78,41 @@ def lock_name(conn: Connection, name: str) -> None:
 
 def analyze(conn: Connection, tables: list[str] | None = None) -> None:
     """Refresh the planner's statistics, so plans never depend on the server's autoanalyze
-    (PostgreSQL with autovacuum off has none on new tables and scans a whole station's ids
-    instead of probing the primary key). SQLite's planner prefers the key without them."""
+    (PostgreSQL with autovacuum off has none on new tables, and its planner then scans every
+    stored id of a station instead of probing the primary key). SQLite's planner prefers the
+    key without statistics."""
     if _postgresql(conn):
         conn.execute(text("ANALYZE " + ", ".join(tables) if tables else "ANALYZE"))
+
+
+def analyze_grown(engine: Engine) -> list[str]:
+    """ANALYZE the store's tables that changed enough since their last ANALYZE (PostgreSQL;
+    the scheduler calls this now and then); returns their names."""
+    if engine.dialect.name != "postgresql":
+        return []
+    from stations.store.schema import metadata
+
+    with engine.connect() as conn:
+        grown = list(
+            conn.execute(
+                text(
+                    "SELECT relname FROM pg_stat_user_tables "
+                    "WHERE schemaname = current_schema() AND relname = ANY(:names) "
+                    "AND n_mod_since_analyze > :rows + :fraction * GREATEST(n_live_tup, 0) "
+                    "ORDER BY relname"
+                ),
+                {
+                    "names": sorted(metadata.tables),
+                    "rows": ANALYZE_ROWS,
+                    "fraction": ANALYZE_FRACTION,
+                },
+            ).scalars()
+        )
+        if grown:
+            # Names from the schema, not from outside: safe to splice.
+            analyze(conn, grown)
+            conn.commit()
+    return grown
 
 
 def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) -> Engine:
@@ -88,15 +126,18 @@ def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) ->
         max_overflow=0 if writer else 8,
         pool_pre_ping=True,
     )
+    settings = [f"SET random_page_cost TO {RANDOM_PAGE_COST}"]
     if durability == "process":
+        # The commit is in PostgreSQL's memory and WAL buffers: it survives a kill -9 of
+        # this process, not a crash of the database host.
+        settings.append("SET synchronous_commit TO off")
 
-        @event.listens_for(engine, "connect")
-        def _async_commit(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-            # The commit is in PostgreSQL's memory and WAL buffers: it survives a kill -9 of
-            # this process, not a crash of the database host.
-            with dbapi_conn.cursor() as cur:
-                cur.execute("SET synchronous_commit TO off")
-            dbapi_conn.commit()
+    @event.listens_for(engine, "connect")
+    def _settings(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        with dbapi_conn.cursor() as cur:
+            for statement in settings:
+                cur.execute(statement)
+        dbapi_conn.commit()
 
     return engine
 
@@ -149,6 +190,8 @@ def upgrade(engine: Engine) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+        # Plans from the first statement on: statistics of every table, empty or not.
+        analyze(conn)
 
 
 # -- what the store's queries ask of the engine (they never name the dialect) -----------------
