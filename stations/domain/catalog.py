@@ -18,8 +18,9 @@ from stations.domain.lifecycle import CreateRequest, CreateResult, create
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import encode
-from stations.domain.streams import StreamState
+from stations.domain.streams import StreamState, upkeep_columns
 from stations.store import streams as rows
+from stations.store import upkeep
 from stations.store.db import Tx
 from stations.store.writer import Batch
 
@@ -56,6 +57,7 @@ def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
     state = live_stream(batch.stream(name), name, batch.now)
     state.config = config_rules.apply_patch(state.config, raw)
     batch.touch(state)
+    upkeep.set_rules(batch.conn, state.id, upkeep_columns(state.config, batch.now))
     _announce_window(batch, state.window_ms)
     return state
 

@@ -15,7 +15,12 @@ from stations.domain import idwindow
 from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.station import first_difference
-from stations.domain.streams import StreamState, is_json_type, same_content_type
+from stations.domain.streams import (
+    StreamState,
+    is_json_type,
+    same_content_type,
+    upkeep_columns,
+)
 from stations.store import streams as rows
 from stations.store.db import Tx
 from stations.store.streams import load, load_by_id
@@ -150,6 +155,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         values["config"] = json.dumps(config, separators=(",", ":"))
         if req.ttl_seconds is None and req.expires_at is None:
             values["ttl_seconds"], values["expires_at"] = source.ttl_seconds, source.expires_at
+    values.update(upkeep_columns(json.loads(values["config"]), now))
     stream_id = rows.insert_row(tx, values)
     state = load_by_id(tx, stream_id)
     assert state is not None

@@ -1,13 +1,18 @@
-"""Retention per station: ``maxAgeMs``, ``maxMessages``, ``maxBytes``.
+"""Retention per station: ``maxAgeMs``, ``maxMessages``, ``maxBytes``, and the DLS's
+``retentionMs``.
 
 Dropping messages moves the stream's ``head``; the message ids stay in their table, so dedup
 outlives the data. Offsets before the head answer 410 Gone.
+
+Only stations that are due are visited (``stations.store.upkeep``): those over a count rule, and
+those whose ``upkeep_at`` has come, the moment decided here after each visit: when the oldest
+retained message or the oldest DLS entry leaves its rule. An idle station costs nothing.
 """
 
 from __future__ import annotations
 
 from stations.domain.streams import StreamState
-from stations.store import messages
+from stations.store import messages, upkeep
 from stations.store import streams as rows
 from stations.store.writer import Batch
 
@@ -37,30 +42,44 @@ def _new_head(batch: Batch, state: StreamState) -> int:
     return min(head, state.tail)
 
 
+def _next_look(batch: Batch, state: StreamState, head: int) -> int | None:
+    """When a rule by time next drops something (None: the station has no such rule). Data
+    stored later leaves its rule later still, so a look then is never too late."""
+    at: int | None = None
+    max_age = (state.config.get("retention") or {}).get("maxAgeMs")
+    if max_age is not None:
+        oldest = messages.oldest_stored_after(batch.conn, state.id, head)
+        at = (batch.now if oldest is None else oldest) + max_age
+    keep = (state.config.get("dls") or {}).get("retentionMs")
+    if keep is not None:
+        oldest = upkeep.oldest_dead_letter(batch.conn, state.id)
+        due = (batch.now if oldest is None else oldest) + keep
+        at = due if at is None else min(at, due)
+    return at
+
+
 def enforce(batch: Batch) -> int:
-    """Drop what each station's rules no longer keep; returns messages dropped."""
+    """Drop what the due stations' rules no longer keep; returns messages dropped."""
     batch.flush()
     batch.forget()
     total = 0
-    for candidate in rows.every(batch.conn):
-        if candidate.deleted:
-            continue
-        rules = candidate.config.get("retention") or {}
-        if not any(rules.get(k) is not None for k in ("maxAgeMs", "maxMessages", "maxBytes")):
-            continue
+    for name in upkeep.retention_due(batch.conn, batch.now):
         # Decide under the station's row lock: on PostgreSQL another process may be appending
         # to it or enforcing the same rules right now, and counting rows it is about to delete
         # would take them off ``msg_count`` twice.
-        state = rows.load(batch.conn, candidate.name, lock=True)
+        state = rows.load(batch.conn, name, lock=True)
         if state is None or state.deleted:
             continue
         head = _new_head(batch, state)
-        if head <= state.head:
-            continue
-        # Rows wholly at or below the head go; a multi-message row the head cuts through stays
-        # until its last message goes too (reads start after the head either way).
-        # A fork's own messages start after its fork offset; inherited ones are not counted.
-        dropped = max(0, head - max(state.head, state.fork_offset or 0))
-        messages.drop_through(batch.conn, state.id, head, dropped)
-        total += dropped
+        if head > state.head:
+            # Rows wholly at or below the head go; a multi-message row the head cuts through
+            # stays until its last message goes too (reads start after the head either way).
+            # A fork's own messages start after its fork offset; inherited ones are not counted.
+            dropped = max(0, head - max(state.head, state.fork_offset or 0))
+            messages.drop_through(batch.conn, state.id, head, dropped)
+            total += dropped
+        keep = (state.config.get("dls") or {}).get("retentionMs")
+        if keep is not None:
+            upkeep.expire_dead_letters(batch.conn, state.id, batch.now - keep)
+        upkeep.set_upkeep_at(batch.conn, state.id, _next_look(batch, state, max(head, state.head)))
     return total

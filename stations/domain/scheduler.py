@@ -1,8 +1,10 @@
-"""Background upkeep on APScheduler: expired streams, expired message ids, retention.
+"""Background upkeep on APScheduler: expired streams, expired message ids, retention and DLS
+expiry, lease expiry, the database's statistics.
 
 Each job is a writer op, so upkeep commits like any other write and never races an append.
-The id sweep's period follows the smallest window in use: a 1 s window is swept about every
-quarter second, a 24 h window once a minute.
+Each asks the store for what is due (``stations.store.upkeep``) rather than visiting every
+station, so idle stations cost nothing. The id sweep's period follows the smallest window in
+use: a 1 s window is swept about every quarter second, a 24 h window once a minute.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from typing import Any, Protocol, TypeVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from stations.domain import catalog, dls, groups, lifecycle, retention
+from stations.domain import catalog, groups, lifecycle, retention
 from stations.domain.idwindow import IdWindow
-from stations.domain.streams import StreamState
-from stations.store import streams
+from stations.store import upkeep
 from stations.store.writer import Batch, now_ms
 
 logger = logging.getLogger("stations.domain.scheduler")
@@ -37,10 +38,6 @@ class Host(Protocol):
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T: ...
 
     async def refresh_statistics(self) -> None: ...
-
-
-def _live(batch: Batch) -> list[StreamState]:
-    return [s for s in streams.every(batch.conn) if not s.deleted]
 
 
 class LeaseTimer:
@@ -132,11 +129,10 @@ class Scheduler:
         ids = self.service.ids
 
         def op(batch: Batch) -> float:
-            smallest = None
-            for state in _live(batch):
-                smallest = min(smallest or state.window_ms, state.window_ms)
+            # Only stations holding ids that left their window: idle ones cost nothing.
+            for state in upkeep.ids_due(batch.conn, batch.now):
                 ids.sweep(batch, state)
-            return (smallest or 240_000) / 4000
+            return (upkeep.smallest_window(batch.conn) or 240_000) / 4000
 
         try:
             period = await self.service.write(op)
@@ -159,7 +155,7 @@ class Scheduler:
 
     async def enforce_retention(self) -> None:
         try:
+            # Message retention and DLS expiry of the stations that are due.
             await self.service.write(retention.enforce)
-            await self.service.write(dls.expire)
         except Exception:
             logger.exception("retention failed")

@@ -35,6 +35,11 @@ class StreamState:
     byte_count: int
     config: dict[str, Any] = field(default_factory=dict)
     create_spec: str | None = None
+    # Copies of the config that housekeeping's statements read (see ``upkeep_columns``).
+    id_window_ms: int = 120_000
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    upkeep_at: int | None = None  # when retention or DLS expiry next needs a look
 
     @classmethod
     def from_row(cls, row: Any) -> StreamState:
@@ -69,6 +74,21 @@ class StreamState:
         if name == "config":
             return json.dumps(self.config, separators=(",", ":"))
         return getattr(self, name)
+
+
+def upkeep_columns(config: dict[str, Any], now: int) -> dict[str, int | None]:
+    """What housekeeping needs of a station's config, as the stream row keeps it: its rules
+    by count, and ``upkeep_at`` (now when a rule by time exists, to be looked at soon)."""
+    retention = config.get("retention") or {}
+    timed = retention.get("maxAgeMs") is not None or (
+        (config.get("dls") or {}).get("retentionMs") is not None
+    )
+    return {
+        "id_window_ms": int(config.get("idempotencyWindowMs", 120_000)),
+        "max_messages": retention.get("maxMessages"),
+        "max_bytes": retention.get("maxBytes"),
+        "upkeep_at": now if timed else None,
+    }
 
 
 def media_type(content_type: str) -> str:

@@ -48,7 +48,18 @@ streams = Table(
     Column("config", Text, nullable=False),
     # The Durable Streams PUT that created it (TTL, expiry, fork), to answer a repeated PUT.
     Column("create_spec", Text),
+    # Housekeeping reads these instead of every station's config, so its statements find what
+    # is due without visiting idle stations (``stations.store.upkeep``). Copies of the config:
+    # the id window, the count rules of retention, and when the time rules (retention's
+    # maxAgeMs, the DLS's retentionMs) next need a look (NULL: the station has none).
+    Column("id_window_ms", BigInteger, nullable=False, server_default="120000"),
+    Column("max_messages", BigInteger),
+    Column("max_bytes", BigInteger),
+    Column("upkeep_at", BigInteger),
 )
+Index("ix_streams_upkeep_at", streams.c.upkeep_at)
+Index("ix_streams_max_messages", streams.c.max_messages)
+Index("ix_streams_max_bytes", streams.c.max_bytes)
 
 messages = Table(
     "messages",

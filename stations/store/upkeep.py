@@ -1,0 +1,85 @@
+"""The housekeeping schedule: set-based statements that find the stations whose id sweep,
+retention or DLS expiry is due, so the scheduler's work follows what is due, not how many
+stations exist.
+
+The stream row keeps copies of what these statements need (``id_window_ms``, the count rules
+``max_messages``/``max_bytes`` and ``upkeep_at``, when a rule by time next needs a look); the
+domain (``stations.domain.retention``) decides their values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, exists, func, select, update
+
+from stations.domain.streams import StreamState
+from stations.store import db
+from stations.store.db import Tx
+from stations.store.schema import dls, id_runs, msg_ids, streams
+
+
+def retention_due(tx: Tx, now: int) -> list[str]:
+    """Stations whose time rules need a look or whose count rules are exceeded, by name (one
+    lock order for every process). Each term can use its own index: ``upkeep_at``, and the
+    count rules' columns, which are NULL on stations without the rule."""
+    s = streams.c
+    query = (
+        select(s.name)
+        .where(
+            s.deleted.is_(False),
+            (s.upkeep_at <= now)
+            | ((s.max_messages >= 0) & (s.tail - s.head > s.max_messages))
+            | ((s.max_bytes >= 0) & (s.byte_count > s.max_bytes)),
+        )
+        .order_by(s.name)
+    )
+    return list(db.conn_of(tx).execute(query).scalars())
+
+
+def set_upkeep_at(tx: Tx, stream_id: int, at: int | None) -> None:
+    db.conn_of(tx).execute(update(streams).where(streams.c.id == stream_id).values(upkeep_at=at))
+
+
+def set_rules(tx: Tx, stream_id: int, columns: dict[str, Any]) -> None:
+    """The config's copies after a change of the config (``StreamState.upkeep_columns``)."""
+    db.conn_of(tx).execute(update(streams).where(streams.c.id == stream_id).values(**columns))
+
+
+def ids_due(tx: Tx, now: int) -> list[StreamState]:
+    """Stations with ids that have left their window, in ``msg_ids`` or in a run: one probe of
+    each station's (stream_id, stored_at) and run keys inside one statement."""
+    s = streams.c
+    cutoff = now - s.id_window_ms
+    hot = exists().where(msg_ids.c.stream_id == s.id, msg_ids.c.stored_at <= cutoff)
+    runs = exists().where(id_runs.c.stream_id == s.id, id_runs.c.newest <= cutoff)
+    rows = db.conn_of(tx).execute(
+        select(streams).where(s.deleted.is_(False), hot | runs).order_by(s.name)
+    )
+    return [StreamState.from_row(r) for r in rows]
+
+
+def smallest_window(tx: Tx) -> int | None:
+    smallest: int | None = (
+        db.conn_of(tx)
+        .execute(select(func.min(streams.c.id_window_ms)).where(streams.c.deleted.is_(False)))
+        .scalar()
+    )
+    return smallest
+
+
+def expire_dead_letters(tx: Tx, stream_id: int, cutoff: int) -> int:
+    """Delete a station's DLS entries dead-lettered at or before ``cutoff``."""
+    result = db.conn_of(tx).execute(
+        delete(dls).where(dls.c.stream_id == stream_id, dls.c.dead_lettered_at <= cutoff)
+    )
+    return result.rowcount or 0
+
+
+def oldest_dead_letter(tx: Tx, stream_id: int) -> int | None:
+    oldest: int | None = (
+        db.conn_of(tx)
+        .execute(select(func.min(dls.c.dead_lettered_at)).where(dls.c.stream_id == stream_id))
+        .scalar()
+    )
+    return oldest

@@ -1,0 +1,139 @@
+"""Housekeeping does work in proportion to what is due, not to how many stations exist.
+
+The store's statements (``stations.store.upkeep``) must name exactly the stations that are due:
+over a count rule, past their ``upkeep_at``, or holding ids that left their window; idle
+stations never. Then, over HTTP, the rules by time still drop what they must, also after a
+station had gone empty (its next look was set without any message to date it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from stations.domain import retention
+from stations.domain.catalog import patch_station
+from stations.domain.idwindow import IdWindow
+from stations.domain.lifecycle import CreateRequest, create
+from stations.domain.log import AppendRequest, append
+from stations.domain.station import parse_config
+from stations.store import db, upkeep
+from stations.store.writer import Batch
+
+T0 = 1_000_000_000  # the test's clock, in ms
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Engine]:
+    engine = db.make_engine(db_url, writer=True)
+    db.upgrade(engine)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def write(engine: Engine, now: int, *ops: Any) -> list[Any]:
+    with engine.connect() as conn, conn.begin():
+        batch = Batch(conn, now)
+        out = [op(batch) for op in ops]
+        batch.flush()
+        return out
+
+
+def station(name: str, **config: Any) -> Any:
+    req = CreateRequest(
+        name, "application/json", parse_config({"name": name, **config}), compare_config=True
+    )
+    return lambda batch: create(batch, IdWindow(), req)
+
+
+def produce(name: str, n: int, ids: bool = False) -> Any:
+    messages = [b'{"k":%d}' % k for k in range(n)]
+    msg_ids: list[str | None] | None = [f"{name}-{k}" for k in range(n)] if ids else None
+    req = AppendRequest(name, "application/json", messages, msg_ids)
+    return lambda batch: append(batch, IdWindow(), req)
+
+
+def due(engine: Engine, now: int) -> list[str]:
+    with engine.connect() as conn:
+        return upkeep.retention_due(conn, now)
+
+
+def test_only_stations_with_something_due_are_named(store: Engine) -> None:
+    idle = [station(f"idle-{k:03d}") for k in range(200)]
+    write(
+        store,
+        T0,
+        *idle,
+        station("count", retention={"maxMessages": 2}),
+        station("bytes", retention={"maxBytes": 10}),
+        station("age", retention={"maxAgeMs": 60_000}),
+        station("dls", dls={"retentionMs": 30_000}),
+        station("roomy", retention={"maxMessages": 100, "maxBytes": 1_000_000}),
+        *(produce(f"idle-{k:03d}", 3) for k in range(0, 200, 10)),
+        produce("count", 3, ids=True),  # with ids: a row per message (7 bytes each)
+        produce("bytes", 3, ids=True),
+        produce("roomy", 3, ids=True),
+    )
+    # Rules by time get a first look at once; count rules only once they are exceeded.
+    assert due(store, T0) == ["age", "bytes", "count", "dls"]
+
+    assert write(store, T0, retention.enforce) == [1 + 2]  # count keeps 2, bytes keeps 1
+    assert due(store, T0) == []
+    # The next look: when the oldest message leaves maxAgeMs, the DLS's empty now + retentionMs.
+    assert due(store, T0 + 29_999) == []
+    assert due(store, T0 + 30_000) == ["dls"]
+    assert due(store, T0 + 60_000) == ["age", "dls"]
+
+    # Appends past a count rule make a station due; so does a PATCH that gives it a rule.
+    write(store, T0 + 1, produce("roomy", 200))
+    patch = {"retention": {"maxAgeMs": 1_000}}
+    write(store, T0 + 1, lambda batch: patch_station(batch, "idle-005", patch))
+    assert due(store, T0 + 1) == ["idle-005", "roomy"]
+
+
+def test_id_sweep_names_only_stations_with_expired_ids(store: Engine) -> None:
+    write(
+        store,
+        T0,
+        *(station(f"quiet-{k:03d}") for k in range(200)),
+        station("short", idempotencyWindowMs=1_000),
+        station("long", idempotencyWindowMs=3_600_000),
+        produce("short", 5, ids=True),
+        produce("long", 5, ids=True),
+    )
+    with store.connect() as conn:
+        assert [s.name for s in upkeep.ids_due(conn, T0 + 999)] == []
+        assert [s.name for s in upkeep.ids_due(conn, T0 + 1_000)] == ["short"]
+        assert upkeep.smallest_window(conn) == 1_000
+
+
+# -- over HTTP ----------------------------------------------------------------------------------
+
+
+def eventually(check: Any, what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_max_age_drops_old_messages_again_after_the_station_went_empty(server: Any) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.post("/api/stations", json={"name": "aging", "retention": {"maxAgeMs": 500}})
+        assert r.status_code == 201, r.text
+
+        def count() -> int:
+            return int(c.get("/api/stations/aging").json()["stats"]["messages"])
+
+        for round_ in range(2):
+            body = {"messages": [{"data": {"round": round_, "k": k}} for k in range(3)]}
+            assert c.post("/api/stations/aging/messages", json=body).status_code == 200
+            assert count() == 3
+            eventually(lambda: count() == 0, f"maxAgeMs to drop round {round_}")
