@@ -101,6 +101,7 @@ class Scheduler:
         # The database's query plans follow the tables' growth without relying on its own
         # autoanalyze (which may be off).
         self._sched.add_job(self.refresh_statistics, "interval", seconds=STATISTICS_S, id="stats")
+        self._sched.add_job(self.refresh_statistics, id="stats-start")
         self._sched.start()
         catalog.window_listeners.append(self.window_set)
 

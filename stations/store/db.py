@@ -86,8 +86,9 @@ def analyze(conn: Connection, tables: list[str] | None = None) -> None:
 
 
 def analyze_grown(engine: Engine) -> list[str]:
-    """ANALYZE the store's tables that changed enough since their last ANALYZE (PostgreSQL;
-    the scheduler calls this now and then); returns their names."""
+    """ANALYZE the store's tables that were never analyzed or changed enough since their last
+    ANALYZE (PostgreSQL; the scheduler calls this at start and now and then); returns their
+    names."""
     if engine.dialect.name != "postgresql":
         return []
     from stations.store.schema import metadata
@@ -98,7 +99,8 @@ def analyze_grown(engine: Engine) -> list[str]:
                 text(
                     "SELECT relname FROM pg_stat_user_tables "
                     "WHERE schemaname = current_schema() AND relname = ANY(:names) "
-                    "AND n_mod_since_analyze > :rows + :fraction * GREATEST(n_live_tup, 0) "
+                    "AND (n_mod_since_analyze > :rows + :fraction * GREATEST(n_live_tup, 0) "
+                    "OR (last_analyze IS NULL AND last_autoanalyze IS NULL)) "
                     "ORDER BY relname"
                 ),
                 {
@@ -187,11 +189,16 @@ def upgrade(engine: Engine) -> None:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
+    from alembic.runtime.migration import MigrationContext
+
     with engine.begin() as conn:
+        before = MigrationContext.configure(conn).get_current_revision()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
-        # Plans from the first statement on: statistics of every table, empty or not.
-        analyze(conn)
+        if MigrationContext.configure(conn).get_current_revision() != before:
+            # New or changed tables: statistics before the first statement plans on them.
+            # Otherwise start-up is not held up; the scheduler refreshes what grew.
+            analyze(conn)
 
 
 # -- what the store's queries ask of the engine (they never name the dialect) -----------------
