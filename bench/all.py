@@ -4,8 +4,9 @@ Each part starts its own servers and prints its figures beside its anchor's from
 the Durable Streams protocol against the reference server (``bench``), message ids against NATS
 JetStream (``bench.ids``), consumer groups against JetStream pull consumers
 (``bench.consumers``), the Python SDK producer against the TypeScript client (``bench.sdk``) and
-the Spark pipeline (``bench.spark``, rows/s; it has no anchor) and consume-transform-produce
-through transactions against the same work without them (``bench.transactions``).
+the Spark pipeline (``bench.spark``, rows/s; it has no anchor), consume-transform-produce
+through transactions against the same work without them (``bench.transactions``) and
+10,000 idle stations against one (``bench.idle``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {
         ["bench.transactions"],
         ["bench.transactions", "--messages", "5000", "--rounds", "2"],
     ),
+    "idle": (["bench.idle"], ["bench.idle", "--stations", "2000", "--idle-seconds", "10"]),
 }
 
 
