@@ -5,6 +5,8 @@ nothing is imported) and hold each layer to its rule:
   ``stations.api``;
 - ``stations/api/`` speaks HTTP: no SQLAlchemy, no ``stations.store``;
 - ``stations/client/`` (the SDK) speaks HTTP only: nothing server-side;
+- the domain runs no SQL either through a connection it was handed: no ``execute``,
+  ``exec_driver_sql``, no SQL text;
 - only the store's engine code names a database dialect: outside ``stations/store/db.py``,
   ``schema.py`` and the migrations, no code (comments and docstrings aside) says ``sqlite``,
   ``postgresql`` or ``paramstyle`` or asks a ``dialect``;
@@ -35,11 +37,14 @@ PENDING: set[tuple[str, str]] = {
     # driver-level SQL with its own parameter marks.
     ("stations/domain/idwindow.py", "domain imports sqlalchemy"),
     ("stations/domain/idwindow.py", "names a dialect"),
+    ("stations/domain/idwindow.py", "domain runs SQL"),
     ("stations/store/sql.py", "names a dialect"),
     ("stations/store/writer.py", "names a dialect"),
     # Consumer groups and the DLS (issue 13, branch t13).
     ("stations/domain/groups.py", "domain imports sqlalchemy"),
+    ("stations/domain/groups.py", "domain runs SQL"),
     ("stations/domain/dls.py", "domain imports sqlalchemy"),
+    ("stations/domain/dls.py", "domain runs SQL"),
 }
 
 # Import circles (the modules of each), same story.
@@ -57,6 +62,8 @@ SERVER_DRIVERS = ("sqlalchemy", "alembic", "psycopg")
 ENGINE_CODE = ("stations/store/db.py", "stations/store/schema.py", "stations/store/migrations/")
 DIALECT_NAME = re.compile(r"sqlite|postgres|paramstyle|dialect", re.IGNORECASE)
 DIALECT_IN_STRING = re.compile(r"\b(sqlite|postgres|postgresql)\b|paramstyle|FOR UPDATE")
+RUNS_SQL = re.compile(r"^(execute|executemany|exec_driver_sql|scalar_one|scalars)$")
+SQL_TEXT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM)\b .*\b(FROM|SET|VALUES|WHERE)\b")
 
 
 def modules() -> dict[str, Path]:
@@ -136,14 +143,36 @@ def docstring_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
-def names_a_dialect(path: Path) -> list[str]:
-    """Code (not comments, not docstrings) that names a dialect or asks which one it is."""
+def code_tokens(path: Path) -> Iterator[tokenize.TokenInfo]:
+    """Tokens of the code: comments are not tokens of interest, docstrings are skipped."""
     source = path.read_text()
     skip = docstring_lines(ast.parse(source))
-    hits = []
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.start[0] in skip:
-            continue
+        if tok.start[0] not in skip:
+            yield tok
+
+
+def runs_sql(path: Path) -> list[str]:
+    return [
+        f"{tok.start[0]}: {tok.string}"
+        for tok in code_tokens(path)
+        if (tok.type == tokenize.NAME and RUNS_SQL.match(tok.string))
+        or (tok.type == tokenize.STRING and SQL_TEXT.search(tok.string))
+    ]
+
+
+def sql_violations() -> set[tuple[str, str]]:
+    return {
+        (rel(path), "domain runs SQL")
+        for name, path in MODULES.items()
+        if under(name, "stations.domain") and runs_sql(path)
+    }
+
+
+def names_a_dialect(path: Path) -> list[str]:
+    """Code (not comments, not docstrings) that names a dialect or asks which one it is."""
+    hits = []
+    for tok in code_tokens(path):
         pattern = {tokenize.NAME: DIALECT_NAME, tokenize.STRING: DIALECT_IN_STRING}.get(tok.type)
         if pattern is not None and pattern.search(tok.string):
             hits.append(f"{tok.start[0]}: {tok.string}")
@@ -204,6 +233,7 @@ def test_the_checks_see_what_they_look_for() -> None:
     store's engine code is seen naming dialects (else every other test here passes vacuously)."""
     assert "sqlalchemy" in set(imports("stations.store.db", MODULES["stations.store.db"]))
     assert names_a_dialect(MODULES["stations.store.db"])
+    assert runs_sql(MODULES["stations.store.messages"])
     assert "stations.store.db" in set(
         imports("stations.store.database", MODULES["stations.store.database"])
     )
@@ -221,6 +251,12 @@ def test_only_the_store_engine_code_names_a_dialect() -> None:
     assert not broken, "\n".join(details)
 
 
+def test_the_domain_runs_no_sql() -> None:
+    broken = sql_violations() - PENDING
+    details = [f"{f}: {', '.join(runs_sql(ROOT / f))}" for f, _ in sorted(broken)]
+    assert not broken, "\n".join(details)
+
+
 def test_no_import_circles() -> None:
     broken = cycles() - PENDING_CYCLES
     assert not broken, "\n".join(" <-> ".join(sorted(c)) for c in broken)
@@ -228,7 +264,7 @@ def test_no_import_circles() -> None:
 
 def test_pending_lists_are_current() -> None:
     """A file taken off its pending list's reason must be taken off the list too."""
-    stale = PENDING - import_violations() - dialect_violations()
+    stale = PENDING - import_violations() - dialect_violations() - sql_violations()
     assert not stale, f"fixed, remove from PENDING: {sorted(stale)}"
     stale_cycles = PENDING_CYCLES - cycles()
     assert not stale_cycles, f"fixed, remove from PENDING_CYCLES: {stale_cycles}"
