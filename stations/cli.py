@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import importlib.util
 import ipaddress
 import logging
 import os
@@ -200,14 +199,9 @@ def _require_driver(url: str | None) -> None:
     """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line."""
     if not url:
         return
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from stations.store.db import missing_driver
 
-    try:
-        backend = make_url(url).get_backend_name()
-    except ArgumentError:
-        return  # reported as "--db is not a database URL" by the service
-    if backend == "postgresql" and importlib.util.find_spec("psycopg") is None:
+    if missing_driver(url) is not None:
         _fail(
             "--db is a PostgreSQL URL but the psycopg driver is not installed; "
             "install it with: pip install 'stations[postgresql]'"

@@ -12,6 +12,7 @@ retained message or the oldest DLS entry leaves its rule. An idle station costs 
 from __future__ import annotations
 
 from stations.domain.streams import StreamState
+from stations.store import dls as dead_letters
 from stations.store import messages, upkeep
 from stations.store import streams as rows
 from stations.store.writer import Batch
@@ -80,6 +81,6 @@ def enforce(batch: Batch) -> int:
             total += dropped
         keep = (state.config.get("dls") or {}).get("retentionMs")
         if keep is not None:
-            upkeep.expire_dead_letters(batch.conn, state.id, batch.now - keep)
+            dead_letters.expire(batch.conn, state.id, batch.now - keep)
         upkeep.set_upkeep_at(batch.conn, state.id, _next_look(batch, state, max(head, state.head)))
     return total

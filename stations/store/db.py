@@ -43,6 +43,22 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def missing_driver(url: str) -> str | None:
+    """The driver package a database URL needs and that is not installed (PostgreSQL's is the
+    optional extra ``stations[postgresql]``); None when nothing is missing or it is no URL."""
+    import importlib.util
+
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError:
+        return None  # reported as "--db is not a database URL" by the service
+    if backend == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        return "psycopg"
+    return None
+
+
 def embedded(url: str) -> bool:
     """One process owns the database (SQLite): process-local indexes of stored data are safe.
     Otherwise several ``stations serve`` processes may write it at once."""

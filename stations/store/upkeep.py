@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy import exists, func, select, update
 
 from stations.domain.streams import StreamState
 from stations.store import db
@@ -66,14 +66,6 @@ def smallest_window(tx: Tx) -> int | None:
         .scalar()
     )
     return smallest
-
-
-def expire_dead_letters(tx: Tx, stream_id: int, cutoff: int) -> int:
-    """Delete a station's DLS entries dead-lettered at or before ``cutoff``."""
-    result = db.conn_of(tx).execute(
-        delete(dls).where(dls.c.stream_id == stream_id, dls.c.dead_lettered_at <= cutoff)
-    )
-    return result.rowcount or 0
 
 
 def oldest_dead_letter(tx: Tx, stream_id: int) -> int | None:
