@@ -99,8 +99,9 @@ class SubscriptionEngine:
         service = self._service
         signer = await service.write(subs.load_signer)
         self.ctx = Context(signer, service.ids)
-        # Only PostgreSQL has other processes whose changes arrive as notifications.
-        self._shared = service.write_engine.dialect.name == "postgresql"
+        # Only a database shared by several processes (PostgreSQL) has other processes whose
+        # changes arrive as notifications.
+        self._shared = not service.db.embedded
         for row in await service.read_db(store.definitions):
             self.index.put(row["id"], row)
         service.notifier.listeners.append(self._on_fire)

@@ -2,7 +2,7 @@
 rules of retention and the next upkeep time as columns of ``streams``, indexed.
 
 Revision ID: 0006
-Revises: 0008_dls_redrive
+Revises: 0010_subscriptions
 Create Date: 2026-11-23
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0008_dls_redrive"
+down_revision = "0010_subscriptions"
 branch_labels = None
 depends_on = None
 
