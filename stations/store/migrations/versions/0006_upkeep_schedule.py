@@ -2,7 +2,7 @@
 rules of retention and the next upkeep time as columns of ``streams``, indexed.
 
 Revision ID: 0006
-Revises: 0010_subscriptions
+Revises: 0009_cursors
 Create Date: 2026-11-23
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0010_subscriptions"
+down_revision = "0009_cursors"
 branch_labels = None
 depends_on = None
 
