@@ -15,8 +15,9 @@ from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import BadOffset, decode, encode
-from stations.domain.streams import StreamState, load
+from stations.domain.streams import StreamState
 from stations.store import cursors as store
+from stations.store.streams import load
 from stations.store.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._:@-]{1,256}$")
