@@ -16,7 +16,7 @@ from sqlalchemy import exists, func, select, update
 from stations.domain.streams import StreamState
 from stations.store import db
 from stations.store.db import Tx
-from stations.store.schema import dls, id_runs, msg_ids, streams
+from stations.store.schema import dls, id_blocks, id_runs, msg_ids, streams
 
 
 def retention_due(tx: Tx, now: int) -> list[str]:
@@ -47,14 +47,24 @@ def set_rules(tx: Tx, stream_id: int, columns: dict[str, Any]) -> None:
 
 
 def ids_due(tx: Tx, now: int) -> list[StreamState]:
-    """Stations with ids that have left their window, in ``msg_ids`` or in a run: one probe of
-    each station's (stream_id, stored_at) and run keys inside one statement."""
+    """Stations with ids that have left their window, in ``msg_ids``, a block or a run: a few
+    key probes per station inside one statement."""
     s = streams.c
     cutoff = now - s.id_window_ms
     hot = exists().where(msg_ids.c.stream_id == s.id, msg_ids.c.stored_at <= cutoff)
     runs = exists().where(id_runs.c.stream_id == s.id, id_runs.c.newest <= cutoff)
+    # SQLite's recent ids, one block per commit in position order: the first one is the oldest.
+    oldest_block = (
+        select(id_blocks.c.stored_at)
+        .where(id_blocks.c.stream_id == s.id)
+        .order_by(id_blocks.c.seq0)
+        .limit(1)
+        .scalar_subquery()
+    )
     rows = db.conn_of(tx).execute(
-        select(streams).where(s.deleted.is_(False), hot | runs).order_by(s.name)
+        select(streams)
+        .where(s.deleted.is_(False), hot | runs | (oldest_block <= cutoff))
+        .order_by(s.name)
     )
     return [StreamState.from_row(r) for r in rows]
 
