@@ -8,7 +8,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stations.api import cursors, groups, stations, streams, subscriptions, transactions
-from stations.api.auth import Token, auth_middleware
+from stations.api.auth import Token, auth_middleware, needs
 from stations.api.errors import error_middleware
 from stations.api.headers import CorsPolicy, headers_middleware, host_middleware, on_prepare
 from stations.api.limits import Limits, ReaderSlots, overload_middleware
@@ -30,14 +30,17 @@ CONSOLE_CSP = (
 )
 
 
+@needs("open")
 async def healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+@needs("open")
 async def to_console(_request: web.Request) -> web.Response:
     raise web.HTTPFound("/ui/")
 
 
+@needs("open")
 async def console_index(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
@@ -54,6 +57,7 @@ async def console_headers(request: web.Request, handler):  # type: ignore[no-unt
     return response
 
 
+@needs("read")
 async def openapi(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(Path(__file__).with_name("openapi.yaml"))
 
@@ -113,7 +117,7 @@ def make_app(
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/metrics", needs("read")(metrics_handler))
     app.router.add_get("/api/openapi.yaml", openapi)
     app.router.add_get("/", to_console)
     app.router.add_get("/ui", to_console)

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from stations.api.auth import needs
 from stations.api.stations import _int_param, json_body, service, station_name
 from stations.domain import dls, messages
 from stations.domain.errors import BadRequest
@@ -37,6 +38,7 @@ def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
+@needs("consume")
 async def put_group(request: web.Request) -> web.Response:
     body = await json_body(request) if request.can_read_body else {}
     view, created = await service(request).ensure_group(
@@ -45,15 +47,18 @@ async def put_group(request: web.Request) -> web.Response:
     return web.json_response(view, status=201 if created else 200)
 
 
+@needs("consume")
 async def list_groups(request: web.Request) -> web.Response:
     return web.json_response({"groups": await service(request).groups(station_name(request))})
 
 
+@needs("admin")
 async def delete_group(request: web.Request) -> web.Response:
     await service(request).delete_group(station_name(request), _group(request))
     return web.Response(status=204)
 
 
+@needs("consume")
 async def fetch(request: web.Request) -> web.Response:
     # Every field has a default, so an empty body is a fetch with the defaults.
     raw = await json_body(request) if request.can_read_body else {}
@@ -83,12 +88,14 @@ async def _settle(request: web.Request, extra: set[str]) -> tuple[dict[str, Any]
     return body, parse_offsets(body.get("offsets"))
 
 
+@needs("consume")
 async def ack(request: web.Request) -> web.Response:
     _, seqs = await _settle(request, set())
     n, unknown = await service(request).ack(station_name(request), _group(request), seqs)
     return web.json_response({"acked": n, "unknown": unknown})
 
 
+@needs("consume")
 async def nack(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"delayMs"})
     delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
@@ -96,6 +103,7 @@ async def nack(request: web.Request) -> web.Response:
     return web.json_response({"nacked": n, "unknown": unknown})
 
 
+@needs("consume")
 async def dead_letter(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"reason"})
     reason = body.get("reason")
@@ -107,6 +115,7 @@ async def dead_letter(request: web.Request) -> web.Response:
     return web.json_response({"deadLettered": n, "unknown": unknown})
 
 
+@needs("consume")
 async def seek(request: web.Request) -> web.Response:
     target = parse_seek(await json_body(request))
     result = await service(request).seek(station_name(request), _group(request), target)
@@ -115,6 +124,7 @@ async def seek(request: web.Request) -> web.Response:
     )
 
 
+@needs("consume")
 async def list_dls(request: web.Request) -> web.Response:
     group = request.query.get("group") or None
     limit = _int_param(request, "limit", 100, 1, 1000)
@@ -129,11 +139,13 @@ async def list_dls(request: web.Request) -> web.Response:
     return web.json_response({"entries": entries, "next": nxt})
 
 
+@needs("admin")
 async def replay(request: web.Request) -> web.Response:
     n = await service(request).replay(station_name(request), await json_body(request))
     return web.json_response({"replayed": n})
 
 
+@needs("admin")
 async def drop(request: web.Request) -> web.Response:
     n = await service(request).drop(station_name(request), await json_body(request))
     return web.json_response({"dropped": n})

@@ -9,6 +9,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from stations.api import reading
+from stations.api.auth import needs, require_station
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing
@@ -136,6 +137,7 @@ def _fork_source(value: str) -> str:
     return _valid_name(unquote(path), "Stream-Forked-From")
 
 
+@needs("admin")
 async def put_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
@@ -163,6 +165,8 @@ async def put_stream(request: web.Request) -> web.Response:
                 raise BadRequest(f"{header} needs Stream-Forked-From", header)
     if fork_from is not None:
         fork_from = _fork_source(fork_from)
+        # The fork reads its source: the token must cover the source too (CONTRACT.md §5).
+        require_station(request, fork_from, "Stream-Forked-From")
         if "Stream-Fork-Offset" in h:
             token = h["Stream-Fork-Offset"]
             try:
@@ -210,6 +214,7 @@ async def put_stream(request: web.Request) -> web.Response:
 # -- append -----------------------------------------------------------------------------------
 
 
+@needs("produce")
 async def post_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
@@ -305,6 +310,7 @@ def _read_headers(response: web.StreamResponse, result: ReadResult) -> None:
         response.headers["Stream-Closed"] = "true"
 
 
+@needs("consume")
 async def get_stream(request: web.Request) -> web.StreamResponse:
     name = stream_name(request)
     live = request.query.get("live")
@@ -361,6 +367,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     return await reading.respond(request, response, result)
 
 
+@needs("consume")
 async def head_stream(request: web.Request) -> web.Response:
     state = await service(request).stream(stream_name(request))
     response = web.Response(status=200)
@@ -372,6 +379,7 @@ async def head_stream(request: web.Request) -> web.Response:
     return response
 
 
+@needs("admin")
 async def delete_stream(request: web.Request) -> web.Response:
     await service(request).delete(stream_name(request))
     return web.Response(status=204)

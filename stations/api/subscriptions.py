@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from stations.api.auth import needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle
 from stations.domain import subscriptions as subs
@@ -24,21 +25,6 @@ PREFIX = "/v1/stream/__ds"
 SUBS = PREFIX + "/subscriptions/{id}"
 JWKS = PREFIX + "/jwks.json"
 WAKE_ACTIONS = ("callback", "ack", "release")
-
-
-def route_class(method: str, path: str) -> str | None:
-    """What a control request needs of a service token; None: no service token at all (the
-    public JWKS, and the wake-token requests)."""
-    if path == JWKS:
-        return None
-    parts = path[len(PREFIX) + 1 :].split("/")
-    if len(parts) == 3 and parts[0] == "subscriptions" and parts[2] in WAKE_ACTIONS:
-        return None
-    if len(parts) == 3 and parts[2] == "claim":
-        return "consume"
-    if method in ("GET", "HEAD"):
-        return "read"
-    return "admin"  # create, delete, change membership
 
 
 def _engine(request: web.Request) -> SubscriptionEngine:
@@ -107,6 +93,7 @@ def _base_url(request: web.Request) -> str:
     return f"{request.scheme}://{request.host}"
 
 
+@needs("open")  # the public signing keys
 @_handler
 async def jwks(request: web.Request) -> web.Response:
     response = web.json_response(_engine(request).signer.jwks())
@@ -115,6 +102,7 @@ async def jwks(request: web.Request) -> web.Response:
     return response
 
 
+@needs("admin")
 @_handler
 async def put_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -134,6 +122,7 @@ async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
     return subs.view(row, links, _engine(request).signer)
 
 
+@needs("read")
 @_handler
 async def get_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -141,6 +130,7 @@ async def get_subscription(request: web.Request) -> web.Response:
     return web.json_response(await _view(request, sub_id))
 
 
+@needs("admin")
 @_handler
 async def delete_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -150,6 +140,7 @@ async def delete_subscription(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("admin")
 @_handler
 async def add_streams(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -165,6 +156,7 @@ async def add_streams(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("admin")
 @_handler
 async def remove_stream(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -175,6 +167,7 @@ async def remove_stream(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("open")  # carries its own wake token
 @_handler
 async def callback(request: web.Request) -> web.Response:
     token = _bearer(request)
@@ -184,6 +177,7 @@ async def callback(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+@needs("open")  # carries its own wake token
 @_handler
 async def ack(request: web.Request) -> web.Response:
     token = _bearer(request)
@@ -193,6 +187,7 @@ async def ack(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+@needs("open")  # carries its own wake token
 @_handler
 async def release(request: web.Request) -> web.Response:
     token = _bearer(request)
@@ -200,6 +195,7 @@ async def release(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("consume")
 @_handler
 async def claim(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -211,6 +207,7 @@ async def claim(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).run(subs.claim, sub_id, worker))
 
 
+@needs("read")
 @_handler
 async def not_found(request: web.Request) -> web.Response:
     raise subs.SubscriptionNotFound("no Durable Streams control route here", "path")
