@@ -6,8 +6,11 @@ outlives the data. Offsets before the head answer 410 Gone.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import delete, func, select
 
+from stations.domain.isolate import per_station
 from stations.domain.streams import StreamState, load
 from stations.store.schema import messages, streams
 from stations.store.writer import Batch
@@ -59,38 +62,44 @@ def enforce(batch: Batch) -> int:
     total = 0
     rows = batch.conn.execute(select(streams).where(streams.c.deleted.is_(False))).all()
     for row in rows:
-        rules = StreamState.from_row(row).config.get("retention") or {}
-        if not any(rules.get(k) is not None for k in ("maxAgeMs", "maxMessages", "maxBytes")):
-            continue
-        # Decide under the station's row lock: on PostgreSQL another process may be appending
-        # to it or enforcing the same rules right now, and counting rows it is about to delete
-        # would take them off ``msg_count`` twice.
-        state = load(batch.conn, row.name, lock=True)
-        if state is None or state.deleted:
-            continue
-        head = _new_head(batch, state)
-        if head <= state.head:
-            continue
-        # Rows wholly at or below the head go; a multi-message row the head cuts through stays
-        # until its last message goes too (reads start after the head either way).
-        dropped_bytes = batch.conn.execute(
-            select(func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
-                messages.c.stream_id == state.id, messages.c.seq <= head
-            )
-        ).scalar_one()
-        batch.conn.execute(
-            delete(messages).where(messages.c.stream_id == state.id, messages.c.seq <= head)
-        )
-        # A fork's own messages start after its fork offset; inherited ones are not counted.
-        dropped = max(0, head - max(state.head, state.fork_offset or 0))
-        batch.conn.execute(
-            streams.update()
-            .where(streams.c.id == state.id)
-            .values(
-                head=head,
-                msg_count=streams.c.msg_count - dropped,
-                byte_count=streams.c.byte_count - dropped_bytes,
-            )
-        )
-        total += dropped
+        with per_station(batch, "retention", row.name):
+            total += _enforce_one(batch, row)
     return total
+
+
+def _enforce_one(batch: Batch, row: Any) -> int:
+    """One station's retention; returns the messages it dropped."""
+    rules = StreamState.from_row(row).config.get("retention") or {}
+    if not any(rules.get(k) is not None for k in ("maxAgeMs", "maxMessages", "maxBytes")):
+        return 0
+    # Decide under the station's row lock: on PostgreSQL another process may be appending
+    # to it or enforcing the same rules right now, and counting rows it is about to delete
+    # would take them off ``msg_count`` twice.
+    state = load(batch.conn, row.name, lock=True)
+    if state is None or state.deleted:
+        return 0
+    head = _new_head(batch, state)
+    if head <= state.head:
+        return 0
+    # Rows wholly at or below the head go; a multi-message row the head cuts through stays
+    # until its last message goes too (reads start after the head either way).
+    dropped_bytes = batch.conn.execute(
+        select(func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
+            messages.c.stream_id == state.id, messages.c.seq <= head
+        )
+    ).scalar_one()
+    batch.conn.execute(
+        delete(messages).where(messages.c.stream_id == state.id, messages.c.seq <= head)
+    )
+    # A fork's own messages start after its fork offset; inherited ones are not counted.
+    dropped = max(0, head - max(state.head, state.fork_offset or 0))
+    batch.conn.execute(
+        streams.update()
+        .where(streams.c.id == state.id)
+        .values(
+            head=head,
+            msg_count=streams.c.msg_count - dropped,
+            byte_count=streams.c.byte_count - dropped_bytes,
+        )
+    )
+    return dropped

@@ -16,6 +16,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import select
 
 from stations.domain import catalog, dls, groups, lifecycle, retention
+from stations.domain.isolate import per_station
 from stations.domain.streams import StreamState
 from stations.store.schema import streams
 from stations.store.writer import Batch, now_ms
@@ -121,8 +122,9 @@ class Scheduler:
         def op(batch: Batch) -> float:
             smallest = None
             for state in _live(batch):
-                smallest = min(smallest or state.window_ms, state.window_ms)
-                ids.sweep(batch, state)
+                with per_station(batch, "id sweep", state.name):
+                    smallest = min(smallest or state.window_ms, state.window_ms)
+                    ids.sweep(batch, state)
             return (smallest or 240_000) / 4000
 
         try:
