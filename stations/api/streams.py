@@ -19,7 +19,7 @@ from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import NOW, BadOffset, decode, encode
 from stations.domain.producers import parse_headers
 from stations.domain.reads import ReadResult
-from stations.domain.station import default_config
+from stations.domain.station import default_config, validate_name
 from stations.domain.streams import StreamState, is_json_type
 
 PREFIX = "/v1/stream/"
@@ -35,7 +35,6 @@ _RFC3339 = re.compile(
     r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
 )
-MAX_NAME = 1024  # streams.name is a 1024-character column
 MAX_CONTENT_TYPE = 255  # streams.content_type is a 255-character column
 MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
 MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
@@ -52,11 +51,10 @@ def stream_name(request: web.Request) -> str:
 
 
 def _valid_name(name: str, field: str) -> str:
-    if not name or len(name) > MAX_NAME:
-        raise BadRequest(f"the stream path must be 1 to {MAX_NAME} characters", field)
-    if _NOT_TEXT.search(name):
-        raise BadRequest("the stream path must not contain control characters", field)
-    return name
+    """One set of name rules for both doors: a stream is a station, so its name follows the
+    management API's rules (no ``__ds/`` prefix, which the protocol keeps for its own routes, no
+    ``.``/``..`` or empty segments, no ``{}``)."""
+    return validate_name(name, field)
 
 
 def _content_type(value: str) -> str:
