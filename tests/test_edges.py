@@ -1,9 +1,11 @@
-"""Edges of the Durable Streams door (issue 11): the same name rules as the management API,
-and JSON nested past the depth limit is a 400 naming the limit. One SQLite server."""
+"""Edges (issue 11): the Durable Streams door has the management API's name rules, JSON nested
+past the depth limit is a 400 naming the limit, and a client that disconnects mid-upload costs
+one line at info. One SQLite server, logging at info."""
 
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -18,7 +20,7 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from module_server("sqlite", tmp_path_factory)
+    yield from module_server("sqlite", tmp_path_factory, "--log-level", "info")
 
 
 @pytest.fixture
@@ -120,3 +122,38 @@ def test_json_up_to_the_limit_is_stored(http: httpx.Client) -> None:
     read = http.get(path, params={"offset": "-1"})
     assert read.status_code == 200
     assert read.content == b"[" + b"[" * 511 + b"]" * 511 + b"]"
+
+
+# -- clients that go away mid-upload ------------------------------------------------------------
+
+
+def test_disconnect_mid_upload_is_one_info_line(srv: Server, http: httpx.Client) -> None:
+    name = f"upload-{uuid.uuid4().hex[:8]}"
+    assert http.put(f"/v1/stream/{name}", headers=JSON).status_code == 201
+    log_path = srv.workdir / f"server-{srv.port}.log"
+    start = log_path.stat().st_size
+    requests = [
+        ("POST", f"/v1/stream/{name}"),
+        ("PUT", f"/v1/stream/{name}-new"),
+        ("POST", "/api/stations"),
+        ("POST", f"/api/stations/{name}/messages"),
+    ]
+    for method, path in requests:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+            head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            head += "Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+            sock.sendall(head.encode() + b'{"messages": [1, 2, 3')
+            time.sleep(0.1)  # the server is reading the body when the client goes
+    deadline = time.monotonic() + 10
+    while True:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+        lines = [line for line in text.splitlines() if "disconnected during" in line]
+        if len(lines) == len(requests) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(lines) == len(requests), text[-3000:]
+    assert all(" INFO " in line for line in lines), lines
+    assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
+    assert http.get(f"/v1/stream/{name}", params={"offset": "-1"}).json() == []

@@ -27,7 +27,7 @@ from stations.domain import (
     transactions,
 )
 from stations.domain.budget import ByteBudget
-from stations.domain.errors import StationsError
+from stations.domain.errors import StationsError, Unavailable
 from stations.domain.groups import Delivered, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
@@ -41,6 +41,21 @@ from stations.store.writer import Writer, now_ms
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0][:200] if text else type(orig).__name__
+
+
+def _unavailable(exc: Exception) -> Exception:
+    """A database or disk failure becomes ``Unavailable`` (503 with Retry-After); anything
+    else is raised as it is."""
+    if isinstance(exc, StationsError) or not db.unavailable(exc):
+        return exc
+    logger.warning("database unavailable: %s", _first_line(exc))
+    return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
 
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
 # ones before it is answered 409 (the reference server answers 409 at once).
@@ -122,7 +137,10 @@ class Service:
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        result: T = await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+        try:
+            result: T = await self.writer.submit(lambda batch: fn(batch, *args), sort_key)
+        except Exception as exc:
+            raise _unavailable(exc) from exc
         return result
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -134,7 +152,24 @@ class Service:
             with self.read_engine.connect() as conn, conn.begin():
                 return fn(conn, *args, **kwargs)
 
-        return await asyncio.get_running_loop().run_in_executor(self._readers, run)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._readers, run)
+        except Exception as exc:
+            raise _unavailable(exc) from exc
+
+    async def ping(self, timeout: float = 2.0) -> str | None:
+        """None if the database answers within ``timeout`` seconds, else why not."""
+        loop = asyncio.get_running_loop()
+        try:
+            work = loop.run_in_executor(self._readers, db.ping, self.read_engine)
+            await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            return f"the database did not answer within {timeout:g} s"
+        except Exception as exc:
+            if not db.unavailable(exc):
+                raise
+            return _first_line(exc)
+        return None
 
     # -- streams ----------------------------------------------------------------------------
 
