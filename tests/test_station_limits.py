@@ -151,3 +151,24 @@ def test_a_failing_station_does_not_stop_the_others_upkeep(srv: Server, http: ht
     log = (srv.workdir / f"server-{srv.port}.log").read_text(errors="replace")
     assert bad in log
     assert log.count(f"retention failed for station {bad}") == 1
+
+
+def test_shrinking_the_window_forgets_older_ids_for_good(http: httpx.Client) -> None:
+    """CONTRACT.md §4: a shrink forgets the ids older than the new window; growing the window
+    again does not bring them back, whether or not the id sweep ran in between."""
+    name = uniq("shrink")
+    assert http.post("/api/stations", json={"name": name}).status_code == 201
+    path = f"/api/stations/{name}/messages"
+    first = http.post(path, json={"messages": [{"id": "x", "data": 1}]}).json()
+    assert first["results"][0]["duplicate"] is False
+    assert http.post(path, json={"messages": [{"id": "x", "data": 1}]}).json()["results"][0][
+        "duplicate"
+    ]
+    time.sleep(0.3)  # x is now older than 100 ms
+    shrink = http.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": 100})
+    grow = http.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": 120_000})
+    assert (shrink.status_code, grow.status_code) == (200, 200)
+    assert grow.json()["stats"]["idsInWindow"] == 0
+    again = http.post(path, json={"messages": [{"id": "x", "data": 2}]}).json()
+    assert again["results"][0]["duplicate"] is False  # forgotten: stored anew
+    assert http.get(f"/api/stations/{name}").json()["stats"]["messages"] == 2

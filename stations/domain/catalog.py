@@ -53,9 +53,12 @@ def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
     return result
 
 
-def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
+def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> StreamState:
     state = live_stream(batch.stream(name), name, batch.now)
+    before = state.window_ms
     state.config = config_rules.apply_patch(state.config, raw)
+    if state.window_ms < before:
+        window.forget_older(batch, state)
     batch.touch(state)
     _announce_window(batch, state.window_ms)
     return state

@@ -278,7 +278,7 @@ class Service:
         return await self.station(result.state.name), result.created
 
     async def patch_station(self, name: str, raw: Any) -> dict[str, Any]:
-        await self.write(catalog.patch_station, name, raw)
+        await self.write(catalog.patch_station, self.ids, name, raw)
         return await self.station(name)
 
     async def station(self, name: str) -> dict[str, Any]:
