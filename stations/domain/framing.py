@@ -67,8 +67,10 @@ def check_depth(value: object) -> None:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise BadRequest(TOO_DEEP, "body")
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((c, depth + 1) for c in children if isinstance(c, list | dict))  # type: ignore[union-attr]
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        stack.extend((c, depth + 1) for c in children if isinstance(c, list | dict))
 
 
 def dumps(value: object) -> bytes:
