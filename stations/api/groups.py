@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from stations.api.auth import needs
+from stations.api.auth import needs, require_station
 from stations.api.stations import _int_param, json_body, service, station_name
 from stations.domain import dls, messages
 from stations.domain.errors import BadRequest
@@ -36,6 +36,17 @@ def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
         field = sorted(unknown)[0]
         raise BadRequest(f"unknown field {field}", field)
     return body
+
+
+async def _require_forward_scope(request: web.Request, station: str) -> None:
+    """Fetch (settling expired leases), nack and dead-letter may put a message into the DLS,
+    which copies it into the station's ``dls.forwardTo``: a request that may write there needs a
+    token covering that station too (CONTRACT.md §5: every station a request touches)."""
+    token = request.get("token")
+    if token is None or not token.stations:
+        return
+    config = (await service(request).stream(station)).config
+    require_station(request, (config.get("dls") or {}).get("forwardTo"), "dls.forwardTo")
 
 
 @needs("consume")
@@ -70,6 +81,7 @@ async def fetch(request: web.Request) -> web.Response:
         raise BadRequest("consumer must be a string of 1 to 256 characters", "consumer")
     svc = service(request)
     name = station_name(request)
+    await _require_forward_scope(request, name)
     out = await svc.fetch(name, _group(request), max_count, wait_ms / 1000, consumer)
     state = await svc.stream(name) if out else None
     result = []
@@ -99,6 +111,7 @@ async def ack(request: web.Request) -> web.Response:
 async def nack(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"delayMs"})
     delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
+    await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).nack(station_name(request), _group(request), seqs, delay)
     return web.json_response({"nacked": n, "unknown": unknown})
 
@@ -109,6 +122,7 @@ async def dead_letter(request: web.Request) -> web.Response:
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise BadRequest("reason must be a string", "reason")
+    await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).dead_letter(
         station_name(request), _group(request), seqs, reason
     )
