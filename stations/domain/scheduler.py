@@ -16,7 +16,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import select
 
 from stations.domain import catalog, dls, groups, lifecycle, retention
-from stations.domain.isolate import per_station
+from stations.domain.isolate import each_station
 from stations.domain.streams import StreamState
 from stations.store.schema import streams
 from stations.store.writer import Batch, now_ms
@@ -120,12 +120,10 @@ class Scheduler:
         ids = self.service.ids
 
         def op(batch: Batch) -> float:
-            smallest = None
-            for state in _live(batch):
-                with per_station(batch, "id sweep", state.name):
-                    smallest = min(smallest or state.window_ms, state.window_ms)
-                    ids.sweep(batch, state)
-            return (smallest or 240_000) / 4000
+            live = _live(batch)
+            smallest = min((state.window_ms for state in live), default=240_000)
+            each_station(batch, "id sweep", live, lambda s: s.name, lambda s: ids.sweep(batch, s))
+            return smallest / 4000
 
         try:
             period = await self.service.write(op)
