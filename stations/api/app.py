@@ -130,7 +130,7 @@ def make_app(
     app.router.add_get("/healthz", readyz)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", needs("read")(metrics_handler))
+    app.router.add_get("/metrics", needs("read", every_station=True)(metrics_handler))
     app.router.add_get("/api/openapi.yaml", openapi)
     app.router.add_get("/", to_console)
     app.router.add_get("/ui", to_console)

@@ -100,13 +100,19 @@ _CLASS_ATTR = "_stations_route_class"
 H = TypeVar("H", bound=Callable[..., Any])
 
 
-def needs(klass: str) -> Callable[[H], H]:
-    """Mark a handler with the route class a token's role must allow."""
+_EVERY_STATION_ATTR = "_stations_every_station"
+
+
+def needs(klass: str, *, every_station: bool = False) -> Callable[[H], H]:
+    """Mark a handler with the route class a token's role must allow. ``every_station``: the
+    answer tells about every station (``/metrics``), so only a token without station patterns
+    may have it."""
     if klass not in ("admin", "produce", "consume", "read", "open"):
         raise ValueError(f"unknown route class {klass}")
 
     def mark(handler: H) -> H:
         setattr(handler, _CLASS_ATTR, klass)
+        setattr(handler, _EVERY_STATION_ATTR, every_station)
         return handler
 
     return mark
@@ -127,6 +133,13 @@ def class_of(handler: Any) -> str | None:
     """The class ``needs`` gave a handler, or None."""
     klass = getattr(handler, _CLASS_ATTR, None)
     return klass if isinstance(klass, str) else None
+
+
+def _every_station(request: web.Request) -> bool:
+    match = request.match_info
+    return match.http_exception is None and bool(
+        getattr(match.route.handler, _EVERY_STATION_ATTR, False)
+    )
 
 
 def station_of(request: web.Request) -> str | None:
@@ -172,4 +185,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return error_response(403, "forbidden", f"role {token.role} may not {needed} here")
     if not token.covers(station_of(request)):
         return error_response(403, "forbidden", "this token does not cover that station")
+    if token.stations and _every_station(request):
+        return error_response(
+            403, "forbidden", "this answer covers every station; this token covers only some"
+        )
     return await handler(request)
