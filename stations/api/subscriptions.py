@@ -2,7 +2,8 @@
 
 Routed before the stream routes, so no control path is taken for a stream. Callbacks, acks and
 releases are authorized by the wake's own bearer token (checked by the domain), not by a
-service token; the JWKS is public; everything else follows the token roles (see ``route_class``).
+service token; the JWKS is public; everything else follows the token roles (each handler's
+``needs`` class).
 """
 
 from __future__ import annotations
