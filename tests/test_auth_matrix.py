@@ -133,6 +133,11 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("admin", "DELETE", "/v1/stream/__ds/subscriptions/x1/streams/a1", None),
     ("consume", "POST", "/v1/stream/__ds/subscriptions/x1/claim", {"worker": "w"}),
     ("consume", "POST", "/api/stations/{s}/groups/g/seek", {"to": "earliest"}),
+    ("read", "GET", "/api/stations/{s}/cursors", None),
+    ("read", "GET", "/api/stations/{s}/cursors/c1", None),
+    ("consume", "PUT", "/api/stations/{s}/cursors/c1", {"offset": OFFSET0}),
+    ("admin", "DELETE", "/api/stations/{s}/cursors/gone", None),
+    ("read", "GET", "/api/stations/{s}/offsets?time=0", None),
     # A transaction is checked item by item: the role and scope of each station it names.
     ("produce", "POST", "/api/transactions", {"produce": [{"station": "{s}", "data": 1}]}),
     (
@@ -193,6 +198,7 @@ def test_every_served_route_is_in_the_matrix_and_has_a_class() -> None:
         path = re.sub(r"\{s\}[^/?]*", "{name}", path.split("?")[0])
         path = re.sub(r"/groups/[^/]+", "/groups/{group}", path)
         path = re.sub(r"/subscriptions/[^/]+", "/subscriptions/{id}", path)
+        path = re.sub(r"/cursors/[^/]+", "/cursors/{cursor}", path)
         pattern.add((method, re.sub(r"/streams/[^/]+$", "/streams/{path}", path)))
     for route in app.router.routes():
         info = route.resource.get_info() if route.resource else {}
