@@ -16,6 +16,12 @@ from typing import Any, NoReturn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
+# Upper bounds of the numeric options (README "Limits and timeouts").
+MAX_LONG_POLL_MS = 3_600_000  # 1 h
+MAX_SSE_LIFETIME_MS = 86_400_000  # 24 h
+MAX_ID_CACHE = 10_000_000  # ids per station in RAM
+MAX_RECENT_IDS = 100_000_000
+MAX_METRICS_STATIONS = 100_000
 
 
 def _fail(message: str) -> NoReturn:
@@ -211,16 +217,16 @@ def _require_driver(url: str | None) -> None:
 def serve(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
         _fail(f"--port must be between 1 and 65535 (got {args.port})")
-    if args.long_poll_timeout_ms <= 0:
-        _fail("--long-poll-timeout-ms must be positive")
-    if args.sse_lifetime_ms <= 0:
-        _fail("--sse-lifetime-ms must be positive")
-    if args.id_cache_size < 1:
-        _fail("--id-cache-size must be at least 1")
-    if args.recent_ids < 2:
-        _fail("--recent-ids must be at least 2")
-    if args.metrics_stations < 0:
-        _fail("--metrics-stations must be 0 or more")
+    if not 0 < args.long_poll_timeout_ms <= MAX_LONG_POLL_MS:
+        _fail(f"--long-poll-timeout-ms must be from 1 to {MAX_LONG_POLL_MS}")
+    if not 0 < args.sse_lifetime_ms <= MAX_SSE_LIFETIME_MS:
+        _fail(f"--sse-lifetime-ms must be from 1 to {MAX_SSE_LIFETIME_MS}")
+    if not 1 <= args.id_cache_size <= MAX_ID_CACHE:
+        _fail(f"--id-cache-size must be from 1 to {MAX_ID_CACHE}")
+    if not 2 <= args.recent_ids <= MAX_RECENT_IDS:
+        _fail(f"--recent-ids must be from 2 to {MAX_RECENT_IDS}")
+    if not 0 <= args.metrics_stations <= MAX_METRICS_STATIONS:
+        _fail(f"--metrics-stations must be from 0 to {MAX_METRICS_STATIONS}")
     for option in ("head_timeout_s", "body_timeout_s", "idle_timeout_s", "send_timeout_s"):
         if getattr(args, option) <= 0:
             _fail(f"--{option.replace('_', '-')} must be positive")

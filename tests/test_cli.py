@@ -67,6 +67,12 @@ def sqlite_url(tmp_path: Path) -> str:
         (["serve", "--id-cache-size", "0"], "--id-cache-size"),
         (["serve", "--metrics-stations", "-1"], "--metrics-stations"),
         (["serve", "--access-log", "/nonexistent/dir/access.log"], "--access-log"),
+        # Every number has an upper bound (issue 11).
+        (["serve", "--long-poll-timeout-ms", "3600001"], "--long-poll-timeout-ms"),
+        (["serve", "--sse-lifetime-ms", "86400001"], "--sse-lifetime-ms"),
+        (["serve", "--id-cache-size", "10000001"], "--id-cache-size"),
+        (["serve", "--recent-ids", "100000001"], "--recent-ids"),
+        (["serve", "--metrics-stations", "100001"], "--metrics-stations"),
         (["launch"], "launch"),
         ([], "command"),
     ],

@@ -94,7 +94,7 @@ def test_only_stations_with_something_due_are_named(store: Engine) -> None:
     # Appends past a count rule make a station due; so does a PATCH that gives it a rule.
     write(store, T0 + 1, produce("roomy", 200))
     patch = {"retention": {"maxAgeMs": 1_000}}
-    write(store, T0 + 1, lambda batch: patch_station(batch, "idle-005", patch))
+    write(store, T0 + 1, lambda batch: patch_station(batch, IdWindow(), "idle-005", patch))
     assert due(store, T0 + 1) == ["idle-005", "roomy"]
 
 

@@ -8,8 +8,8 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stations.api import cursors, groups, stations, streams, subscriptions, transactions
-from stations.api.auth import Token, auth_middleware
-from stations.api.errors import error_middleware
+from stations.api.auth import Token, auth_middleware, needs
+from stations.api.errors import RETRY_AFTER_S, error_middleware
 from stations.api.headers import CorsPolicy, headers_middleware, host_middleware, on_prepare
 from stations.api.limits import Limits, ReaderSlots, overload_middleware
 from stations.api.metrics import (
@@ -30,14 +30,28 @@ CONSOLE_CSP = (
 )
 
 
-async def healthz(_request: web.Request) -> web.Response:
+@needs("open")
+async def livez(_request: web.Request) -> web.Response:
+    """The process is up and its event loop answers."""
     return web.json_response({"status": "ok"})
 
 
+@needs("open")
+async def readyz(request: web.Request) -> web.Response:
+    """The database answers: 200, else 503 saying why (``/healthz`` is the same check)."""
+    problem = await request.app["service"].ping()
+    if problem is None:
+        return web.json_response({"status": "ok"})
+    body = {"status": "unavailable", "database": "unreachable", "error": problem}
+    return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+@needs("open")
 async def to_console(_request: web.Request) -> web.Response:
     raise web.HTTPFound("/ui/")
 
 
+@needs("open")
 async def console_index(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
@@ -54,6 +68,7 @@ async def console_headers(request: web.Request, handler):  # type: ignore[no-unt
     return response
 
 
+@needs("read")
 async def openapi(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(Path(__file__).with_name("openapi.yaml"))
 
@@ -112,8 +127,10 @@ def make_app(
     app["metrics_refresh"] = [cursors.CursorLag(service, app["metrics"].registry).refresh]
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
     app["sse_lifetime_s"] = sse_lifetime_ms / 1000
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", readyz)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", needs("read", every_station=True)(metrics_handler))
     app.router.add_get("/api/openapi.yaml", openapi)
     app.router.add_get("/", to_console)
     app.router.add_get("/ui", to_console)

@@ -5,6 +5,11 @@ but ``/healthz``, CORS preflights and the console's static files needs
 ``Authorization: Bearer <token>``: 401 without a valid token, 403 outside the token's role or
 station patterns. Tokens are compared in constant time and never logged.
 
+A token's patterns cover every station a request touches: the one its route names in the path
+(the router's match, URL-decoded, never guessed from the path's text), and the ones it names
+elsewhere, which the handlers check with ``require_station`` (a create body's ``name``, a fork's
+``Stream-Forked-From``, a ``dls.forwardTo`` target).
+
 Tokens file (JSON)::
 
     {"tokens": [{"token": "s3cret", "role": "admin"},
@@ -16,14 +21,16 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from stations.api import subscriptions
 from stations.api.errors import error_response
+from stations.domain.errors import Forbidden
 
 ROLES = ("admin", "producer", "consumer")
 
@@ -86,58 +93,84 @@ def find(tokens: list[Token], presented: str) -> Token | None:
     return match
 
 
+# The route class of each handler, set where the handler is defined (``needs``). A request is
+# classified by the route the router matched, never by the text of its path: a station may be
+# named ``b1/groups/y``, and its encoded name must not make a DLS replay look like group work.
+_CLASS_ATTR = "_stations_route_class"
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+_EVERY_STATION_ATTR = "_stations_every_station"
+
+
+def needs(klass: str, *, every_station: bool = False) -> Callable[[H], H]:
+    """Mark a handler with the route class a token's role must allow. ``every_station``: the
+    answer tells about every station (``/metrics``), so only a token without station patterns
+    may have it."""
+    if klass not in ("admin", "produce", "consume", "read", "open"):
+        raise ValueError(f"unknown route class {klass}")
+
+    def mark(handler: H) -> H:
+        setattr(handler, _CLASS_ATTR, klass)
+        setattr(handler, _EVERY_STATION_ATTR, every_station)
+        return handler
+
+    return mark
+
+
 def route_class(request: web.Request) -> str:
-    """admin, produce, consume or read: what the request does."""
-    method, path = request.method, request.path
-    if path.startswith(subscriptions.PREFIX + "/"):
-        return subscriptions.route_class(method, path) or "read"
-    if path.startswith("/v1/stream/"):
-        if method in ("GET", "HEAD"):
-            return "consume"
-        if method == "POST":
-            return "produce"
-        return "admin"  # PUT (create, fork) and DELETE
-    if path.startswith("/api/stations"):
-        tail = path[len("/api/stations") :]
-        if method == "GET":
-            if "/messages" in tail or "/groups" in tail or tail.endswith("/dls"):
-                return "consume"
-            return "read"
-        if tail.endswith("/messages") and method == "POST":
-            return "produce"
-        if "/groups/" in tail and method in ("PUT", "POST"):
-            return "consume"
-        if "/cursors/" in tail and method == "PUT":  # a reader committing its position
-            return "consume"
-        return "admin"
-    if path == "/api/transactions":
-        return "read"  # each item's station and role: stations/api/transactions.py
-    return "read"
+    """admin, produce, consume, read or open: what the matched route does.
+
+    A path no route matches answers 404/405 whoever asks: ``read``. A matched route whose
+    handler carries no class is admin work, so a route added without thought is closed."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return "read"
+    return class_of(match.route.handler) or "admin"
+
+
+def class_of(handler: Any) -> str | None:
+    """The class ``needs`` gave a handler, or None."""
+    klass = getattr(handler, _CLASS_ATTR, None)
+    return klass if isinstance(klass, str) else None
+
+
+def _every_station(request: web.Request) -> bool:
+    match = request.match_info
+    return match.http_exception is None and bool(
+        getattr(match.route.handler, _EVERY_STATION_ATTR, False)
+    )
 
 
 def station_of(request: web.Request) -> str | None:
-    info = request.match_info
-    return info.get("name") if request.path.startswith(("/api/stations/", "/v1/stream/")) else None
+    """The station the matched route names in its path (already URL-decoded by the router)."""
+    return request.match_info.get("name")
 
 
-OPEN_PATHS = ("/healthz",)
+def require_station(request: web.Request, name: object, field: str | None) -> None:
+    """403 unless the request's token covers ``name``: for stations a request names outside
+    its path (a create body, a fork source, a ``dls.forwardTo`` target). Anything that is not
+    a string is left to the validation that follows (a 400)."""
+    token: Token | None = request.get("token")
+    if token is not None and isinstance(name, str) and not token.covers(name):
+        raise Forbidden(f"this token does not cover station {name[:200]!r}", field)
+
+
+def _is_open(request: web.Request) -> bool:
+    """Health probes and the console's own files (it is what asks for a token)."""
+    match = request.match_info
+    if match.http_exception is None and route_class(request) == "open":
+        return True
+    resource = match.route.resource
+    return resource is not None and (
+        resource.canonical == "/ui" or resource.canonical.startswith("/ui/")
+    )
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     tokens: list[Token] | None = request.app.get("tokens")
-    if (
-        not tokens
-        or request.method == "OPTIONS"
-        or request.path in OPEN_PATHS
-        or request.path == "/"
-        or request.path.startswith("/ui")
-        # the JWKS is public; wake callbacks, acks and releases carry their own token
-        or (
-            request.path.startswith(subscriptions.PREFIX + "/")
-            and subscriptions.route_class(request.method, request.path) is None
-        )
-    ):
+    if not tokens or request.method == "OPTIONS" or _is_open(request):
         return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
@@ -152,4 +185,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return error_response(403, "forbidden", f"role {token.role} may not {needed} here")
     if not token.covers(station_of(request)):
         return error_response(403, "forbidden", "this token does not cover that station")
+    if token.stations and _every_station(request):
+        return error_response(
+            403, "forbidden", "this answer covers every station; this token covers only some"
+        )
     return await handler(request)

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
+from stations.api.auth import needs
 from stations.api.stations import json_body, station_name
 from stations.domain import cursors
 from stations.domain.errors import BadRequest
@@ -26,6 +27,7 @@ def _cursor(request: web.Request) -> str:
     return cursors.validate_name(request.match_info["cursor"])
 
 
+@needs("read")
 async def list_cursors(request: web.Request) -> web.Response:
     found: list[dict[str, Any]] = await _service(request).read_db(
         cursors.views, station_name(request), now_ms()
@@ -33,6 +35,7 @@ async def list_cursors(request: web.Request) -> web.Response:
     return web.json_response({"cursors": found})
 
 
+@needs("read")
 async def get_cursor(request: web.Request) -> web.Response:
     found: dict[str, Any] = await _service(request).read_db(
         cursors.one, station_name(request), _cursor(request), now_ms()
@@ -40,6 +43,7 @@ async def get_cursor(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
+@needs("consume")
 async def put_cursor(request: web.Request) -> web.Response:
     body = await json_body(request)
     view: dict[str, Any] = await _service(request).write(
@@ -63,6 +67,7 @@ def _time_ms(raw: str | None) -> int:
     return int(when.timestamp() * 1000)
 
 
+@needs("read")
 async def offset_at_time(request: web.Request) -> web.Response:
     """The offset of the first message stored at or after ``time``: readers start there to
     read by time (Spark pushes ``timestamp`` filters down through it)."""
@@ -72,6 +77,7 @@ async def offset_at_time(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
+@needs("admin")
 async def delete_cursor(request: web.Request) -> web.Response:
     await _service(request).write(cursors.remove, station_name(request), _cursor(request))
     return web.Response(status=204)

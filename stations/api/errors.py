@@ -20,7 +20,9 @@ STATUS = {
     errors.Conflict: 409,
     errors.Gone: 410,
     errors.TooLarge: 413,
+    errors.Unavailable: 503,
 }
+RETRY_AFTER_S = 1  # what a 503 asks a client to wait before retrying
 
 
 def error_response(status: int, code: str, message: str, field: str | None = None) -> web.Response:
@@ -39,6 +41,8 @@ def from_domain(exc: errors.StationsError) -> web.Response:
         response.headers["Producer-Received-Seq"] = str(exc.extra["received"])
     elif isinstance(exc, errors.Forbidden) and "epoch" in exc.extra:
         response.headers["Producer-Epoch"] = str(exc.extra["epoch"])
+    elif isinstance(exc, errors.Unavailable):
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 
@@ -66,3 +70,13 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
                 field = "body"
             return error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason, field)
         raise
+    except ConnectionResetError:
+        # The client went away (mid-upload, say): nothing to answer and nothing wrong here.
+        logger.info(
+            "client %s disconnected during %s %s", request.remote, request.method, request.path
+        )
+        return error_response(400, "disconnected", "the client closed the connection")
+    except Exception:
+        # A bug: logged with its traceback, answered in the same JSON shape as every error.
+        logger.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal server error")

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from stations.api.auth import needs, require_station
 from stations.api.stations import _int_param, json_body, service, station_name
 from stations.domain import dls, messages
 from stations.domain.errors import BadRequest
@@ -37,6 +38,18 @@ def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
+async def _require_forward_scope(request: web.Request, station: str) -> None:
+    """Fetch (settling expired leases), nack and dead-letter may put a message into the DLS,
+    which copies it into the station's ``dls.forwardTo``: a request that may write there needs a
+    token covering that station too (CONTRACT.md §5: every station a request touches)."""
+    token = request.get("token")
+    if token is None or not token.stations:
+        return
+    config = (await service(request).stream(station)).config
+    require_station(request, (config.get("dls") or {}).get("forwardTo"), "dls.forwardTo")
+
+
+@needs("consume")
 async def put_group(request: web.Request) -> web.Response:
     body = await json_body(request) if request.can_read_body else {}
     view, created = await service(request).ensure_group(
@@ -45,15 +58,18 @@ async def put_group(request: web.Request) -> web.Response:
     return web.json_response(view, status=201 if created else 200)
 
 
+@needs("consume")
 async def list_groups(request: web.Request) -> web.Response:
     return web.json_response({"groups": await service(request).groups(station_name(request))})
 
 
+@needs("admin")
 async def delete_group(request: web.Request) -> web.Response:
     await service(request).delete_group(station_name(request), _group(request))
     return web.Response(status=204)
 
 
+@needs("consume")
 async def fetch(request: web.Request) -> web.Response:
     # Every field has a default, so an empty body is a fetch with the defaults.
     raw = await json_body(request) if request.can_read_body else {}
@@ -65,6 +81,7 @@ async def fetch(request: web.Request) -> web.Response:
         raise BadRequest("consumer must be a string of 1 to 256 characters", "consumer")
     svc = service(request)
     name = station_name(request)
+    await _require_forward_scope(request, name)
     out = await svc.fetch(name, _group(request), max_count, wait_ms / 1000, consumer)
     state = await svc.stream(name) if out else None
     result = []
@@ -83,30 +100,36 @@ async def _settle(request: web.Request, extra: set[str]) -> tuple[dict[str, Any]
     return body, parse_offsets(body.get("offsets"))
 
 
+@needs("consume")
 async def ack(request: web.Request) -> web.Response:
     _, seqs = await _settle(request, set())
     n, unknown = await service(request).ack(station_name(request), _group(request), seqs)
     return web.json_response({"acked": n, "unknown": unknown})
 
 
+@needs("consume")
 async def nack(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"delayMs"})
     delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
+    await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).nack(station_name(request), _group(request), seqs, delay)
     return web.json_response({"nacked": n, "unknown": unknown})
 
 
+@needs("consume")
 async def dead_letter(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"reason"})
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise BadRequest("reason must be a string", "reason")
+    await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).dead_letter(
         station_name(request), _group(request), seqs, reason
     )
     return web.json_response({"deadLettered": n, "unknown": unknown})
 
 
+@needs("consume")
 async def seek(request: web.Request) -> web.Response:
     target = parse_seek(await json_body(request))
     result = await service(request).seek(station_name(request), _group(request), target)
@@ -115,6 +138,7 @@ async def seek(request: web.Request) -> web.Response:
     )
 
 
+@needs("consume")
 async def list_dls(request: web.Request) -> web.Response:
     group = request.query.get("group") or None
     limit = _int_param(request, "limit", 100, 1, 1000)
@@ -129,11 +153,13 @@ async def list_dls(request: web.Request) -> web.Response:
     return web.json_response({"entries": entries, "next": nxt})
 
 
+@needs("admin")
 async def replay(request: web.Request) -> web.Response:
     n = await service(request).replay(station_name(request), await json_body(request))
     return web.json_response({"replayed": n})
 
 
+@needs("admin")
 async def drop(request: web.Request) -> web.Response:
     n = await service(request).drop(station_name(request), await json_body(request))
     return web.json_response({"dropped": n})

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from stations.api.auth import needs, require_station
 from stations.domain import messages
 from stations.domain.errors import BadRequest
 from stations.domain.offsets import BadOffset, decode, encode
@@ -49,6 +50,7 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
     return int(raw)
 
 
+@needs("read")
 async def list_stations(request: web.Request) -> web.Response:
     views = await service(request).stations()
     token = request.get("token")
@@ -57,25 +59,44 @@ async def list_stations(request: web.Request) -> web.Response:
     return web.json_response({"stations": views})
 
 
+def _require_named_stations(request: web.Request, body: Any) -> None:
+    """The stations a create or PATCH body names besides the path's: its ``name`` and its
+    ``dls.forwardTo`` target, which dead letters are written into (CONTRACT.md §5)."""
+    if not isinstance(body, dict):
+        return
+    require_station(request, body.get("name"), "name")
+    dls = body.get("dls")
+    if isinstance(dls, dict):
+        require_station(request, dls.get("forwardTo"), "dls.forwardTo")
+
+
+@needs("admin")
 async def create_station(request: web.Request) -> web.Response:
-    view, created = await service(request).create_station(await json_body(request))
+    body = await json_body(request)
+    _require_named_stations(request, body)
+    view, created = await service(request).create_station(body)
     return web.json_response(view, status=201 if created else 200)
 
 
+@needs("read")
 async def get_station(request: web.Request) -> web.Response:
     return web.json_response(await service(request).station(station_name(request)))
 
 
+@needs("admin")
 async def patch_station(request: web.Request) -> web.Response:
     body = await json_body(request)
+    _require_named_stations(request, body)
     return web.json_response(await service(request).patch_station(station_name(request), body))
 
 
+@needs("admin")
 async def delete_station(request: web.Request) -> web.Response:
     await service(request).delete(station_name(request))
     return web.Response(status=204)
 
 
+@needs("produce")
 async def produce(request: web.Request) -> web.Response:
     body = await json_body(request)
     result, _state = await service(request).produce(station_name(request), body)
@@ -90,6 +111,7 @@ async def produce(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 
+@needs("consume")
 async def browse(request: web.Request) -> web.Response:
     tokens = request.query.getall("offset", ["-1"])
     token = tokens[0]
@@ -113,6 +135,7 @@ async def browse(request: web.Request) -> web.Response:
     )
 
 
+@needs("read")
 async def not_found(request: web.Request) -> web.Response:
     raise web.HTTPNotFound()
 

@@ -9,6 +9,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from stations.api import reading
+from stations.api.auth import needs, require_station
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing
@@ -18,7 +19,7 @@ from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import NOW, BadOffset, decode, encode
 from stations.domain.producers import parse_headers
 from stations.domain.reads import ReadResult
-from stations.domain.station import default_config
+from stations.domain.station import default_config, validate_name
 from stations.domain.streams import StreamState, is_json_type
 
 PREFIX = "/v1/stream/"
@@ -34,7 +35,6 @@ _RFC3339 = re.compile(
     r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
 )
-MAX_NAME = 1024  # streams.name is a 1024-character column
 MAX_CONTENT_TYPE = 255  # streams.content_type is a 255-character column
 MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
 MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
@@ -51,11 +51,10 @@ def stream_name(request: web.Request) -> str:
 
 
 def _valid_name(name: str, field: str) -> str:
-    if not name or len(name) > MAX_NAME:
-        raise BadRequest(f"the stream path must be 1 to {MAX_NAME} characters", field)
-    if _NOT_TEXT.search(name):
-        raise BadRequest("the stream path must not contain control characters", field)
-    return name
+    """One set of name rules for both doors: a stream is a station, so its name follows the
+    management API's rules (no ``__ds/`` prefix, which the protocol keeps for its own routes, no
+    ``.``/``..`` or empty segments, no ``{}``)."""
+    return validate_name(name, field)
 
 
 def _content_type(value: str) -> str:
@@ -136,6 +135,7 @@ def _fork_source(value: str) -> str:
     return _valid_name(unquote(path), "Stream-Forked-From")
 
 
+@needs("admin")
 async def put_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
@@ -163,6 +163,8 @@ async def put_stream(request: web.Request) -> web.Response:
                 raise BadRequest(f"{header} needs Stream-Forked-From", header)
     if fork_from is not None:
         fork_from = _fork_source(fork_from)
+        # The fork reads its source: the token must cover the source too (CONTRACT.md §5).
+        require_station(request, fork_from, "Stream-Forked-From")
         if "Stream-Fork-Offset" in h:
             token = h["Stream-Fork-Offset"]
             try:
@@ -210,6 +212,7 @@ async def put_stream(request: web.Request) -> web.Response:
 # -- append -----------------------------------------------------------------------------------
 
 
+@needs("produce")
 async def post_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
@@ -305,6 +308,7 @@ def _read_headers(response: web.StreamResponse, result: ReadResult) -> None:
         response.headers["Stream-Closed"] = "true"
 
 
+@needs("consume")
 async def get_stream(request: web.Request) -> web.StreamResponse:
     name = stream_name(request)
     live = request.query.get("live")
@@ -361,6 +365,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     return await reading.respond(request, response, result)
 
 
+@needs("consume")
 async def head_stream(request: web.Request) -> web.Response:
     state = await service(request).stream(stream_name(request))
     response = web.Response(status=200)
@@ -372,6 +377,7 @@ async def head_stream(request: web.Request) -> web.Response:
     return response
 
 
+@needs("admin")
 async def delete_stream(request: web.Request) -> web.Response:
     await service(request).delete(stream_name(request))
     return web.Response(status=204)

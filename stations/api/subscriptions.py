@@ -2,7 +2,8 @@
 
 Routed before the stream routes, so no control path is taken for a stream. Callbacks, acks and
 releases are authorized by the wake's own bearer token (checked by the domain), not by a
-service token; the JWKS is public; everything else follows the token roles (see ``route_class``).
+service token; the JWKS is public; everything else follows the token roles (each handler's
+``needs`` class).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from stations.api.auth import needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle
 from stations.domain import subscriptions as subs
@@ -24,21 +26,6 @@ PREFIX = "/v1/stream/__ds"
 SUBS = PREFIX + "/subscriptions/{id}"
 JWKS = PREFIX + "/jwks.json"
 WAKE_ACTIONS = ("callback", "ack", "release")
-
-
-def route_class(method: str, path: str) -> str | None:
-    """What a control request needs of a service token; None: no service token at all (the
-    public JWKS, and the wake-token requests)."""
-    if path == JWKS:
-        return None
-    parts = path[len(PREFIX) + 1 :].split("/")
-    if len(parts) == 3 and parts[0] == "subscriptions" and parts[2] in WAKE_ACTIONS:
-        return None
-    if len(parts) == 3 and parts[2] == "claim":
-        return "consume"
-    if method in ("GET", "HEAD"):
-        return "read"
-    return "admin"  # create, delete, change membership
 
 
 def _engine(request: web.Request) -> SubscriptionEngine:
@@ -107,6 +94,7 @@ def _base_url(request: web.Request) -> str:
     return f"{request.scheme}://{request.host}"
 
 
+@needs("open")  # the public signing keys
 @_handler
 async def jwks(request: web.Request) -> web.Response:
     response = web.json_response(_engine(request).signer.jwks())
@@ -115,6 +103,7 @@ async def jwks(request: web.Request) -> web.Response:
     return response
 
 
+@needs("admin")
 @_handler
 async def put_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -134,6 +123,7 @@ async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
     return subs.view(row, links, _engine(request).signer)
 
 
+@needs("read")
 @_handler
 async def get_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -141,6 +131,7 @@ async def get_subscription(request: web.Request) -> web.Response:
     return web.json_response(await _view(request, sub_id))
 
 
+@needs("admin")
 @_handler
 async def delete_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -150,6 +141,7 @@ async def delete_subscription(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("admin")
 @_handler
 async def add_streams(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -165,6 +157,7 @@ async def add_streams(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("admin")
 @_handler
 async def remove_stream(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -175,6 +168,7 @@ async def remove_stream(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("open")  # carries its own wake token
 @_handler
 async def callback(request: web.Request) -> web.Response:
     token = _bearer(request)
@@ -184,6 +178,7 @@ async def callback(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+@needs("open")  # carries its own wake token
 @_handler
 async def ack(request: web.Request) -> web.Response:
     token = _bearer(request)
@@ -193,6 +188,7 @@ async def ack(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+@needs("open")  # carries its own wake token
 @_handler
 async def release(request: web.Request) -> web.Response:
     token = _bearer(request)
@@ -200,6 +196,7 @@ async def release(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@needs("consume")
 @_handler
 async def claim(request: web.Request) -> web.Response:
     sub_id = _id(request)
@@ -211,6 +208,7 @@ async def claim(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).run(subs.claim, sub_id, worker))
 
 
+@needs("read")
 @_handler
 async def not_found(request: web.Request) -> web.Response:
     raise subs.SubscriptionNotFound("no Durable Streams control route here", "path")

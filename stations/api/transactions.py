@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from stations.api.auth import ALLOWED, Token
+from stations.api.auth import ALLOWED, Token, needs
 from stations.api.stations import json_body, service
 from stations.domain import transactions
 from stations.domain.errors import Forbidden
@@ -45,6 +45,8 @@ async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
             )
 
 
+# Any valid token may ask; each item is checked by ``_authorize``.
+@needs("read")
 async def transact(request: web.Request) -> web.Response:
     req = transactions.parse(await json_body(request))
     await _authorize(request, req)

@@ -53,9 +53,12 @@ def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
     return result
 
 
-def patch_station(batch: Batch, name: str, raw: Any) -> StreamState:
+def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> StreamState:
     state = live_stream(batch.stream(name), name, batch.now)
+    before = state.window_ms
     state.config = config_rules.apply_patch(state.config, raw)
+    if state.window_ms < before:
+        window.forget_older(batch, state)
     batch.touch(state)
     upkeep.set_rules(batch.conn, state.id, upkeep_columns(state.config, batch.now))
     _announce_window(batch, state.window_ms)
@@ -73,7 +76,7 @@ def views(tx: Tx, now: int, name: str | None = None) -> list[dict[str, Any]]:
     ids = [s.id for s in states]
     in_window: dict[int, int] = {}
     for state in states:
-        in_window[state.id] = idwindow.count(tx, state, now)  # type: ignore[arg-type]
+        in_window[state.id] = idwindow.count(tx, state, now)
     extra: dict[int, dict[str, int]] = {}
     for provider in stats_providers:
         for sid, values in provider(tx, ids).items():

@@ -35,3 +35,9 @@ class Forbidden(StationsError):
 
 class TooLarge(StationsError):
     code = "too_large"
+
+
+class Unavailable(StationsError):
+    """The database or the disk failed: nothing was decided, the client may retry."""
+
+    code = "unavailable"

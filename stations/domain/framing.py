@@ -17,6 +17,10 @@ from stations.domain.errors import BadRequest
 # which bytes.translate and a substring search find far faster than a regular expression.
 _DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for b in range(256))
 _TWENTY_DIGITS = b"0" * 20
+# How deep arrays and objects may nest in a JSON body. Deeper bodies are refused with a 400
+# naming this limit; without one, Python's recursion limit would decide, as a 500.
+MAX_DEPTH = 512
+TOO_DEEP = f"the body is not valid JSON: nested deeper than {MAX_DEPTH} levels"
 
 
 def _reject_constant(name: str) -> object:
@@ -52,7 +56,21 @@ def _loads(body: bytes) -> object:
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}", "body") from None
     except RecursionError:
-        raise BadRequest("the body is not valid JSON: nested too deeply", "body") from None
+        raise BadRequest(TOO_DEEP, "body") from None
+
+
+def check_depth(value: object) -> None:
+    """400 if ``value`` nests arrays and objects deeper than ``MAX_DEPTH`` (iterative: a deep
+    value must not exhaust the stack here either)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadRequest(TOO_DEEP, "body")
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        stack.extend((c, depth + 1) for c in children if isinstance(c, list | dict))
 
 
 def dumps(value: object) -> bytes:
@@ -81,8 +99,15 @@ def split_json(body: bytes, *, allow_empty: bool) -> list[bytes]:
         try:
             return list(map(orjson.dumps, value))  # the fast path: every value is plain JSON
         except TypeError:
+            # orjson refuses values nested deeper than 255 levels (among others): the standard
+            # library writes those, once the depth is known to be within the limit.
+            check_depth(value)
             return [dumps(v) for v in value]
-    return [dumps(value)]
+    try:
+        return [orjson.dumps(value)]
+    except TypeError:
+        check_depth(value)
+        return [dumps(value)]
 
 
 def join_json(items: list[bytes]) -> bytes:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stations.store import idtable
+from stations.store import idruns, idtable
 from stations.store.idruns import IdRuns
 
 if TYPE_CHECKING:
@@ -123,6 +123,22 @@ class IdWindow:
         self._caches.pop(stream_id, None)
         if self.runs is not None:
             self.runs.forget_station(stream_id)
+
+    def forget_older(self, batch: Batch, state: StreamState) -> None:
+        """The station's window just shrank to ``state.window_ms``: forget, for good, the ids it
+        no longer covers (CONTRACT.md §4), so that growing the window again later does not bring
+        them back. Done in the PATCH's own transaction, whatever the sweep has reached."""
+        cutoff = batch.now - state.window_ms
+        self._caches.pop(state.id, None)  # cached ids would answer by the grown window
+        if self.runs is None:
+            while idtable.sweep(batch.conn, state.id, cutoff, SWEEP_CHUNK) >= SWEEP_CHUNK:
+                pass
+            return
+        # Blocks are one commit each: the sweep drops exactly those stored at or before the
+        # cutoff (and their ids from RAM after the commit); runs that straddle it keep
+        # younger ids, so their older entries go one by one.
+        self.runs.sweep(batch, state)
+        idruns.forget_before(batch.conn, state.id, cutoff)
 
     def sweep(self, batch: Batch, state: StreamState) -> int:
         """Delete (a chunk of) the expired ids of a station; returns how many went."""

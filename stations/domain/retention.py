@@ -11,6 +11,7 @@ retained message or the oldest DLS entry leaves its rule. An idle station costs 
 
 from __future__ import annotations
 
+from stations.domain.isolate import per_station
 from stations.domain.streams import StreamState
 from stations.store import dls as dead_letters
 from stations.store import messages, upkeep
@@ -65,22 +66,30 @@ def enforce(batch: Batch) -> int:
     batch.forget()
     total = 0
     for name in upkeep.retention_due(batch.conn, batch.now):
-        # Decide under the station's row lock: on PostgreSQL another process may be appending
-        # to it or enforcing the same rules right now, and counting rows it is about to delete
-        # would take them off ``msg_count`` twice.
-        state = rows.load(batch.conn, name, lock=True)
-        if state is None or state.deleted:
-            continue
-        head = _new_head(batch, state)
-        if head > state.head:
-            # Rows wholly at or below the head go; a multi-message row the head cuts through
-            # stays until its last message goes too (reads start after the head either way).
-            # A fork's own messages start after its fork offset; inherited ones are not counted.
-            dropped = max(0, head - max(state.head, state.fork_offset or 0))
-            messages.drop_through(batch.conn, state.id, head, dropped)
-            total += dropped
-        keep = (state.config.get("dls") or {}).get("retentionMs")
-        if keep is not None:
-            dead_letters.expire(batch.conn, state.id, batch.now - keep)
-        upkeep.set_upkeep_at(batch.conn, state.id, _next_look(batch, state, max(head, state.head)))
+        # One station's failure (a bad stored setting, an error on its rows) stays its own.
+        with per_station(batch, "retention", name):
+            total += _enforce_one(batch, name)
     return total
+
+
+def _enforce_one(batch: Batch, name: str) -> int:
+    """One due station's retention and DLS expiry; returns the messages it dropped."""
+    # Decide under the station's row lock: on PostgreSQL another process may be appending to it
+    # or enforcing the same rules right now, and counting rows it is about to delete would take
+    # them off ``msg_count`` twice.
+    state = rows.load(batch.conn, name, lock=True)
+    if state is None or state.deleted:
+        return 0
+    dropped = 0
+    head = _new_head(batch, state)
+    if head > state.head:
+        # Rows wholly at or below the head go; a multi-message row the head cuts through stays
+        # until its last message goes too (reads start after the head either way). A fork's own
+        # messages start after its fork offset; inherited ones are not counted.
+        dropped = max(0, head - max(state.head, state.fork_offset or 0))
+        messages.drop_through(batch.conn, state.id, head, dropped)
+    keep = (state.config.get("dls") or {}).get("retentionMs")
+    if keep is not None:
+        dead_letters.expire(batch.conn, state.id, batch.now - keep)
+    upkeep.set_upkeep_at(batch.conn, state.id, _next_look(batch, state, max(head, state.head)))
+    return dropped

@@ -19,6 +19,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from stations.domain import catalog, groups, lifecycle, retention
 from stations.domain.idwindow import IdWindow
+from stations.domain.isolate import each_station
 from stations.store import upkeep
 from stations.store.writer import Batch, now_ms
 
@@ -130,9 +131,10 @@ class Scheduler:
         ids = self.service.ids
 
         def op(batch: Batch) -> float:
-            # Only stations holding ids that left their window: idle ones cost nothing.
-            for state in upkeep.ids_due(batch.conn, batch.now):
-                ids.sweep(batch, state)
+            # Only stations holding ids that left their window: idle ones cost nothing. One
+            # station's failure stays its own.
+            due = upkeep.ids_due(batch.conn, batch.now)
+            each_station(batch, "id sweep", due, lambda s: s.name, lambda s: ids.sweep(batch, s))
             return (upkeep.smallest_window(batch.conn) or 240_000) / 4000
 
         try:

@@ -25,7 +25,7 @@ from stations.domain import (
     transactions,
 )
 from stations.domain.budget import ByteBudget
-from stations.domain.errors import StationsError
+from stations.domain.errors import StationsError, Unavailable
 from stations.domain.groups import Delivered, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
@@ -41,6 +41,21 @@ from stations.store.writer import now_ms
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0][:200] if text else type(orig).__name__
+
+
+def _unavailable(exc: Exception) -> Exception:
+    """A database or disk failure becomes ``Unavailable`` (503 with Retry-After); anything
+    else is raised as it is."""
+    if isinstance(exc, StationsError) or not Database.unavailable(exc):
+        return exc
+    logger.warning("database unavailable: %s", _first_line(exc))
+    return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
 
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
 # ones before it is answered 409 (the reference server answers 409 at once).
@@ -106,7 +121,10 @@ class Service:
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        return await self.db.write(lambda batch: fn(batch, *args), sort_key)
+        try:
+            return await self.db.write(lambda batch: fn(batch, *args), sort_key)
+        except Exception as exc:
+            raise _unavailable(exc) from exc
 
     async def refresh_statistics(self) -> None:
         await self.db.refresh_statistics()
@@ -114,7 +132,22 @@ class Service:
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""
         self.read_transactions += 1
-        return await self.db.read(fn, *args, **kwargs)
+        try:
+            return await self.db.read(fn, *args, **kwargs)
+        except Exception as exc:
+            raise _unavailable(exc) from exc
+
+    async def ping(self, timeout: float = 2.0) -> str | None:
+        """None if the database answers within ``timeout`` seconds, else why not."""
+        try:
+            await asyncio.wait_for(self.db.ping(), timeout)
+        except TimeoutError:
+            return f"the database did not answer within {timeout:g} s"
+        except Exception as exc:
+            if not self.db.unavailable(exc):
+                raise
+            return _first_line(exc)
+        return None
 
     # -- streams ----------------------------------------------------------------------------
 
@@ -223,7 +256,7 @@ class Service:
         return await self.station(result.state.name), result.created
 
     async def patch_station(self, name: str, raw: Any) -> dict[str, Any]:
-        await self.write(catalog.patch_station, name, raw)
+        await self.write(catalog.patch_station, self.ids, name, raw)
         return await self.station(name)
 
     async def station(self, name: str) -> dict[str, Any]:

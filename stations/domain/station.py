@@ -18,6 +18,11 @@ MAX_WINDOW_MS = 86_400_000
 MIN_ACK_MS = 100
 MAX_ACK_MS = 43_200_000
 MAX_DELIVERIES = 1000
+# Upper bounds of the other numbers: an age or a DLS retention up to 100 years (365-day years),
+# counts and sizes up to 2^53 - 1 (the largest integer every JSON client reads exactly). Larger
+# values would overflow the database's 64-bit arithmetic on ``now - age``.
+MAX_AGE_MS = 100 * 365 * 86_400_000  # 3153600000000
+MAX_COUNT = 2**53 - 1  # 9007199254740991
 MAX_NAME = 512
 
 # Printable ASCII without spaces or URL-structural characters that would make a path ambiguous;
@@ -68,15 +73,19 @@ def validate_content_type(value: Any, field: str = "contentType") -> str:
     return value
 
 
-def _int_in(value: Any, field: str, lo: int, hi: int | None, nullable: bool = False) -> int | None:
+def _int_in(value: Any, field: str, lo: int, hi: int, nullable: bool = False) -> int | None:
     if value is None and nullable:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an integer or null" if nullable else "an integer"
         raise BadRequest(f"{field} must be {kind}", field)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise BadRequest(f"{field} must be {bound} (got {value})", field)
+    if not lo <= value <= hi:
+        shown = (
+            str(value)
+            if len(str(value)) <= 40
+            else f"{str(value)[:20]}... ({len(str(value))} digits)"
+        )
+        raise BadRequest(f"{field} must be between {lo} and {hi} (got {shown})", field)
     return value
 
 
@@ -104,7 +113,8 @@ def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> 
         section = _section(raw, "retention")
         for key in ("maxAgeMs", "maxMessages", "maxBytes"):
             if key in section:
-                out["retention"][key] = _int_in(section[key], f"retention.{key}", 1, None, True)
+                hi = MAX_AGE_MS if key == "maxAgeMs" else MAX_COUNT
+                out["retention"][key] = _int_in(section[key], f"retention.{key}", 1, hi, True)
     if "dls" in raw:
         section = _section(raw, "dls")
         if "poison" in section:
@@ -124,7 +134,7 @@ def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> 
             out["dls"]["forwardTo"] = target
         if "retentionMs" in section:
             out["dls"]["retentionMs"] = _int_in(
-                section["retentionMs"], "dls.retentionMs", 1, None, True
+                section["retentionMs"], "dls.retentionMs", 1, MAX_AGE_MS, True
             )
         if "redrive" in section:
             policy = parse_redrive(section["redrive"])

@@ -87,6 +87,15 @@ class Database:
             self._readers, db.analyze_grown, self.read_engine
         )
 
+    async def ping(self) -> None:
+        """Raise unless the database answers a trivial query."""
+        await asyncio.get_running_loop().run_in_executor(self._readers, db.ping, self.read_engine)
+
+    @staticmethod
+    def unavailable(exc: BaseException) -> bool:
+        """Whether ``exc`` means the database (or its disk) failed: see ``db.unavailable``."""
+        return db.unavailable(exc)
+
     def read_sync(self, fn: Callable[[Tx], T]) -> T:
         """For tests and tools: run ``fn`` on a read connection, blocking."""
         with self.read_engine.connect() as conn:

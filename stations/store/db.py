@@ -7,6 +7,7 @@ never for the dialect's name.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Protocol, cast
@@ -246,3 +247,45 @@ def insert_many_sql(conn: Connection, table: Table) -> str | None:
     casts = ", ".join(f"%s::{c.type.compile(dialect=conn.dialect)}[]" for c in table.columns)
     columns = ", ".join(c.name for c in table.columns)
     return f"INSERT INTO {table.name} ({columns}) SELECT * FROM unnest({casts})"
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT}
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database (or the disk under it) failed, so that the request
+    was not decided and may be retried, rather than a bug or bad input. Statements run through
+    SQLAlchemy raise its wrappers; the hot path's driver-level statements raise the driver's own."""
+    import sqlite3
+
+    from sqlalchemy import exc as sa
+
+    if isinstance(exc, sa.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, sa.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    failed = (
+        sa.OperationalError,
+        sa.InterfaceError,
+        sa.DisconnectionError,
+        sa.TimeoutError,  # no pooled connection came free in time
+        sqlite3.OperationalError,  # disk full, I/O error, locked, read-only, cannot open
+        sqlite3.InterfaceError,
+    )
+    if isinstance(exc, failed):
+        return True
+    try:
+        import psycopg  # the optional PostgreSQL driver
+    except ImportError:
+        pass
+    else:
+        # server gone, shut down or refusing connections; connection closed
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return True
+    return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+
+
+def ping(engine: Engine) -> None:
+    """Raise unless the database answers a trivial query."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")

@@ -466,6 +466,16 @@ class IdRuns:
                 self._filter_bytes -= sum(e.nbytes for e in station.epochs)
 
 
+def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
+    """Delete the station's run entries stored at or before ``cutoff``: a shrunk window
+    forgets them for good (``IdWindow.forget_older``)."""
+    conn.execute(
+        delete(id_run_entries).where(
+            id_run_entries.c.stream_id == stream_id, id_run_entries.c.stored_at <= cutoff
+        )
+    )
+
+
 def purge(conn: Connection, stream_id: int) -> None:
     for table in (id_blocks, id_run_entries, id_runs):
         conn.execute(delete(table).where(table.c.stream_id == stream_id))

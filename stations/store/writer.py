@@ -112,6 +112,10 @@ class Batch:
             )
         self.dirty_sessions.clear()
 
+    def savepoint(self) -> contextlib.AbstractContextManager[Any]:
+        """A nested transaction: what runs inside it is rolled back alone if it raises."""
+        return self.conn.begin_nested()
+
     def forget(self) -> None:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()

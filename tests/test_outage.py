@@ -1,0 +1,87 @@
+"""A database outage answers JSON 503 with Retry-After, and the health probes tell (issue 11).
+
+The outage is real and confined to this test's own PostgreSQL database: its connections are
+terminated and new ones refused (``ALLOW_CONNECTIONS false``), then it is given back. The
+shared PostgreSQL server itself is never stopped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from tests.harness import PG_ADMIN_URL, Server
+
+JSON = {"Content-Type": "application/json"}
+
+
+@contextmanager
+def outage(db_url: str) -> Iterator[None]:
+    import psycopg
+
+    name = db_url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            yield
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def assert_unavailable(response: httpx.Response) -> None:
+    assert response.status_code == 503, (response.status_code, response.text[:300])
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert int(response.headers["Retry-After"]) >= 1
+    if response.request.method != "HEAD":
+        assert response.json()["error"]["code"] == "unavailable"
+
+
+def test_database_outage_is_a_json_503_and_health_reports_it(
+    pg_url: str, make_server: Callable[..., Server]
+) -> None:
+    srv = make_server(pg_url, "--long-poll-timeout-ms", "500")
+    with httpx.Client(base_url=srv.url, timeout=15) as http:
+        assert http.post("/api/stations", json={"name": "o1"}).status_code == 201
+        assert http.post("/v1/stream/o1", headers=JSON, content=b"[1]").status_code == 204
+        assert http.get("/healthz").status_code == 200
+        assert http.get("/readyz").json() == {"status": "ok"}
+
+        with outage(pg_url):
+            # Writes, reads and the management API: all JSON 503 with Retry-After.
+            assert_unavailable(http.post("/v1/stream/o1", headers=JSON, content=b"[2]"))
+            assert_unavailable(http.get("/v1/stream/o1", params={"offset": "-1"}))
+            assert_unavailable(http.get("/api/stations/o1"))
+            assert_unavailable(http.post("/api/stations", json={"name": "o2"}))
+            assert_unavailable(
+                http.post("/api/stations/o1/messages", json={"messages": [{"data": 3}]})
+            )
+            for probe in ("/healthz", "/readyz"):
+                response = http.get(probe)
+                assert response.status_code == 503, response.text
+                assert response.json()["database"] == "unreachable"
+            live = http.get("/livez")
+            assert (live.status_code, live.json()) == (200, {"status": "ok"})
+
+        # The database is back: so is the service, with what was acknowledged before.
+        eventually(lambda: http.get("/healthz").status_code == 200, "healthz stayed 503")
+        eventually(
+            lambda: http.post("/v1/stream/o1", headers=JSON, content=b"[4]").status_code == 204,
+            "appends did not recover",
+        )
+        assert http.get("/v1/stream/o1", params={"offset": "-1"}).json() == [1, 4]
+    log = (srv.workdir / f"server-{srv.port}.log").read_text(errors="replace")
+    assert "Error handling request" not in log, log[-3000:]
