@@ -11,6 +11,7 @@ import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
@@ -52,6 +53,17 @@ def _tail_state(result: ReadResult) -> StreamState | None:
     return result.state if result.next >= result.state.tail else None
 
 
+@dataclass
+class _Parked:
+    """A fetch waiting for messages; ``taken`` holds the future of the fetch an append queued
+    for it."""
+
+    group: str
+    max_count: int
+    consumer: str
+    taken: asyncio.Future[asyncio.Future[list[Delivered]]]
+
+
 class Service:
     def __init__(
         self,
@@ -75,6 +87,7 @@ class Service:
         self._read_threads = read_threads
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
+        self._parked: dict[str, list[_Parked]] = {}  # station → fetches waiting for messages
         # Groups and the DLS keep per-station rows: delete them with the station, count them
         # in its stats.
         if groups.purge_stream not in lifecycle.purge_hooks:
@@ -162,7 +175,11 @@ class Service:
         while True:
             woken = self.notifier.subscribe(req.name)
             try:
-                result = await self.write(log.append, self.ids, req, sort_key=key)
+                appended = self.writer.enqueue(
+                    lambda batch: log.append(batch, self.ids, req), sort_key=key
+                )
+                self._serve_parked(req.name)
+                result: AppendResult = await appended
                 self.tally.appended(req.name, result.results, result.producer_duplicate)
                 return result
             except SequenceGap:
@@ -280,23 +297,63 @@ class Service:
     async def fetch(
         self, station: str, group: str, max_count: int, wait_s: float, consumer: str
     ) -> list[Delivered]:
-        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first."""
+        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first.
+
+        A waiting fetch is parked: an append to its station in this process queues the fetch
+        right behind itself, so both run in one transaction and the fetch is answered by the
+        append's own commit (one commit from append to delivery, not two). Appends by other
+        processes, nack delays and expiries wake it through the notifier instead."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while True:
-            woken = self.notifier.subscribe(station)
-            try:
-                out = await self.write(groups.fetch, station, group, max_count, consumer)
-                self.tally.delivered(station, group, (d.delivery_count for d in out))
-                if out:
-                    self.leases.arm(out[0].ack_deadline)
-                    return out
+        woken = self.notifier.subscribe(station)
+        try:
+            out = await self.write(groups.fetch, station, group, max_count, consumer)
+            while not out:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return out
-                await self.notifier.wait(woken, remaining)
-            finally:
-                self.notifier.unsubscribe(station, woken)
+                    break
+                parked = _Parked(group, max_count, consumer, loop.create_future())
+                self._parked.setdefault(station, []).append(parked)
+                try:
+                    await asyncio.wait(
+                        (woken, parked.taken),
+                        timeout=remaining,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    waiting = self._parked.get(station)
+                    if waiting is not None and parked in waiting:
+                        waiting.remove(parked)
+                        if not waiting:
+                            del self._parked[station]
+                if parked.taken.done():  # fetched in an append's transaction
+                    out = await parked.taken.result()
+                    if out or not woken.done():
+                        continue
+                if woken.done():  # a change the append's fetch did not serve: look again
+                    self.notifier.unsubscribe(station, woken)
+                    woken = self.notifier.subscribe(station)
+                    out = await self.write(groups.fetch, station, group, max_count, consumer)
+            self.tally.delivered(station, group, (d.delivery_count for d in out))
+            if out:
+                self.leases.arm(out[0].ack_deadline)
+            return out
+        finally:
+            self.notifier.unsubscribe(station, woken)
+
+    def _serve_parked(self, station: str) -> None:
+        """Queue the parked fetches of ``station`` right behind an append just queued."""
+        for parked in self._parked.pop(station, ()):
+            if parked.taken.done():
+                continue
+            op = functools.partial(
+                groups.fetch,
+                station=station,
+                name=parked.group,
+                max_count=parked.max_count,
+                consumer=parked.consumer,
+            )
+            parked.taken.set_result(self.writer.enqueue(op))
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""

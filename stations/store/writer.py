@@ -181,10 +181,15 @@ class Writer:
             self._conn.close()
             self._conn = None
 
-    async def submit(self, op: Op, sort_key: Any = None) -> Any:
+    def enqueue(self, op: Op, sort_key: Any = None) -> asyncio.Future[Any]:
+        """Queue ``op`` now; ops queued in one step of the event loop share a transaction
+        (unless the batch is full), in the order they were queued."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future, sort_key))
-        return await future
+        return future
+
+    async def submit(self, op: Op, sort_key: Any = None) -> Any:
+        return await self.enqueue(op, sort_key)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
