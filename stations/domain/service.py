@@ -320,6 +320,12 @@ class Service:
                         timeout=remaining,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
+                except asyncio.CancelledError:
+                    # The client left: its fetch queued behind an append must not lease
+                    # messages nobody will get (the writer drops a cancelled op not yet run).
+                    if parked.taken.done():
+                        parked.taken.result().cancel()
+                    raise
                 finally:
                     waiting = self._parked.get(station)
                     if waiting is not None and parked in waiting:
