@@ -110,7 +110,12 @@ class Service:
         if self.write_engine.dialect.name == "postgresql":
             from stations.store.pgnotify import Listener
 
-            self._listener = Listener(self.url, self.notifier.fire, self.notifier.fire_all)
+            self._listener = Listener(
+                self.url,
+                self.notifier.fire,
+                self.notifier.fire_all,
+                own_pid=lambda: self.writer.backend_pid,
+            )
             await self._listener.start()
         from stations.domain.scheduler import Scheduler
 

@@ -62,6 +62,9 @@ class Batch:
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
     cache_fills: list[tuple[Any, str, Any]] = field(default_factory=list)  # (cache, key, value)
+    touched: set[int] = field(default_factory=set)  # stream ids appended to (or closed) here
+    # Set by an op whose answer may go out before the commit (see Writer._transaction).
+    answer_early: bool = False
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
@@ -70,6 +73,7 @@ class Batch:
 
     def touch(self, state: StreamState) -> None:
         self.dirty[state.id] = state
+        self.touched.add(state.id)
         self.changed.add(state.name)
 
     def flush(self) -> None:
@@ -115,6 +119,11 @@ class Batch:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()
         self.sessions.clear()
+
+
+def _answer(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _fill(fills: list[tuple[Any, str, Any]]) -> None:
@@ -163,6 +172,7 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._conn: Connection | None = None
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
+        self.backend_pid: int | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -201,9 +211,13 @@ class Writer:
             if not batch:
                 continue
             started = time.perf_counter()
+
+            def early(i: int, value: Any, batch: list[_Pending] = batch) -> None:
+                loop.call_soon_threadsafe(_answer, batch[i].future, value)
+
             try:
                 outcomes, changed, hooks = await loop.run_in_executor(
-                    self._thread, self._execute, [p.op for p in batch]
+                    self._thread, self._execute, [p.op for p in batch], early
                 )
                 if self._on_batch is not None:
                     self._on_batch(len(batch), time.perf_counter() - started)
@@ -228,11 +242,15 @@ class Writer:
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             self._conn = self._engine.connect()
+            if self._pg:  # to tell this process's NOTIFYs from other processes' (pgnotify)
+                self.backend_pid = self._conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
         return self._conn
 
-    def _execute(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+    def _execute(
+        self, ops: list[Op], early: Callable[[int, Any], None] | None = None
+    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         try:
-            return self._transaction(ops)
+            return self._transaction(ops, early)
         except Exception:
             if len(ops) == 1:
                 raise
@@ -253,17 +271,26 @@ class Writer:
                 hooks.extend(hk)
             return outcomes, changed, hooks
 
-    def _transaction(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+    def _transaction(
+        self, ops: list[Op], early: Callable[[int, Any], None] | None = None
+    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
         try:
             with conn.begin():
                 batch = Batch(conn, now_ms())
-                for op in ops:
+                for i, op in enumerate(ops):
+                    batch.answer_early = False
                     try:
                         outcomes.append((True, op(batch)))
                     except StationsError as exc:
                         outcomes.append((False, exc))
+                        continue
+                    # An op may have its answer sent before the commit (a group fetch: see
+                    # stations.domain.groups for what a crash then costs). Not on the retry
+                    # of a failed batch, which answers after each commit.
+                    if batch.answer_early and early is not None:
+                        early(i, outcomes[-1][1])
                 batch.flush()
                 for hook in batch.before_commit.values():
                     hook(batch)
