@@ -13,13 +13,6 @@ that expired (its delivery is still open: ack, nack and dead-letter accept it), 
 nacked delivery (settled: they answer unknown until it is delivered again), zero for a DLS
 replay (not delivered yet). Its magnitude is the number of deliveries so far.
 
-A fetch is answered as soon as its leases are written, before their commit (the writer's
-next ops, acks of these very leases included, run only after that commit). A crash in that
-window (one commit) loses those leases: the messages are delivered once more, counted as a first
-delivery, and an ack of a lost lease answers unknown, or settles the new delivery if one was made
-meanwhile. Acks, nacks and dead-letters are answered after their commit: an acked message never
-comes back. A fetch that takes messages appended in its own transaction waits for the commit.
-
 The rows are read and written by ``stations.store.groups``; this module decides.
 """
 
@@ -232,10 +225,6 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     if len(out) < len(counts):  # dropped by retention while waiting: nothing left to deliver
         found = {d.seq for d in out}
         store.forget(batch.conn, group.id, [s for s in counts if s not in found])
-    # Answered before the commit, so a consumer does not wait for the fsync of its leases;
-    # never when it hands out messages appended in this very transaction (a crash must not
-    # deliver a message that was not stored). What a crash costs: see the module's docstring.
-    batch.answer_early = bool(out) and state.id not in batch.touched
     return out
 
 

@@ -276,7 +276,9 @@ class Service:
 
     async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
         """Messages with ids and headers, as one append (one transaction)."""
-        result, state = await self.write(messages.produce, self.ids, name, body)
+        produced = self.writer.enqueue(lambda batch: messages.produce(batch, self.ids, name, body))
+        self._serve_parked(name)  # waiting fetches ride on this transaction
+        result, state = await produced
         self.tally.appended(name, result.results, result.producer_duplicate)
         return result, state
 

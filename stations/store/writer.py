@@ -62,9 +62,6 @@ class Batch:
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
     cache_fills: list[tuple[Any, str, Any]] = field(default_factory=list)  # (cache, key, value)
-    touched: set[int] = field(default_factory=set)  # stream ids appended to (or closed) here
-    # Set by an op whose answer may go out before the commit (see Writer._transaction).
-    answer_early: bool = False
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
@@ -73,7 +70,6 @@ class Batch:
 
     def touch(self, state: StreamState) -> None:
         self.dirty[state.id] = state
-        self.touched.add(state.id)
         self.changed.add(state.name)
 
     def flush(self) -> None:
@@ -119,11 +115,6 @@ class Batch:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()
         self.sessions.clear()
-
-
-def _answer(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 def _fill(fills: list[tuple[Any, str, Any]]) -> None:
@@ -211,13 +202,9 @@ class Writer:
             if not batch:
                 continue
             started = time.perf_counter()
-
-            def early(i: int, value: Any, batch: list[_Pending] = batch) -> None:
-                loop.call_soon_threadsafe(_answer, batch[i].future, value)
-
             try:
                 outcomes, changed, hooks = await loop.run_in_executor(
-                    self._thread, self._execute, [p.op for p in batch], early
+                    self._thread, self._execute, [p.op for p in batch]
                 )
                 if self._on_batch is not None:
                     self._on_batch(len(batch), time.perf_counter() - started)
@@ -243,14 +230,13 @@ class Writer:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             self._conn = self._engine.connect()
             if self._pg:  # to tell this process's NOTIFYs from other processes' (pgnotify)
-                self.backend_pid = self._conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+                info = self._conn.connection.dbapi_connection.info  # type: ignore[union-attr]
+                self.backend_pid = info.backend_pid
         return self._conn
 
-    def _execute(
-        self, ops: list[Op], early: Callable[[int, Any], None] | None = None
-    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+    def _execute(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         try:
-            return self._transaction(ops, early)
+            return self._transaction(ops)
         except Exception:
             if len(ops) == 1:
                 raise
@@ -271,26 +257,17 @@ class Writer:
                 hooks.extend(hk)
             return outcomes, changed, hooks
 
-    def _transaction(
-        self, ops: list[Op], early: Callable[[int, Any], None] | None = None
-    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+    def _transaction(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
         try:
             with conn.begin():
                 batch = Batch(conn, now_ms())
-                for i, op in enumerate(ops):
-                    batch.answer_early = False
+                for op in ops:
                     try:
                         outcomes.append((True, op(batch)))
                     except StationsError as exc:
                         outcomes.append((False, exc))
-                        continue
-                    # An op may have its answer sent before the commit (a group fetch: see
-                    # stations.domain.groups for what a crash then costs). Not on the retry
-                    # of a failed batch, which answers after each commit.
-                    if batch.answer_early and early is not None:
-                        early(i, outcomes[-1][1])
                 batch.flush()
                 for hook in batch.before_commit.values():
                     hook(batch)
