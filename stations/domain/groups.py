@@ -172,12 +172,15 @@ def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
 # -- delivery ---------------------------------------------------------------------------------
 
 
-def _settle_expired(batch: Batch, state: StreamState, group: Group) -> None:
+def _settle_expired(
+    batch: Batch, state: StreamState, group: Group, expired: list[tuple[int, int]] | None = None
+) -> list[int]:
     """Leases past their deadline: the message goes round again, or to the DLS if that was
-    its last delivery."""
-    expired = store.expired_leases(batch.conn, group.id, batch.now)
+    its last delivery. Returns the positions that wait again (due at once)."""
+    if expired is None:
+        expired = store.expired_leases(batch.conn, group.id, batch.now)
     if not expired:
-        return
+        return []
     again = [seq for seq, count in expired if count < group.max_msg_deliveries]
     if again:
         store.release(batch.conn, group.id, again)
@@ -194,30 +197,35 @@ def _settle_expired(batch: Batch, state: StreamState, group: Group) -> None:
                 "ack deadline passed",
             )
     batch.changed.add(state.name)
+    return again
 
 
 def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> list[Delivered]:
     batch.flush()  # appends earlier in this batch must be readable
     state = live_stream(batch.stream(station), station, batch.now)
     group = _load(batch, state, name, lock=True)
-    _settle_expired(batch, state, group)
-    due = store.due_waiting(batch.conn, group.id, batch.now, max_count)
+    due, expired = store.due_and_expired(batch.conn, group.id, batch.now, max_count)
+    # Expired leases wait again, due at once: they join the due ones, in offset order.
+    released = _settle_expired(batch, state, group, expired)
+    if released:
+        counts_of = dict(expired)
+        due = sorted(due + [(seq, counts_of[seq]) for seq in released])[:max_count]
     picked: dict[int, int] = {seq: abs(count) for seq, count in due}
     start = max(group.cursor, state.head)
-    new = list(range(start + 1, min(state.tail, start + max_count - len(picked)) + 1))
+    last = min(state.tail, start + max_count - len(picked))
+    new = range(start + 1, last + 1)
     deadline = batch.now + group.max_ack_time_ms
     if new:
-        store.lease_new(batch.conn, group.id, new, consumer, deadline)
+        store.lease_new(batch.conn, group.id, start + 1, last, consumer, deadline)
     if picked:
         store.lease_again(batch.conn, group.id, list(picked), consumer, deadline)
-    counts = {seq: count + 1 for seq, count in picked.items()} | {s: 1 for s in new}
+    counts = {seq: count + 1 for seq, count in picked.items()} | dict.fromkeys(new, 1)
     out = []
     for seq, msg_id, headers, data in _messages_at(batch.conn, state, sorted(counts)):
         out.append(Delivered(seq, msg_id, headers, data, counts[seq], deadline))
-    found = {d.seq for d in out}
-    missing = [s for s in counts if s not in found]
-    if missing:  # dropped by retention while waiting: nothing left to deliver
-        store.forget(batch.conn, group.id, missing)
+    if len(out) < len(counts):  # dropped by retention while waiting: nothing left to deliver
+        found = {d.seq for d in out}
+        store.forget(batch.conn, group.id, [s for s in counts if s not in found])
     return out
 
 
@@ -263,10 +271,8 @@ def _split(seqs: list[int], known: dict[int, int]) -> list[str]:
 def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, list[str]]:
     state = live_stream(batch.stream(station), station, batch.now)
     group = _load(batch, state, name, lock=True)
-    known = _settleable(batch, group, seqs)
-    if known:
-        store.forget(batch.conn, group.id, list(known))
-    return len(known), _split(seqs, known)
+    settled = set(store.settle(batch.conn, group.id, seqs))
+    return len(settled), [encode(s - 1) for s in seqs if s not in settled]
 
 
 def nack(

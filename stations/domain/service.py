@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from stations.domain import (
@@ -49,6 +50,17 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:200] if text else type(orig).__name__
 
 
+async def _committed(work: Awaitable[T]) -> T:
+    """Await database work; a database or disk failure becomes ``Unavailable``."""
+    try:
+        return await work
+    except Exception as exc:
+        failure = _unavailable(exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
 def _unavailable(exc: Exception) -> Exception:
     """A database or disk failure becomes ``Unavailable`` (503 with Retry-After); anything
     else is raised as it is."""
@@ -65,6 +77,17 @@ GAP_HOLD_S = 2.0
 def _tail_state(result: ReadResult) -> StreamState | None:
     """A page that reached the tail tells later readers of its generation where the tail is."""
     return result.state if result.next >= result.state.tail else None
+
+
+@dataclass
+class _Parked:
+    """A fetch waiting for messages; ``taken`` holds the future of the fetch an append queued
+    for it."""
+
+    group: str
+    max_count: int
+    consumer: str
+    taken: asyncio.Future[asyncio.Future[list[Delivered]]]
 
 
 class Service:
@@ -90,6 +113,7 @@ class Service:
         self.ids = IdWindow(id_cache_size or CACHE_SIZE, runs)
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
+        self._parked: dict[str, list[_Parked]] = {}  # station → fetches waiting for messages
         # Groups and the DLS keep per-station rows: delete them with the station, count them
         # in its stats.
         if groups.purge_stream not in lifecycle.purge_hooks:
@@ -121,10 +145,7 @@ class Service:
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        try:
-            return await self.db.write(lambda batch: fn(batch, *args), sort_key)
-        except Exception as exc:
-            raise _unavailable(exc) from exc
+        return await _committed(self.db.write(lambda batch: fn(batch, *args), sort_key))
 
     async def refresh_statistics(self) -> None:
         await self.db.refresh_statistics()
@@ -132,10 +153,7 @@ class Service:
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""
         self.read_transactions += 1
-        try:
-            return await self.db.read(fn, *args, **kwargs)
-        except Exception as exc:
-            raise _unavailable(exc) from exc
+        return await _committed(self.db.read(fn, *args, **kwargs))
 
     async def ping(self, timeout: float = 2.0) -> str | None:
         """None if the database answers within ``timeout`` seconds, else why not."""
@@ -175,7 +193,11 @@ class Service:
         while True:
             woken = self.notifier.subscribe(req.name)
             try:
-                result = await self.write(log.append, self.ids, req, sort_key=key)
+                appended = self.db.enqueue(
+                    lambda batch: log.append(batch, self.ids, req), sort_key=key
+                )
+                self._serve_parked(req.name)
+                result: AppendResult = await _committed(appended)
                 self.tally.appended(req.name, result.results, result.producer_duplicate)
                 return result
             except SequenceGap:
@@ -267,7 +289,9 @@ class Service:
 
     async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
         """Messages with ids and headers, as one append (one transaction)."""
-        result, state = await self.write(messages.produce, self.ids, name, body)
+        produced = self.db.enqueue(lambda batch: messages.produce(batch, self.ids, name, body))
+        self._serve_parked(name)  # waiting fetches ride on this transaction
+        result, state = await _committed(produced)
         self.tally.appended(name, result.results, result.producer_duplicate)
         return result, state
 
@@ -293,23 +317,69 @@ class Service:
     async def fetch(
         self, station: str, group: str, max_count: int, wait_s: float, consumer: str
     ) -> list[Delivered]:
-        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first."""
+        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first.
+
+        A waiting fetch is parked: an append to its station in this process queues the fetch
+        right behind itself, so both run in one transaction and the fetch is answered by the
+        append's own commit (one commit from append to delivery, not two). Appends by other
+        processes, nack delays and expiries wake it through the notifier instead."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while True:
-            woken = self.notifier.subscribe(station)
-            try:
-                out = await self.write(groups.fetch, station, group, max_count, consumer)
-                self.tally.delivered(station, group, (d.delivery_count for d in out))
-                if out:
-                    self.leases.arm(out[0].ack_deadline)
-                    return out
+        woken = self.notifier.subscribe(station)
+        try:
+            out = await self.write(groups.fetch, station, group, max_count, consumer)
+            while not out:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return out
-                await self.notifier.wait(woken, remaining)
-            finally:
-                self.notifier.unsubscribe(station, woken)
+                    break
+                parked = _Parked(group, max_count, consumer, loop.create_future())
+                self._parked.setdefault(station, []).append(parked)
+                try:
+                    await asyncio.wait(
+                        (woken, parked.taken),
+                        timeout=remaining,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                except asyncio.CancelledError:
+                    # The client left: its fetch queued behind an append must not lease
+                    # messages nobody will get (the writer drops a cancelled op not yet run).
+                    if parked.taken.done():
+                        parked.taken.result().cancel()
+                    raise
+                finally:
+                    waiting = self._parked.get(station)
+                    if waiting is not None and parked in waiting:
+                        waiting.remove(parked)
+                        if not waiting:
+                            del self._parked[station]
+                if parked.taken.done():  # fetched in an append's transaction
+                    out = await _committed(parked.taken.result())
+                    if out or not woken.done():
+                        continue
+                if woken.done():  # a change the append's fetch did not serve: look again
+                    self.notifier.unsubscribe(station, woken)
+                    woken = self.notifier.subscribe(station)
+                    out = await self.write(groups.fetch, station, group, max_count, consumer)
+            self.tally.delivered(station, group, (d.delivery_count for d in out))
+            if out:
+                self.leases.arm(out[0].ack_deadline)
+            return out
+        finally:
+            self.notifier.unsubscribe(station, woken)
+
+    def _serve_parked(self, station: str) -> None:
+        """Queue the parked fetches of ``station`` right behind an append just queued."""
+        for parked in self._parked.pop(station, ()):
+            if parked.taken.done():
+                continue
+            op = functools.partial(
+                groups.fetch,
+                station=station,
+                name=parked.group,
+                max_count=parked.max_count,
+                consumer=parked.consumer,
+            )
+            parked.taken.set_result(self.db.enqueue(op))
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""

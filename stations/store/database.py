@@ -55,7 +55,11 @@ class Database:
         self.writer.start()
         dsn = db.listen_dsn(self.url)
         if dsn is not None:
-            self._listener = Listener(dsn, on_commit, on_listen or (lambda: None))
+            # The writer's own commits were fired locally already: the listener skips their echo.
+            writer = self.writer
+            self._listener = Listener(
+                dsn, on_commit, on_listen or (lambda: None), own_pid=lambda: writer.backend_pid
+            )
             await self._listener.start()
 
     async def close(self) -> None:
@@ -66,6 +70,11 @@ class Database:
         self._readers.shutdown(wait=True)
         self.write_engine.dispose()
         self.read_engine.dispose()
+
+    def enqueue(self, op: Callable[[Batch], T], sort_key: Any = None) -> asyncio.Future[T]:
+        """Queue ``op`` for the writer now (ops queued in one step of the event loop share a
+        transaction, in order); the future is answered after the commit."""
+        return self.writer.enqueue(op, sort_key)
 
     async def write(self, op: Callable[[Batch], T], sort_key: Any = None) -> T:
         """Run ``op(batch)`` in the writer's next transaction; answered after the commit."""

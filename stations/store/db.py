@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
 from sqlalchemy.engine import make_url
@@ -224,6 +224,24 @@ def upgrade(engine: Engine) -> None:
 def mark(conn: Connection) -> str:
     """The driver's positional parameter mark, for SQL sent to the driver's cursor."""
     return "?" if conn.dialect.paramstyle == "qmark" else "%s"
+
+
+def int_list_match(conn: Connection, column: str) -> str:
+    """A clause matching ``column`` against a list of integers sent as ONE parameter (see
+    ``int_list``), so a statement costs the same whatever the list's length."""
+    if _postgresql(conn):
+        return f"{column} = ANY(%s::bigint[])"
+    return f"{column} IN (SELECT value FROM json_each(?))"
+
+
+def int_list(conn: Connection, values: list[int]) -> Any:
+    """The parameter of ``int_list_match``."""
+    return list(values) if _postgresql(conn) else "[" + ",".join(map(str, values)) + "]"
+
+
+def has_series(conn: Connection) -> bool:
+    """Whether the database makes row series (``generate_series``) and data-modifying CTEs."""
+    return _postgresql(conn)
 
 
 def shared(bind: Connection | Engine) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, insert, select, update
 
+from stations.store import db
 from stations.store.schema import deliveries, groups, messages, streams
 
 __all__ = ["Connection"]
@@ -62,6 +63,32 @@ def queue_sizes(conn: Connection, group_id: int) -> tuple[int, int]:
 
 
 # -- deliveries -------------------------------------------------------------------------------
+#
+# The fetch and ack hot path is plain SQL on the driver: one statement per step, whatever the
+# batch size (a range or an array parameter, not one parameter per row), so a fetch or an ack
+# costs PostgreSQL a fixed few round trips and SQLite no per-row statement compilation.
+
+
+def _mark(conn: Connection) -> str:
+    return db.mark(conn)
+
+
+def due_and_expired(
+    conn: Connection, group_id: int, now: int, limit: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """In one statement: (seq, delivery count) of the waiting deliveries that are due, the
+    first ``limit`` in offset order, and of every lease past its deadline."""
+    m = _mark(conn)
+    rows = conn.exec_driver_sql(
+        f"SELECT seq, delivery_count, 1 FROM deliveries WHERE group_id = {m} "
+        f"AND consumer IS NOT NULL AND due <= {m} "
+        "UNION ALL SELECT * FROM (SELECT seq, delivery_count, 0 FROM deliveries "
+        f"WHERE group_id = {m} AND consumer IS NULL AND due <= {m} ORDER BY seq LIMIT {m}) AS w",
+        (group_id, now, group_id, now, limit),
+    ).all()
+    due = [(int(seq), int(count)) for seq, count, leased in rows if not leased]
+    expired = [(int(seq), int(count)) for seq, count, leased in rows if leased]
+    return due, expired
 
 
 def expired_leases(conn: Connection, group_id: int, now: int) -> list[tuple[int, int]]:
@@ -101,23 +128,24 @@ def due_waiting(conn: Connection, group_id: int, now: int, limit: int) -> list[t
 
 
 def lease_new(
-    conn: Connection, group_id: int, seqs: list[int], consumer: str, deadline: int
+    conn: Connection, group_id: int, first: int, last: int, consumer: str, deadline: int
 ) -> None:
-    """First deliveries of messages taken from the log; the cursor moves past them."""
-    conn.execute(
-        insert(deliveries),
-        [
-            {
-                "group_id": group_id,
-                "seq": s,
-                "delivery_count": 1,
-                "consumer": consumer,
-                "due": deadline,
-            }
-            for s in seqs
-        ],
+    """First deliveries of the messages at positions first..last, taken from the log; the
+    cursor moves past them."""
+    if db.has_series(conn):  # one round trip: the rows come from a series, the cursor moves in a CTE
+        conn.exec_driver_sql(
+            "WITH leased AS (INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due)"
+            " SELECT %s, s, 1, %s, %s FROM generate_series(%s::bigint, %s::bigint) AS s)"
+            " UPDATE groups SET cursor = %s WHERE id = %s",
+            (group_id, consumer, deadline, first, last, last, group_id),
+        )
+        return
+    conn.exec_driver_sql(
+        "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due) "
+        "VALUES (?, ?, 1, ?, ?)",
+        [(group_id, s, consumer, deadline) for s in range(first, last + 1)],
     )
-    conn.execute(update(groups).where(groups.c.id == group_id).values(cursor=seqs[-1]))
+    conn.exec_driver_sql("UPDATE groups SET cursor = ? WHERE id = ?", (last, group_id))
 
 
 def lease_again(
@@ -139,6 +167,20 @@ def forget(conn: Connection, group_id: int, seqs: list[int]) -> None:
     conn.execute(
         delete(deliveries).where(deliveries.c.group_id == group_id, deliveries.c.seq.in_(seqs))
     )
+
+
+def settle(conn: Connection, group_id: int, seqs: list[int]) -> list[int]:
+    """Delete the open deliveries (leased, or lease expired) at ``seqs`` in one statement;
+    returns the positions it deleted."""
+    where = db.int_list_match(conn, "seq")
+    arg = db.int_list(conn, seqs)
+    m = _mark(conn)
+    rows = conn.exec_driver_sql(
+        f"DELETE FROM deliveries WHERE group_id = {m} AND {where} AND delivery_count > 0 "
+        "RETURNING seq",
+        (group_id, arg),
+    ).all()
+    return [int(r[0]) for r in rows]
 
 
 def open_deliveries(conn: Connection, group_id: int, seqs: list[int]) -> dict[int, int]:

@@ -21,10 +21,14 @@ class Listener:
         dsn: str,
         fire: Callable[[set[str]], None],
         on_connect: Callable[[], None] = lambda: None,
+        own_pid: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._dsn = dsn  # a libpq connection string (``stations.store.db.listen_dsn``)
         self._fire = fire
         self._on_connect = on_connect
+        # The backend of this process's writer: its commits were fired locally already, and a
+        # late echo would only send waiting fetches for a needless look of their own.
+        self._own_pid = own_pid
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
@@ -51,7 +55,8 @@ class Listener:
                     self._on_connect()
                     self._ready.set()
                     async for note in conn.notifies():
-                        self._fire({note.payload})
+                        if note.pid != self._own_pid():
+                            self._fire({note.payload})
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -168,6 +168,7 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._conn: Connection | None = None
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
+        self.backend_pid: int | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -186,10 +187,15 @@ class Writer:
             self._conn.close()
             self._conn = None
 
-    async def submit(self, op: Op, sort_key: Any = None) -> Any:
+    def enqueue(self, op: Op, sort_key: Any = None) -> asyncio.Future[Any]:
+        """Queue ``op`` now; ops queued in one step of the event loop share a transaction
+        (unless the batch is full), in the order they were queued."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future, sort_key))
-        return await future
+        return future
+
+    async def submit(self, op: Op, sort_key: Any = None) -> Any:
+        return await self.enqueue(op, sort_key)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -228,6 +234,9 @@ class Writer:
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             self._conn = self._engine.connect()
+            if self._pg:  # to tell this process's NOTIFYs from other processes' (pgnotify)
+                info = self._conn.connection.dbapi_connection.info  # type: ignore[union-attr]
+                self.backend_pid = info.backend_pid
         return self._conn
 
     def _execute(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:

@@ -1,0 +1,115 @@
+"""Consumer groups on the writer's transactions: a waiting fetch is served by the commit of the
+append that brings its message (no second transaction), and fetch/ack settle exactly what they
+should when several consumers share one commit. Runs the service in-process on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from stations.domain.offsets import encode
+from stations.domain.service import Service
+
+
+async def _wait_parked(svc: Service, station: str, count: int) -> None:
+    """Until ``count`` fetches wait on ``station`` (bounded: 10 s)."""
+    stop = time.monotonic() + 10
+    while len(svc._parked.get(station, ())) < count:
+        assert time.monotonic() < stop, "the fetches never started waiting"
+        await asyncio.sleep(0.01)
+
+
+def _run(db_url: str, scenario):  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        svc = Service(db_url)
+        await svc.start()
+        try:
+            await scenario(svc)
+        finally:
+            await svc.close()
+
+    asyncio.run(main())
+
+
+def test_waiting_fetch_is_answered_by_the_appends_commit(db_url: str) -> None:
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "s"})
+        await svc.ensure_group("s", "g", {})
+        for k in range(3):
+            waiting = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "c"))
+            await _wait_parked(svc, "s", 1)
+            # On PostgreSQL the LISTEN relay of earlier commits may still wake the fetch for a
+            # look of its own: let it settle back into waiting first.
+            await asyncio.sleep(0.3)
+            await _wait_parked(svc, "s", 1)
+            await svc.produce("s", {"messages": [{"data": k}]})
+            # The fetch ran in the append's transaction: its answer is already there, with no
+            # database work left to do (a second transaction would need the writer thread).
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert waiting.done(), "the waiting fetch needed a transaction of its own"
+            (got,) = waiting.result()
+            assert got.data == str(k).encode() and got.delivery_count == 1
+            assert await svc.ack("s", "g", [got.seq]) == (1, [])
+
+    _run(db_url, scenario)
+
+
+def test_two_waiters_one_message_each(db_url: str) -> None:
+    """Both waiters' fetches join the append; one wins the message, the other keeps waiting
+    and takes the next one."""
+
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "s"})
+        await svc.ensure_group("s", "g", {})
+        first = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "a"))
+        second = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "b"))
+        await _wait_parked(svc, "s", 2)
+        await svc.produce("s", {"messages": [{"data": 0}]})
+        done, pending = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and len(pending) == 1
+        (winner,) = done
+        (other,) = pending
+        assert [d.data for d in winner.result()] == [b"0"]
+        await _wait_parked(svc, "s", 1)
+        await svc.produce("s", {"messages": [{"data": 1}]})
+        got = await asyncio.wait_for(other, 10)
+        assert [(d.data, d.delivery_count) for d in got] == [(b"1", 1)]
+
+    _run(db_url, scenario)
+
+
+def test_concurrent_acks_and_fetches_settle_each_message_once(db_url: str) -> None:
+    """Many consumers' fetches and acks in shared transactions: every message is delivered once
+    and acked once; a repeated or unknown offset answers unknown."""
+
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "s"})
+        await svc.produce("s", {"messages": [{"data": k} for k in range(400)]})
+        await svc.ensure_group("s", "g", {})
+        seen: list[int] = []
+        answers: list[tuple[tuple[int, list[str]], tuple[int, list[str]]]] = []
+
+        async def consumer(name: str) -> None:
+            while True:
+                got = await svc.fetch("s", "g", 7, 0.0, name)
+                if not got:
+                    return
+                seqs = [d.seq for d in got]
+                seen.extend(seqs)
+                # The same offsets twice in one ack, then once more: settled once.
+                first = await svc.ack("s", "g", seqs + seqs[:1])
+                answers.append((first, await svc.ack("s", "g", seqs[:1])))
+
+        await asyncio.wait_for(asyncio.gather(*(consumer(f"c{i}") for i in range(6))), 60)
+        assert sorted(seen) == list(range(1, 401))
+        firsts = [a for a, _ in answers]
+        again = [b for _, b in answers]
+        assert sum(n for n, _ in firsts) == 400
+        assert all(unknown == [] for _, unknown in firsts)
+        assert all(n == 0 and len(unknown) == 1 for n, unknown in again)
+        assert await svc.ack("s", "g", [401]) == (0, [encode(400)])
+        (view,) = await svc.groups("s")
+        assert view["inFlight"] == 0 and view["pending"] == 0
+
+    _run(db_url, scenario)
