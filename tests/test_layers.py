@@ -32,15 +32,7 @@ PACKAGE = ROOT / "stations"
 
 # (file relative to the repository, rule) pairs that still break a rule, waiting for the branch
 # that moves their SQL into stations/store/ (the lead empties this as those branches land).
-PENDING: set[tuple[str, str]] = {
-    # Durable Streams subscriptions (merged from t16): a table lock only PostgreSQL takes.
-    ("stations/store/subscriptions.py", "names a dialect"),
-    # Cursors (merged with the id blocks): the domain and HTTP modules reach SQLAlchemy and the
-    # store directly, and the store module picks an upsert per dialect outside db.py.
-    ("stations/domain/cursors.py", "domain imports sqlalchemy"),
-    ("stations/api/cursors.py", "api imports stations.store"),
-    ("stations/store/cursors.py", "names a dialect"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 # Import circles (the modules of each), same story.
 PENDING_CYCLES: set[frozenset[str]] = {

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from stations.domain import (
     catalog,
+    cursors,
     dls,
     figures,
     groups,
@@ -275,6 +276,26 @@ class Service:
         return await self.read_db(
             reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
         )
+
+    # -- reader cursors --------------------------------------------------------------------------
+
+    async def cursors(self, station: str) -> list[dict[str, Any]]:
+        return await self.read_db(cursors.views, station, now_ms())
+
+    async def cursor(self, station: str, name: str) -> dict[str, Any]:
+        return await self.read_db(cursors.one, station, name, now_ms())
+
+    async def commit_cursor(self, station: str, name: str, raw: Any) -> dict[str, Any]:
+        return await self.write(cursors.commit, station, name, raw)
+
+    async def delete_cursor(self, station: str, name: str) -> None:
+        await self.write(cursors.remove, station, name)
+
+    async def offset_at(self, station: str, time_ms: int) -> dict[str, Any]:
+        return await self.read_db(cursors.offset_at, station, time_ms, now_ms())
+
+    async def cursor_lags(self, limit: int) -> list[tuple[str, str, int]]:
+        return await self.read_db(cursors.lags, limit)
 
     # -- consumer groups and the DLS ------------------------------------------------------------
 
