@@ -58,6 +58,7 @@ def _unavailable(exc: Exception) -> Exception:
     logger.warning("database unavailable: %s", _first_line(exc))
     return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
 
+
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
 # ones before it is answered 409 (the reference server answers 409 at once).
 GAP_HOLD_S = 2.0
