@@ -13,9 +13,8 @@ nothing is imported) and hold each layer to its rule:
 - no two modules import each other, directly or round a longer circle (imports inside functions
   and under ``TYPE_CHECKING`` count: they are circles all the same).
 
-Every import counts, wherever it is written. Files that still break a rule are listed in
-``PENDING`` below, each with the reason; the lists only ever shrink, and a listed file that
-no longer breaks its rule fails ``test_pending_lists_are_current`` so it is taken off.
+Every import counts, wherever it is written. There are no exceptions: a module that breaks a
+rule fails its test.
 """
 
 from __future__ import annotations
@@ -29,24 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "stations"
-
-# (file relative to the repository, rule) pairs that still break a rule, waiting for the branch
-# that moves their SQL into stations/store/ (the lead empties this as those branches land).
-PENDING: set[tuple[str, str]] = {
-    # Durable Streams subscriptions (merged from t16): a table lock only PostgreSQL takes.
-    ("stations/store/subscriptions.py", "names a dialect"),
-    # Cursors (merged with the id blocks): the domain and HTTP modules reach SQLAlchemy and the
-    # store directly, and the store module picks an upsert per dialect outside db.py.
-    ("stations/domain/cursors.py", "domain imports sqlalchemy"),
-    ("stations/api/cursors.py", "api imports stations.store"),
-    ("stations/store/cursors.py", "names a dialect"),
-}
-
-# Import circles (the modules of each), same story.
-PENDING_CYCLES: set[frozenset[str]] = {
-    # The SDK's Station hands itself to consumers and producers, typed under TYPE_CHECKING.
-    frozenset({"stations.client.client", "stations.client.consumer", "stations.client.producer"}),
-}
 
 SERVER_DRIVERS = ("sqlalchemy", "alembic", "psycopg")
 # Outside the store's engine code a dialect is never named nor asked for.
@@ -236,30 +217,22 @@ def test_the_checks_see_what_they_look_for() -> None:
 
 
 def test_layers_import_only_what_they_may() -> None:
-    broken = import_violations() - PENDING
+    broken = import_violations()
     assert not broken, "\n".join(f"{f}: {rule}" for f, rule in sorted(broken))
 
 
 def test_only_the_store_engine_code_names_a_dialect() -> None:
-    broken = dialect_violations() - PENDING
+    broken = dialect_violations()
     details = [f"{f}: {', '.join(names_a_dialect(ROOT / f))}" for f, _ in sorted(broken)]
     assert not broken, "\n".join(details)
 
 
 def test_the_domain_runs_no_sql() -> None:
-    broken = sql_violations() - PENDING
+    broken = sql_violations()
     details = [f"{f}: {', '.join(runs_sql(ROOT / f))}" for f, _ in sorted(broken)]
     assert not broken, "\n".join(details)
 
 
 def test_no_import_circles() -> None:
-    broken = cycles() - PENDING_CYCLES
+    broken = cycles()
     assert not broken, "\n".join(" <-> ".join(sorted(c)) for c in broken)
-
-
-def test_pending_lists_are_current() -> None:
-    """A file taken off its pending list's reason must be taken off the list too."""
-    stale = PENDING - import_violations() - dialect_violations() - sql_violations()
-    assert not stale, f"fixed, remove from PENDING: {sorted(stale)}"
-    stale_cycles = PENDING_CYCLES - cycles()
-    assert not stale_cycles, f"fixed, remove from PENDING_CYCLES: {stale_cycles}"

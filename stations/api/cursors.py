@@ -5,7 +5,6 @@ in the API, the console and ``/metrics``."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
@@ -15,7 +14,6 @@ from stations.api.stations import json_body, station_name
 from stations.domain import cursors
 from stations.domain.errors import BadRequest
 from stations.domain.service import Service
-from stations.store.writer import now_ms
 
 
 def _service(request: web.Request) -> Service:
@@ -29,26 +27,20 @@ def _cursor(request: web.Request) -> str:
 
 @needs("read")
 async def list_cursors(request: web.Request) -> web.Response:
-    found: list[dict[str, Any]] = await _service(request).read_db(
-        cursors.views, station_name(request), now_ms()
-    )
+    found = await _service(request).cursors(station_name(request))
     return web.json_response({"cursors": found})
 
 
 @needs("read")
 async def get_cursor(request: web.Request) -> web.Response:
-    found: dict[str, Any] = await _service(request).read_db(
-        cursors.one, station_name(request), _cursor(request), now_ms()
-    )
+    found = await _service(request).cursor(station_name(request), _cursor(request))
     return web.json_response(found)
 
 
 @needs("consume")
 async def put_cursor(request: web.Request) -> web.Response:
     body = await json_body(request)
-    view: dict[str, Any] = await _service(request).write(
-        cursors.commit, station_name(request), _cursor(request), body
-    )
+    view = await _service(request).commit_cursor(station_name(request), _cursor(request), body)
     return web.json_response(view)
 
 
@@ -71,15 +63,14 @@ def _time_ms(raw: str | None) -> int:
 async def offset_at_time(request: web.Request) -> web.Response:
     """The offset of the first message stored at or after ``time``: readers start there to
     read by time (Spark pushes ``timestamp`` filters down through it)."""
-    found: dict[str, Any] = await _service(request).read_db(
-        cursors.offset_at, station_name(request), _time_ms(request.query.get("time")), now_ms()
-    )
+    time_ms = _time_ms(request.query.get("time"))
+    found = await _service(request).offset_at(station_name(request), time_ms)
     return web.json_response(found)
 
 
 @needs("admin")
 async def delete_cursor(request: web.Request) -> web.Response:
-    await _service(request).write(cursors.remove, station_name(request), _cursor(request))
+    await _service(request).delete_cursor(station_name(request), _cursor(request))
     return web.Response(status=204)
 
 
@@ -101,9 +92,7 @@ class CursorLag:
         )
 
     async def refresh(self) -> None:
-        found: list[tuple[str, str, int]] = await self.service.read_db(
-            cursors.lags, MAX_LAG_SERIES
-        )
+        found = await self.service.cursor_lags(MAX_LAG_SERIES)
         self.gauge.clear()
         for station, name, lag in found:
             self.gauge.labels(station, name).set(lag)

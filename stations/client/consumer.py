@@ -14,16 +14,14 @@ import socket
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stations.client.errors import StationsError, error_for
+from stations.client.handle import StationHandle
 from stations.client.models import GroupInfo, _time, message_data
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
 from stations.client.seek import SeekResult, Target
 from stations.client.transaction import Transaction
-
-if TYPE_CHECKING:
-    from stations.client.client import Station
 
 logger = logging.getLogger("stations.client.consumer")
 
@@ -65,7 +63,7 @@ class Consumer:
 
     def __init__(
         self,
-        station: Station,
+        station: StationHandle,
         group: str,
         *,
         consumer: str | None = None,

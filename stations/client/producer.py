@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stations.client.batching import OBJ, RAW, TEXT, Batch, batch_body, json_bytes
 from stations.client.errors import (
@@ -33,13 +33,11 @@ from stations.client.errors import (
     StationsError,
     error_for,
 )
+from stations.client.handle import StationHandle
 from stations.client.http import Http, Reply
 from stations.client.models import is_json_type
 from stations.client.retry import DEFAULT_RETRY, Backoff, RetryPolicy
 from stations.client.session import ProducerSession
-
-if TYPE_CHECKING:
-    from stations.client.client import Station
 
 logger = logging.getLogger("stations.client.producer")
 
@@ -65,7 +63,7 @@ class IdempotentProducer:
 
     def __init__(
         self,
-        target: Station | str,
+        target: StationHandle | str,
         producer_id: str,
         *,
         epoch: int = 0,

@@ -9,14 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import Connection
-
 from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import BadOffset, decode, encode
 from stations.domain.streams import StreamState
 from stations.store import cursors as store
+from stations.store.db import Tx
 from stations.store.streams import load
 from stations.store.writer import Batch
 
@@ -69,14 +68,14 @@ def commit(batch: Batch, station: str, name: str, raw: Any) -> dict[str, Any]:
     return view(state, name, position, batch.now)
 
 
-def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
-    state = live_stream(load(conn, station), station, now)
-    return [view(state, *row) for row in store.rows(conn, state.id)]
+def views(tx: Tx, station: str, now: int) -> list[dict[str, Any]]:
+    state = live_stream(load(tx, station), station, now)
+    return [view(state, *row) for row in store.rows(tx, state.id)]
 
 
-def one(conn: Connection, station: str, name: str, now: int) -> dict[str, Any]:
-    state = live_stream(load(conn, station), station, now)
-    found = store.rows(conn, state.id, validate_name(name))
+def one(tx: Tx, station: str, name: str, now: int) -> dict[str, Any]:
+    state = live_stream(load(tx, station), station, now)
+    found = store.rows(tx, state.id, validate_name(name))
     if not found:
         raise NotFound(f"cursor {name} not found on station {station}")
     return view(state, *found[0])
@@ -88,23 +87,23 @@ def remove(batch: Batch, station: str, name: str) -> None:
         raise NotFound(f"cursor {name} not found on station {station}")
 
 
-def lags(conn: Connection, limit: int) -> list[tuple[str, str, int]]:
+def lags(tx: Tx, limit: int) -> list[tuple[str, str, int]]:
     """(station, cursor, lag) of up to ``limit`` cursors, for /metrics."""
     return [
         (station, name, max(0, tail - max(position, head)))
-        for station, name, position, tail, head in store.with_streams(conn, limit)
+        for station, name, position, tail, head in store.with_streams(tx, limit)
     ]
 
 
-def offset_at(conn: Connection, station: str, time_ms: int, now: int) -> dict[str, Any]:
+def offset_at(tx: Tx, station: str, time_ms: int, now: int) -> dict[str, Any]:
     """The offset of the first message stored at or after ``time_ms`` (the tail when none),
     by a binary search over positions: messages are stored in time order, one index probe per
     step. A fork's messages before its fork offset are not searched (they live in its source)."""
-    state = live_stream(load(conn, station), station, now)
+    state = live_stream(load(tx, station), station, now)
     lo, hi = max(state.head, state.fork_offset or 0), state.tail  # the answer is in [lo, hi]
     while lo < hi:
         mid = (lo + hi) // 2
-        row = store.row_after(conn, state.id, mid)
+        row = store.row_after(tx, state.id, mid)
         if row is None:  # nothing stored after mid in this stream
             hi = mid
             continue

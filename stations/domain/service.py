@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from stations.domain import (
     catalog,
+    cursors,
     dls,
     figures,
     groups,
@@ -68,6 +69,7 @@ def _unavailable(exc: Exception) -> Exception:
         return exc
     logger.warning("database unavailable: %s", _first_line(exc))
     return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
+
 
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
 # ones before it is answered 409 (the reference server answers 409 at once).
@@ -299,6 +301,26 @@ class Service:
         return await self.read_db(
             reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
         )
+
+    # -- reader cursors --------------------------------------------------------------------------
+
+    async def cursors(self, station: str) -> list[dict[str, Any]]:
+        return await self.read_db(cursors.views, station, now_ms())
+
+    async def cursor(self, station: str, name: str) -> dict[str, Any]:
+        return await self.read_db(cursors.one, station, name, now_ms())
+
+    async def commit_cursor(self, station: str, name: str, raw: Any) -> dict[str, Any]:
+        return await self.write(cursors.commit, station, name, raw)
+
+    async def delete_cursor(self, station: str, name: str) -> None:
+        await self.write(cursors.remove, station, name)
+
+    async def offset_at(self, station: str, time_ms: int) -> dict[str, Any]:
+        return await self.read_db(cursors.offset_at, station, time_ms, now_ms())
+
+    async def cursor_lags(self, limit: int) -> list[tuple[str, str, int]]:
+        return await self.read_db(cursors.lags, limit)
 
     # -- consumer groups and the DLS ------------------------------------------------------------
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Connection, Integer, String, Table, delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import BigInteger, Column, Integer, String, Table, delete, select
 
-from stations.store.schema import metadata
+from stations.store import db
+from stations.store.db import Tx
+from stations.store.schema import messages, metadata, streams
 
 cursors = Table(
     "cursors",
@@ -18,41 +18,32 @@ cursors = Table(
 )
 
 
-def upsert(conn: Connection, stream_id: int, name: str, position: int, now: int) -> None:
+def upsert(tx: Tx, stream_id: int, name: str, position: int, now: int) -> None:
+    conn = db.conn_of(tx)
     values = {"stream_id": stream_id, "name": name, "position": position, "updated_at": now}
-    keys = [cursors.c.stream_id, cursors.c.name]
     changes = {"position": position, "updated_at": now}
-    # Both dialects have INSERT ... ON CONFLICT DO UPDATE, each under its own construct.
-    if conn.dialect.name == "postgresql":
-        pg = pg_insert(cursors).values(values)
-        conn.execute(pg.on_conflict_do_update(index_elements=keys, set_=changes))
-    else:
-        lite = sqlite_insert(cursors).values(values)
-        conn.execute(lite.on_conflict_do_update(index_elements=keys, set_=changes))
+    conn.execute(db.upsert(conn, cursors, values, [cursors.c.stream_id, cursors.c.name], changes))
 
 
-def rows(conn: Connection, stream_id: int, name: str | None = None) -> list[tuple[str, int, int]]:
+def rows(tx: Tx, stream_id: int, name: str | None = None) -> list[tuple[str, int, int]]:
     """(name, position, updated_at) of the stream's cursors (or of the one named), by name."""
     query = select(cursors.c.name, cursors.c.position, cursors.c.updated_at).where(
         cursors.c.stream_id == stream_id
     )
     if name is not None:
         query = query.where(cursors.c.name == name)
-    return [(r[0], r[1], r[2]) for r in conn.execute(query.order_by(cursors.c.name))]
+    return [(r[0], r[1], r[2]) for r in db.conn_of(tx).execute(query.order_by(cursors.c.name))]
 
 
-def remove(conn: Connection, stream_id: int, name: str | None = None) -> int:
+def remove(tx: Tx, stream_id: int, name: str | None = None) -> int:
     stmt = delete(cursors).where(cursors.c.stream_id == stream_id)
     if name is not None:
         stmt = stmt.where(cursors.c.name == name)
-    return conn.execute(stmt).rowcount
+    return db.conn_of(tx).execute(stmt).rowcount
 
 
-
-def with_streams(conn: Connection, limit: int) -> list[tuple[str, str, int, int, int]]:
+def with_streams(tx: Tx, limit: int) -> list[tuple[str, str, int, int, int]]:
     """(station, cursor, position, tail, head) of cursors on live streams, at most ``limit``."""
-    from stations.store.schema import streams
-
     query = (
         select(streams.c.name, cursors.c.name, cursors.c.position, streams.c.tail, streams.c.head)
         .join(streams, streams.c.id == cursors.c.stream_id)
@@ -60,17 +51,16 @@ def with_streams(conn: Connection, limit: int) -> list[tuple[str, str, int, int,
         .order_by(streams.c.name, cursors.c.name)
         .limit(limit)
     )
-    return [(r[0], r[1], r[2], r[3], r[4]) for r in conn.execute(query)]
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in db.conn_of(tx).execute(query)]
 
 
-def row_after(conn: Connection, stream_id: int, position: int) -> tuple[int, int, int] | None:
+def row_after(tx: Tx, stream_id: int, position: int) -> tuple[int, int, int] | None:
     """(seq, span, stored_at) of the row holding the message right after ``position``."""
-    from stations.store.schema import messages
-
-    found = conn.execute(
+    query = (
         select(messages.c.seq, messages.c.span, messages.c.stored_at)
         .where(messages.c.stream_id == stream_id, messages.c.seq > position)
         .order_by(messages.c.seq)
         .limit(1)
-    ).first()
+    )
+    found = db.conn_of(tx).execute(query).first()
     return None if found is None else (found[0], found[1], found[2])

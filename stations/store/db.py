@@ -9,10 +9,23 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Executable,
+    Table,
+    create_engine,
+    event,
+    func,
+    select,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
 DEFAULT_DATA_DIR = "stations-data"
@@ -307,3 +320,27 @@ def ping(engine: Engine) -> None:
     """Raise unless the database answers a trivial query."""
     with engine.connect() as conn:
         conn.exec_driver_sql("SELECT 1")
+
+
+def lock_table(conn: Connection, table: Table) -> None:
+    """Serialize, until the commit, every process's transactions that lock this table (an
+    insert-if-empty two processes may race). One process alone (SQLite's single writer, whose
+    BEGIN IMMEDIATE already holds the database's write lock) needs no lock."""
+    if shared(conn):
+        conn.exec_driver_sql(f"LOCK TABLE {table.name} IN EXCLUSIVE MODE")
+
+
+def upsert(
+    conn: Connection,
+    table: Table,
+    values: Mapping[str, Any],
+    keys: Sequence[Column[Any]],
+    changes: Mapping[str, Any],
+) -> Executable:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE SET changes: both dialects speak it, each
+    under its own SQLAlchemy construct."""
+    if shared(conn):
+        pg = postgresql.insert(table).values(dict(values))
+        return pg.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
+    lite = sqlite.insert(table).values(dict(values))
+    return lite.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))

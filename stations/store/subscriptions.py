@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
+from stations.store import db
 from stations.store.schema import ds_signing_keys, ds_subscription_streams, ds_subscriptions
 from stations.store.schema import streams as streams_table
 
@@ -176,8 +177,7 @@ def signing_keys(conn: Connection) -> list[Row]:
 
 def add_signing_key(conn: Connection, kid: str, private_pem: str, created_at: int) -> None:
     """Insert unless a key exists already: of two processes starting at once, one key wins."""
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("LOCK TABLE ds_signing_keys IN EXCLUSIVE MODE")
+    db.lock_table(conn, ds_signing_keys)
     if conn.execute(select(ds_signing_keys.c.kid).limit(1)).first() is None:
         conn.execute(
             insert(ds_signing_keys).values(kid=kid, private_pem=private_pem, created_at=created_at)
