@@ -1,15 +1,15 @@
 """Reader cursors (stations/domain/cursors.py): committed positions of named readers.
 
 Revision ID: 0009
-Revises: 0010_subscriptions
+Revises: 0008
 Create Date: 2026-11-23
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_cursors"
-down_revision = "0007_id_blocks"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,15 +1,15 @@
 """Durable Streams subscriptions: definitions with wake state, per-stream cursors, signing keys.
 
-Revision ID: 0010_subscriptions
-Revises: 0008_dls_redrive
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-23
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010_subscriptions"
-down_revision = "0008_dls_redrive"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

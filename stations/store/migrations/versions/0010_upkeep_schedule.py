@@ -1,8 +1,8 @@
 """Housekeeping finds what is due without visiting every station: the id window, the count
 rules of retention and the next upkeep time as columns of ``streams``, indexed.
 
-Revision ID: 0006
-Revises: 0009_cursors
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-23
 """
 
@@ -11,8 +11,8 @@ import json
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0009_cursors"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

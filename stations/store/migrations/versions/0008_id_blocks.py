@@ -1,7 +1,7 @@
 """Message ids of one commit in one time-ordered row (SQLite's recent ids; stations/store/idruns.py).
 
-Revision ID: 0007_id_blocks
-Revises: 0010_subscriptions
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-23
 """
 
@@ -11,8 +11,8 @@ from itertools import groupby
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_id_blocks"
-down_revision = "0010_subscriptions"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

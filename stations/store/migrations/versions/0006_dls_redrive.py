@@ -1,7 +1,7 @@
 """DLS redrive: each entry counts its redrives and may be due for an automatic one; a redriven
 delivery carries its count back into the group's queue.
 
-Revision ID: 0008_dls_redrive
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-23
 """
@@ -9,7 +9,7 @@ Create Date: 2026-11-23
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_dls_redrive"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
