@@ -89,16 +89,18 @@ def test_version() -> None:
 
 
 def test_every_option_has_help() -> None:
-    """``serve`` and every management command (``pipeline`` is stations/pipeline.py's own)."""
+    """``serve``, every management command and the ``pipeline`` jobs."""
     import argparse
 
     from stations import cli as cli_module
     from stations import commands
+    from stations.spark import pipeline
 
     parser = cli_module._Parser(prog="stations")
     sub = parser.add_subparsers(dest="command")
     cli_module.serve_parser(sub)
     commands.add_parsers(sub)
+    pipeline.add_parser(sub)
 
     def walk(p: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, str]]:
         for action in p._actions:

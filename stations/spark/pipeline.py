@@ -80,9 +80,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         )
 
     ingest = jobs.add_parser("ingest", help="write the rows of files into a station, once each")
-    ingest.add_argument("--from", dest="source", required=True, metavar="PATH")
+    ingest.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="PATH",
+        help="file, directory or glob to read (a path every executor can reach)",
+    )
     ingest.add_argument("--format", choices=FORMATS, help="default: from the file extension")
-    ingest.add_argument("--station", required=True)
+    ingest.add_argument("--station", required=True, help="the station to write into")
     ids = ingest.add_mutually_exclusive_group(required=True)
     ids.add_argument("--msg-id-column", metavar="COL", help="the column holding each row's id")
     ids.add_argument(
@@ -108,9 +114,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     common(ingest)
 
     export = jobs.add_parser("export", help="write a station's messages (or its DLS) to files")
-    export.add_argument("--station", required=True)
-    export.add_argument("--to", dest="target", required=True, metavar="PATH")
-    export.add_argument("--format", choices=FORMATS, default="parquet")
+    export.add_argument("--station", required=True, help="the station to read")
+    export.add_argument(
+        "--to", dest="target", required=True, metavar="PATH", help="directory to write the files to"
+    )
+    export.add_argument(
+        "--format", choices=FORMATS, default="parquet", help="file format (default %(default)s)"
+    )
     export.add_argument("--dls", action="store_true", help="export the dead-letter store")
     export.add_argument("--group", help="with --dls: only this consumer group's entries")
     export.add_argument("--from-offset", default="-1", help="first offset (default: the start)")
