@@ -12,6 +12,7 @@ import json
 import resource
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -372,6 +373,24 @@ async def test_200_non_reading_clients_keep_rss_bounded(
 # -- wake-ups: 1,000 long-poll readers on PostgreSQL ------------------------------------------------
 
 
+PRODUCER = """
+import json, sys, time
+import httpx
+url, count, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+latencies = []
+with httpx.Client(timeout=30) as client:
+    began = time.monotonic()
+    for i in range(count):
+        time.sleep(max(0.0, began + i / rate - time.monotonic()))
+        sent = time.monotonic()
+        r = client.post(url, json={"i": i})
+        latencies.append(time.monotonic() - sent)
+        assert r.status_code in (200, 204), r.status_code
+    achieved = count / (time.monotonic() - began)
+print(json.dumps([achieved, latencies]))
+"""
+
+
 def _metric(url: str, name: str) -> float:
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         if line.startswith(name + " "):
@@ -379,20 +398,24 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"metric {name} missing")
 
 
-async def test_1000_long_poll_readers_on_postgresql_see_every_message(
+async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_s(
     spawn: Callable[..., Server], pg_url: str
 ) -> None:
+    """A producer offering 50 msg/s beside 1,000 long-poll readers keeps that rate, and every
+    reader sees every message (before: about 2 msg/s, each append answering all 1,000 readers)."""
     _raise_own_nofile(4096)
     server = spawn(pg_url, "--long-poll-timeout-ms", "20000")
     httpx.put(f"{server.url}/v1/stream/fan", headers=JSON)
     start = _tail(server.url, "fan")
-    count, rate = 50, 50.0
+    count, rate = 400, 50.0  # 8 s of producing
+    answers = 0
 
     async def reader() -> list[int]:
+        nonlocal answers
         seen: list[int] = []
         conn = await Conn.open(server.port)
         offset = start
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 25
         while len(seen) < count and time.monotonic() < deadline:
             status, headers, body = await conn.request(
                 "GET", f"/v1/stream/fan?offset={offset}&live=long-poll"
@@ -400,6 +423,7 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message(
             assert status in (200, 204), (status, body[:200])
             if status == 200:
                 seen += [m["i"] for m in json.loads(body)]
+                answers += 1
             offset = headers["stream-next-offset"]
         conn.close()
         return seen
@@ -411,21 +435,27 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message(
     await asyncio.sleep(2)
     reads_before = _metric(server.url, "stations_read_transactions_total")
 
-    def produce() -> float:
-        began = time.monotonic()
-        with httpx.Client(timeout=30) as client:
-            for i in range(count):
-                due = began + i / rate
-                time.sleep(max(0.0, due - time.monotonic()))
-                r = client.post(f"{server.url}/v1/stream/fan", json={"i": i})
-                assert r.status_code in (200, 204)
-        return count / (time.monotonic() - began)
-
-    achieved = await asyncio.to_thread(produce)
+    # The producer runs in a process of its own: in this one it would wait for the GIL behind
+    # the 1,000 readers' loop, and measure the test client rather than the server.
+    producer = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PRODUCER, f"{server.url}/v1/stream/fan", str(count), str(rate),
+        stdout=subprocess.PIPE,
+    )
+    out, _ = await producer.communicate()
+    assert producer.returncode == 0, out
+    achieved, latencies = json.loads(out)
+    latencies.sort()
+    p50, p99 = (1000 * latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.99))
     results = await asyncio.gather(*readers)
     reads = _metric(server.url, "stations_read_transactions_total") - reads_before
-    print(f"producer {achieved:.1f} msg/s offered {rate}; {reads:.0f} read transactions")
+    print(
+        f"producer {achieved:.1f} msg/s offered {rate} (append p50 {p50:.0f} ms, p99 {p99:.0f} "
+        f"ms); {answers} answers with data, {reads:.0f} read transactions"
+    )
     assert all(seen == list(range(count)) for seen in results), "a reader missed messages"
+    # A judged load figure (issue 11), with margin for a shared 2-core box: the producer is
+    # paced to 50 msg/s and must not fall far behind it.
+    assert achieved >= 0.8 * rate, f"producer reached {achieved:.1f} msg/s of {rate}"
     # One append wakes 1,000 readers: their reads are shared, not one each (before: at least
-    # one per reader and message, 50,000 here).
+    # one per reader and message).
     assert reads < count * 10, f"{reads:.0f} read transactions for {count} messages"

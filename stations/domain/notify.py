@@ -9,12 +9,25 @@ come, the database holds nothing new for that key that a read begun in the gener
 every reader of the same position gets the one read's result, and a reader at the tail a read
 of this generation saw needs no read at all (the generation's ``snapshot``). One append thus
 costs one read for all the readers woken at the same position, however many they are.
+
+Answers are *paced* when many readers wait on one station (``pace``), like Kafka's
+``fetch.min.bytes``/``fetch.max.wait``: each append would otherwise cost one HTTP answer and one
+new request per reader, and 1,000 readers at 50 appends/s are 50,000 answers a second, which
+starve the producers' requests. With more than ``LINGER_FREE_READERS`` readers attached to a
+station, an answer that reached the tail (a catch-up page, EOF or a timeout is never held) waits
+for the station's next *release*; releases are at least ``linger`` apart, ``linger`` =
+``LINGER_PER_READER_S`` per attached reader, at most ``LINGER_MAX_S``. Each answer then carries
+every message of its wait, and a station sends at most about ``1 / LINGER_PER_READER_S`` answers
+a second (``readers / LINGER_MAX_S`` beyond the cap). Releases are one-shot timers set by a
+held answer, never a polling loop; with few readers nothing is held.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,12 +51,46 @@ class _Generation:
         self.snapshot: Any = None
 
 
+LINGER_FREE_READERS = 64  # up to this many readers of a station: answers are never held
+LINGER_PER_READER_S = 0.002  # beyond it, releases are this much apart per reader...
+LINGER_MAX_S = 2.0  # ...and at most this much
+WRITE_FIRST_S = 0.05  # a batch of released answers waits at most this long for writes in flight
+
+
+def linger_for(readers: int) -> float:
+    """How far apart a station's releases are, with ``readers`` attached to it."""
+    if readers <= LINGER_FREE_READERS:
+        return 0.0
+    return min(LINGER_MAX_S, readers * LINGER_PER_READER_S)
+
+
+class _Gate:
+    """A station's pacing: its attached readers, its last release, the answers held for the next."""
+
+    __slots__ = ("readers", "recent", "last", "held", "timer")
+
+    def __init__(self) -> None:
+        self.readers = 0
+        # Readers attached at the last release: between two long-poll requests a reader is not
+        # attached, so right after a release the count alone would fall and splinter the cohort.
+        self.recent = 0
+        self.last = float("-inf")
+        self.held: list[asyncio.Future[None]] = []
+        self.timer: asyncio.TimerHandle | None = None
+
+    def linger(self) -> float:
+        return linger_for(max(self.readers, self.recent))
+
+
 class Notifier:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         # Called with the keys of every fire (subscriptions wake on appends this way).
         self.listeners: list[Callable[[set[str]], None]] = []
         self._generations: dict[str, _Generation] = {}
+        self._gates: dict[str, _Gate] = {}
+        self._writes = 0  # writes in flight: releases of held answers wait for them
+        self._after_writes: list[Callable[[], None]] = []
 
     def subscribe(self, key: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -83,6 +130,97 @@ class Notifier:
             return True
         except TimeoutError:
             return False
+
+    # -- pacing ---------------------------------------------------------------------------------
+
+    def attach(self, key: str) -> None:
+        """A reader of ``key`` begins (a long-poll request, an SSE connection's wait)."""
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate()
+        gate.readers += 1
+
+    def detach(self, key: str) -> None:
+        gate = self._gates.get(key)
+        if gate is None:
+            return
+        gate.readers -= 1
+        if gate.readers <= 0:  # held answers are attached readers: none is left behind
+            if gate.timer is not None:
+                gate.timer.cancel()
+            del self._gates[key]
+
+    def readers(self, key: str) -> int:
+        gate = self._gates.get(key)
+        return 0 if gate is None else gate.readers
+
+    def pace(self, key: str) -> asyncio.Future[None] | None:
+        """None: answer now. Else a future done at ``key``'s next release: the answer is held
+        until then (and should read again, to carry what came meanwhile)."""
+        gate = self._gates.get(key)
+        if gate is None:
+            return None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not gate.held and now >= gate.last + gate.linger():
+            gate.last = now  # released at once: nothing was sent for a whole linger
+            return None
+        future: asyncio.Future[None] = loop.create_future()
+        gate.held.append(future)
+        if gate.timer is None:
+            gate.timer = loop.call_at(gate.last + gate.linger(), self._release, gate)
+        return future
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A write in flight: a release's next batch of answers waits until no write is (at
+        most ``WRITE_FIRST_S``), so a producer's request is not queued behind the fan-out."""
+        self._writes += 1
+        try:
+            yield
+        finally:
+            self._writes -= 1
+            if not self._writes and self._after_writes:
+                resume, self._after_writes = self._after_writes, []
+                for fn in resume:
+                    fn()
+
+    def _after_writing(self, fn: Callable[[], None]) -> None:
+        if not self._writes:
+            fn()
+            return
+        done = False
+
+        def once() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                fn()
+
+        self._after_writes.append(once)
+        asyncio.get_running_loop().call_later(WRITE_FIRST_S, once)  # never starve readers
+
+    def _release_batch(self, held: list[asyncio.Future[None]], start: int) -> None:
+        for future in held[start : start + WAKE_BATCH]:
+            if not future.done():
+                future.set_result(None)
+        if start + WAKE_BATCH < len(held):
+            # The next batch after a loop turn (sockets are read) and after the writes in flight.
+            loop = asyncio.get_running_loop()
+            after = functools.partial(self._release_batch, held, start + WAKE_BATCH)
+            loop.call_soon(self._after_writing, after)
+
+    def _release(self, gate: _Gate) -> None:
+        gate.timer = None
+        loop = asyncio.get_running_loop()
+        due = gate.last + gate.linger()
+        if loop.time() < due:  # more readers came meanwhile: the linger grew
+            gate.timer = loop.call_at(due, self._release, gate)
+            return
+        gate.last = loop.time()
+        gate.recent = gate.readers
+        held, gate.held = gate.held, []
+        self._after_writing(functools.partial(self._release_batch, held, 0))
 
     # -- shared reads -----------------------------------------------------------------------
 

@@ -147,7 +147,8 @@ class Service:
 
     async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction."""
-        return await _committed(self.db.write(lambda batch: fn(batch, *args), sort_key))
+        with self.notifier.writing():  # held readers' answers wait for it (producers first)
+            return await _committed(self.db.write(lambda batch: fn(batch, *args), sort_key))
 
     async def refresh_statistics(self) -> None:
         await self.db.refresh_statistics()
@@ -237,26 +238,41 @@ class Service:
 
         Readers share reads (``Notifier.shared``): the readers an append wakes at one position
         cost one read together, and a reader arriving at the tail such a read saw costs none.
+        With many readers on the station, an answer that reached the tail is held for the
+        station's next release and read again (``Notifier.pace``); ``timeout`` 0 never waits.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while True:
-            woken = self.notifier.subscribe(name)
-            try:
-                result = self._at_known_tail(name, position)
-                if result is None:
-                    read = functools.partial(self.read, name, position, max_bytes=max_bytes)
-                    result = await self.notifier.shared(
-                        name, (position, max_bytes), read, _tail_state
-                    )
-                if position is None:
-                    position = result.start
-                if result.count or result.closed:
-                    return result
-                if not await self.notifier.wait(woken, deadline - loop.time()):
-                    return result
-            finally:
-                self.notifier.unsubscribe(name, woken)
+        paced = timeout <= 0
+        self.notifier.attach(name)
+        try:
+            while True:
+                woken = self.notifier.subscribe(name)
+                try:
+                    result = self._at_known_tail(name, position)
+                    if result is None:
+                        read = functools.partial(self.read, name, position, max_bytes=max_bytes)
+                        result = await self.notifier.shared(
+                            name, (position, max_bytes), read, _tail_state
+                        )
+                    if position is None:
+                        position = result.start
+                    if result.count or result.closed:
+                        if paced or result.closed or not result.up_to_date:
+                            return result
+                        paced = True
+                        release = self.notifier.pace(name)
+                        if release is None:
+                            return result
+                        del result  # its page is not held (nor budgeted) while it waits
+                        await release
+                        continue  # read again: the answer takes what came meanwhile
+                    if not await self.notifier.wait(woken, deadline - loop.time()):
+                        return result
+                finally:
+                    self.notifier.unsubscribe(name, woken)
+        finally:
+            self.notifier.detach(name)
 
     def _at_known_tail(self, name: str, position: int | None) -> ReadResult | None:
         """An empty page at ``position`` if a read of this generation ended there; else None."""
