@@ -1,0 +1,148 @@
+"""The token-less loopback mode's Host and CORS rules (issue 11, README "Limits and timeouts"):
+without ``--tokens`` the server answers only loopback ``Host`` names (DNS rebinding) and grants
+cross-origin reads only to loopback origins or those ``--cors-origin`` names; with ``--tokens``
+any Host is served and every origin is granted unless ``--cors-origin`` narrows it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import Server
+
+ADMIN = "host-cors-admin-secret"
+JSON = {"Content-Type": "application/json"}
+ACAO = "Access-Control-Allow-Origin"
+
+
+def _server(workdir: Path, *args: str) -> Server:
+    url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
+    return Server(url, workdir, ["--long-poll-timeout-ms", "200", *args]).start()
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = _server(tmp_path_factory.mktemp("loopback"))
+    httpx.put(f"{server.url}/v1/stream/hc", headers=JSON).raise_for_status()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def configured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = _server(
+        tmp_path_factory.mktemp("configured"), "--cors-origin", "https://app.example/"
+    )
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("tokens")
+    path = workdir / "tokens.json"
+    path.write_text(json.dumps({"tokens": [{"token": ADMIN, "role": "admin"}]}))
+    server = _server(workdir, "--tokens", str(path))
+    yield server
+    server.kill()
+
+
+def _get(server: Server, path: str, **headers: str) -> httpx.Response:
+    return httpx.get(f"{server.url}{path}", headers=headers, timeout=10)
+
+
+def _preflight(server: Server, origin: str, **headers: str) -> httpx.Response:
+    return httpx.options(
+        f"{server.url}/v1/stream/hc",
+        headers={"Origin": origin, "Access-Control-Request-Method": "DELETE", **headers},
+        timeout=10,
+    )
+
+
+# -- Host ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:4437", "127.0.0.1.evil.example", "10.0.0.1", "[::2]:80"]
+)
+def test_loopback_mode_refuses_foreign_host_names(loopback: Server, host: str) -> None:
+    for path in ("/healthz", "/v1/stream/hc", "/api/stations"):
+        r = _get(loopback, path, Host=host)
+        assert r.status_code == 403, (host, path, r.status_code)
+        error = r.json()["error"]
+        assert (error["code"], error["field"]) == ("forbidden_host", "Host")
+    # A rebound page cannot write or delete either.
+    r = httpx.delete(f"{loopback.url}/v1/stream/hc", headers={"Host": host}, timeout=10)
+    assert r.status_code == 403
+    assert _get(loopback, "/v1/stream/hc").status_code == 200  # still there
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "localhost:4437", "127.0.0.1:9", "127.0.0.2", "[::1]:4437", "LOCALHOST."]
+)
+def test_loopback_mode_serves_loopback_host_names(loopback: Server, host: str) -> None:
+    assert _get(loopback, "/healthz", Host=host).status_code == 200
+    assert _get(loopback, "/v1/stream/hc", Host=host).status_code == 200
+
+
+def test_tokens_mode_serves_any_host(tokens: Server) -> None:
+    assert _get(tokens, "/healthz", Host="stations.internal.example").status_code == 200
+    r = _get(tokens, "/api/stations", Host="stations.internal.example")
+    assert r.status_code == 401  # served (then refused for the missing token), not 403
+    r = _get(
+        tokens, "/api/stations", Host="stations.internal.example", Authorization=f"Bearer {ADMIN}"
+    )
+    assert r.status_code == 200
+
+
+# -- CORS ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "http://127.0.0.1.evil.example:4437"])
+def test_loopback_mode_grants_no_foreign_origin(loopback: Server, origin: str) -> None:
+    r = _get(loopback, "/v1/stream/hc", Origin=origin)
+    assert r.status_code == 200  # a same-machine tool may still send any Origin...
+    assert ACAO not in r.headers, r.headers  # ...but a foreign page's script cannot read it
+    r = _preflight(loopback, origin)
+    assert ACAO not in r.headers, r.headers
+    # Without an Origin no wildcard is granted either (nothing to embed across sites).
+    assert ACAO not in _get(loopback, "/v1/stream/hc").headers
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://localhost:3000", "http://127.0.0.1:8080", "http://[::1]:5173"]
+)
+def test_loopback_mode_grants_loopback_origins(loopback: Server, origin: str) -> None:
+    r = _get(loopback, "/v1/stream/hc", Origin=origin)
+    assert r.headers.get(ACAO) == origin
+    assert "Origin" in r.headers.get("Vary", "")
+    r = _preflight(loopback, origin, **{"Access-Control-Request-Headers": "content-type"})
+    assert r.status_code == 204
+    assert r.headers.get(ACAO) == origin
+    assert "DELETE" in r.headers["Access-Control-Allow-Methods"]
+
+
+def test_cors_origin_option_names_the_granted_origins(configured: Server) -> None:
+    r = _get(configured, "/healthz", Origin="https://app.example")
+    assert r.headers.get(ACAO) == "https://app.example"
+    assert _preflight(configured, "https://app.example").headers.get(ACAO) == "https://app.example"
+    for origin in ("https://evil.example", "https://app.example.evil.example"):
+        assert ACAO not in _get(configured, "/healthz", Origin=origin).headers
+        assert ACAO not in _preflight(configured, origin).headers
+    # The option widens CORS only: the Host rule of the loopback mode still holds.
+    assert _get(configured, "/healthz", Host="evil.example").status_code == 403
+
+
+def test_tokens_mode_grants_every_origin(tokens: Server) -> None:
+    origin = "https://dashboard.example"
+    r = _get(tokens, "/api/stations", Origin=origin, Authorization=f"Bearer {ADMIN}")
+    assert r.status_code == 200
+    assert r.headers.get(ACAO) == origin
+    # A page on that origin still needs a token: granted CORS, refused data.
+    r = _get(tokens, "/api/stations", Origin=origin)
+    assert r.status_code == 401
+    assert _preflight(tokens, origin).headers.get(ACAO) == origin
