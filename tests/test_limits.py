@@ -459,3 +459,52 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_
     # One append wakes 1,000 readers: their reads are shared, not one each (before: at least
     # one per reader and message).
     assert reads < count * 10, f"{reads:.0f} read transactions for {count} messages"
+
+
+async def test_many_sse_readers_get_every_message_in_fewer_events(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Beyond 64 readers of a station, answers are paced: 150 SSE readers each receive every
+    message, in order, in fewer data events than appends (before: one event per append each)."""
+    _raise_own_nofile(1024)
+    server = spawn(sqlite_url(tmp_path), "--long-poll-timeout-ms", "20000")
+    httpx.put(f"{server.url}/v1/stream/sse", headers=JSON)
+    start = _tail(server.url, "sse")
+    count, readers_n = 60, 150
+
+    async def reader() -> tuple[list[int], int]:
+        seen: list[int] = []
+        events = 0
+        conn = await Conn.open(server.port)
+        await conn.send("GET", f"/v1/stream/sse?offset={start}&live=sse")
+        head = await conn.reader.readuntil(b"\r\n\r\n")
+        assert b" 200 " in head.split(b"\r\n")[0], head
+        kind = ""
+        deadline = time.monotonic() + 20
+        while len(seen) < count and time.monotonic() < deadline:
+            line = await asyncio.wait_for(conn.reader.readline(), deadline - time.monotonic())
+            text = line.decode().rstrip("\r\n")
+            if text.startswith("event:"):
+                kind = text.split(":", 1)[1].strip()
+            elif text.startswith("data:") and kind == "data":
+                seen += [m["i"] for m in json.loads(text.split(":", 1)[1])]
+                events += 1
+        conn.close()
+        return seen, events
+
+    tasks = [asyncio.create_task(reader()) for _ in range(readers_n)]
+    await asyncio.sleep(1.5)
+
+    def produce() -> None:
+        with httpx.Client(timeout=30) as client:
+            for i in range(count):
+                r = client.post(f"{server.url}/v1/stream/sse", json={"i": i})
+                assert r.status_code in (200, 204)
+                time.sleep(0.02)
+
+    await asyncio.to_thread(produce)
+    results = await asyncio.gather(*tasks)
+    events = sum(e for _, e in results)
+    print(f"{readers_n} SSE readers, {count} appends: {events} data events")
+    assert all(seen == list(range(count)) for seen, _ in results), "an SSE reader missed messages"
+    assert events < readers_n * count / 2, f"{events} data events for {count} appends"
