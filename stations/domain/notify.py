@@ -54,6 +54,9 @@ class _Generation:
 LINGER_FREE_READERS = 64  # up to this many readers of a station: answers are never held
 LINGER_PER_READER_S = 0.002  # beyond it, releases are this much apart per reader...
 LINGER_MAX_S = 2.0  # ...and at most this much
+# Released answers are woken this many per loop turn: each costs an answer and a new request,
+# and a producer's request waits for about one such batch.
+RELEASE_BATCH = 16
 WRITE_FIRST_S = 0.05  # a batch of released answers waits at most this long for writes in flight
 
 
@@ -201,13 +204,13 @@ class Notifier:
         asyncio.get_running_loop().call_later(WRITE_FIRST_S, once)  # never starve readers
 
     def _release_batch(self, held: list[asyncio.Future[None]], start: int) -> None:
-        for future in held[start : start + WAKE_BATCH]:
+        for future in held[start : start + RELEASE_BATCH]:
             if not future.done():
                 future.set_result(None)
-        if start + WAKE_BATCH < len(held):
+        if start + RELEASE_BATCH < len(held):
             # The next batch after a loop turn (sockets are read) and after the writes in flight.
             loop = asyncio.get_running_loop()
-            after = functools.partial(self._release_batch, held, start + WAKE_BATCH)
+            after = functools.partial(self._release_batch, held, start + RELEASE_BATCH)
             loop.call_soon(self._after_writing, after)
 
     def _release(self, gate: _Gate) -> None:
