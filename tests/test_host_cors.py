@@ -34,9 +34,7 @@ def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def configured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(
-        tmp_path_factory.mktemp("configured"), "--cors-origin", "https://app.example/"
-    )
+    server = _server(tmp_path_factory.mktemp("configured"), "--cors-origin", "https://app.example/")
     yield server
     server.kill()
 

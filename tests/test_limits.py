@@ -438,7 +438,12 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_
     # The producer runs in a process of its own: in this one it would wait for the GIL behind
     # the 1,000 readers' loop, and measure the test client rather than the server.
     producer = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PRODUCER, f"{server.url}/v1/stream/fan", str(count), str(rate),
+        sys.executable,
+        "-c",
+        PRODUCER,
+        f"{server.url}/v1/stream/fan",
+        str(count),
+        str(rate),
         stdout=subprocess.PIPE,
     )
     out, _ = await producer.communicate()
