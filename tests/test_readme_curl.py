@@ -35,6 +35,10 @@ def curl_commands() -> list[Command]:
         for line in lines:
             if not line.strip():
                 answering = False
+            elif line.split("#", 1)[0].rstrip().endswith("&"):
+                # A process the block starts in the background (a server, a receiver): the
+                # test's own server stands in, and nothing is left running after the test.
+                answering = False
             elif not line.startswith("#"):
                 commands.append(Command(line))  # curl, or any other command in the block
                 answering = True
