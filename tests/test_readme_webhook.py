@@ -16,7 +16,7 @@ import httpx
 from tests.harness import Server, free_port
 
 ROOT = Path(__file__).parent.parent
-SECTION = "### Subscriptions"
+SECTION = "## Subscriptions"
 
 
 def receiver_code() -> str:
