@@ -285,12 +285,12 @@ def _access_log(target: str | None) -> dict[str, Any]:
 
 async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
-    from sqlalchemy.exc import ArgumentError, OperationalError
 
     from stations.api import make_app
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
+    from stations.store.db import ArgumentError, OperationalError
 
     nofile = raise_nofile()
     max_connections = args.max_connections or default_max_connections(nofile)

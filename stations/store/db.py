@@ -28,6 +28,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
+# What a bad --db URL or an unreachable database raises, for the CLI's one-line errors.
+from sqlalchemy.exc import ArgumentError as ArgumentError
+from sqlalchemy.exc import OperationalError as OperationalError
+
 DEFAULT_DATA_DIR = "stations-data"
 # SQLite writer connection only (readers keep SQLite's defaults: 2 MiB cache each).
 WRITER_CACHE_KIB = 32 * 1024  # its page cache: the upper levels of big indexes stay in it
