@@ -27,7 +27,6 @@ from typing import Any
 
 from stations.domain.errors import BadRequest, StationsError
 from stations.domain.idwindow import IdWindow
-from stations.domain.isolate import per_station
 from stations.domain.log import AppendRequest, append, live_stream
 from stations.domain.messages import iso, to_view
 from stations.domain.reads import Message, messages_at
@@ -263,27 +262,6 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
 def drop(batch: Batch, station: str, raw: Any) -> int:
     state = live_stream(batch.stream(station), station, batch.now)
     return store.drop(batch.conn, _selection(state, raw, allow_group=False))
-
-
-def expire(batch: Batch) -> int:
-    """Drop entries older than their station's ``dls.retentionMs`` (scheduler)."""
-    total = 0
-    for stream_id, config in store.live_configs(batch.conn):
-        keep, name = _retention_ms(config)
-        if keep is None:
-            continue  # nothing to expire here: no savepoint for it
-        with per_station(batch, "DLS expiry", name or f"#{stream_id}"):
-            total += store.expire(batch.conn, stream_id, batch.now - keep)
-    return total
-
-
-def _retention_ms(config: str) -> tuple[Any, str | None]:
-    """The station's ``dls.retentionMs`` and name, from its stored config."""
-    try:
-        settings = json.loads(config)
-        return (settings.get("dls") or {}).get("retentionMs"), settings.get("name")
-    except Exception:
-        return "unreadable", None  # fails again, and is logged, in its own station's share
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:

@@ -117,14 +117,6 @@ def page(
     return list(conn.execute(query.order_by(dls.c.id).limit(limit)).all())
 
 
-def live_configs(conn: Connection) -> list[tuple[int, str]]:
-    """(stream id, config JSON) of every live station, for the retention sweep."""
-    rows = conn.execute(
-        select(streams.c.id, streams.c.config).where(streams.c.deleted.is_(False))
-    ).all()
-    return [(i, c) for i, c in rows]
-
-
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
     rows = conn.execute(
         select(dls.c.stream_id, func.count())
