@@ -48,7 +48,7 @@ def test_waiting_fetch_is_answered_by_the_appends_commit(db_url: str) -> None:
             for _ in range(3):
                 await asyncio.sleep(0)
             assert waiting.done(), "the waiting fetch needed a transaction of its own"
-            (got,) = waiting.result()
+            (got,) = waiting.result().messages
             assert got.data == str(k).encode() and got.delivery_count == 1
             assert await svc.ack("s", "g", [got.seq]) == (1, [])
 
@@ -70,11 +70,11 @@ def test_two_waiters_one_message_each(db_url: str) -> None:
         assert len(done) == 1 and len(pending) == 1
         (winner,) = done
         (other,) = pending
-        assert [d.data for d in winner.result()] == [b"0"]
+        assert [d.data for d in winner.result().messages] == [b"0"]
         await _wait_parked(svc, "s", 1)
         await svc.produce("s", {"messages": [{"data": 1}]})
         got = await asyncio.wait_for(other, 10)
-        assert [(d.data, d.delivery_count) for d in got] == [(b"1", 1)]
+        assert [(d.data, d.delivery_count) for d in got.messages] == [(b"1", 1)]
 
     _run(db_url, scenario)
 
@@ -92,7 +92,7 @@ def test_concurrent_acks_and_fetches_settle_each_message_once(db_url: str) -> No
 
         async def consumer(name: str) -> None:
             while True:
-                got = await svc.fetch("s", "g", 7, 0.0, name)
+                got = (await svc.fetch("s", "g", 7, 0.0, name)).messages
                 if not got:
                     return
                 seqs = [d.seq for d in got]

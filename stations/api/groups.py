@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from stations.api.auth import needs, require_station
 from stations.api.stations import _int_param, json_body, service, station_name
 from stations.domain import dls, messages
 from stations.domain.errors import BadRequest
-from stations.domain.groups import MAX_FETCH, parse_offsets, parse_seek, validate_name
+from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
-from stations.domain.reads import Message
 
 MAX_WAIT_MS = 300_000
 
@@ -83,16 +83,31 @@ async def fetch(request: web.Request) -> web.Response:
     name = station_name(request)
     await _require_forward_scope(request, name)
     out = await svc.fetch(name, _group(request), max_count, wait_ms / 1000, consumer)
-    state = await svc.stream(name) if out else None
-    result = []
-    for d in out:
-        assert state is not None
-        view = messages.to_view(state, Message(d.seq, d.data, d.msg_id, d.headers, 0))
-        view.pop("time")
+    body = {"messages": _views(out.is_json, out.messages)}
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def _views(is_json: bool, delivered: list[Delivered]) -> list[dict[str, Any]]:
+    """A fetch's messages as the API answers them. Stored JSON (data on a JSON station, headers)
+    is valid compact JSON already: it goes into the answer as it is (``orjson.Fragment``)
+    instead of being parsed and serialized again, which was most of a fetch's cost per
+    message."""
+    deadline = messages.iso(delivered[0].ack_deadline) if delivered else ""
+    views: list[dict[str, Any]] = []
+    for d in delivered:
+        view: dict[str, Any] = {
+            "offset": encode(d.seq - 1),
+            "id": d.msg_id,
+            "headers": orjson.Fragment(d.headers) if d.headers else {},
+        }
+        if is_json:
+            view["data"] = orjson.Fragment(d.data)
+        else:
+            messages.put_data(view, d.data)
         view["deliveryCount"] = d.delivery_count
-        view["ackDeadline"] = messages.iso(d.ack_deadline)
-        result.append(view)
-    return web.json_response({"messages": result})
+        view["ackDeadline"] = deadline  # one per fetch
+        views.append(view)
+    return views
 
 
 async def _settle(request: web.Request, extra: set[str]) -> tuple[dict[str, Any], list[int]]:

@@ -49,7 +49,7 @@ class Group:
     created_at: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivered:
     seq: int
     msg_id: str | None
@@ -57,6 +57,15 @@ class Delivered:
     data: bytes
     delivery_count: int
     ack_deadline: int
+
+
+@dataclass
+class Fetched:
+    """What one fetch leased, with how the station stores data (JSON or bytes), so the
+    answer is written without another read of the station."""
+
+    is_json: bool
+    messages: list[Delivered]
 
 
 def validate_name(name: str) -> str:
@@ -200,7 +209,7 @@ def _settle_expired(
     return again
 
 
-def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> list[Delivered]:
+def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> Fetched:
     batch.flush()  # appends earlier in this batch must be readable
     state = live_stream(batch.stream(station), station, batch.now)
     group = _load(batch, state, name, lock=True)
@@ -221,19 +230,12 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
         store.lease_again(batch.conn, group.id, list(picked), consumer, deadline)
     counts = {seq: count + 1 for seq, count in picked.items()} | dict.fromkeys(new, 1)
     out = []
-    for seq, msg_id, headers, data in _messages_at(batch.conn, state, sorted(counts)):
+    for seq, data, msg_id, headers, _ in reads.pieces_at(batch.conn, state, sorted(counts)):
         out.append(Delivered(seq, msg_id, headers, data, counts[seq], deadline))
     if len(out) < len(counts):  # dropped by retention while waiting: nothing left to deliver
         found = {d.seq for d in out}
         store.forget(batch.conn, group.id, [s for s in counts if s not in found])
-    return out
-
-
-def _messages_at(
-    conn: Connection, state: StreamState, seqs: list[int]
-) -> list[tuple[int, str | None, str | None, bytes]]:
-    """(seq, msg_id, headers, data) of the messages at ``seqs`` that still exist."""
-    return [(m.seq, m.msg_id, m.headers, m.data) for m in reads.messages_at(conn, state, seqs)]
+    return Fetched(state.is_json, out)
 
 
 def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:

@@ -64,9 +64,7 @@ class IdWindow:
         found: dict[str, int] = {}
         sid, now, window = state.id, batch.now, state.window_ms
         pending = batch.pending_ids
-        hot: Any = (
-            self.runs.hot_ids(sid) if self.runs is not None else self._caches.get(sid)
-        )
+        hot: Any = self.runs.hot_ids(sid) if self.runs is not None else self._caches.get(sid)
         misses = []
         for msg_id in wanted:
             seq = pending.get((sid, msg_id))

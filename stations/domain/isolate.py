@@ -46,7 +46,11 @@ def per_station(batch: Batch, job: str, station: str) -> Iterator[None]:
 
 
 def each_station(
-    batch: Batch, job: str, items: Iterable[T], name: Callable[[T], str], work: Callable[[T], object]
+    batch: Batch,
+    job: str,
+    items: Iterable[T],
+    name: Callable[[T], str],
+    work: Callable[[T], object],
 ) -> None:
     """``work(item)`` for every item: all under one savepoint first, and only if that fails,
     again one savepoint per item, so that only the failing station's share is lost."""

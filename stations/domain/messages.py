@@ -187,6 +187,15 @@ def iso(ms: int) -> str:
     )
 
 
+def put_data(view: dict[str, Any], data: bytes) -> None:
+    """A non-JSON station's data: as text where it is UTF-8, else base64."""
+    try:
+        view["data"] = data.decode()
+    except UnicodeDecodeError:
+        view["data"] = None
+        view["dataBase64"] = base64.b64encode(data).decode()
+
+
 def to_view(state: StreamState, msg: Message) -> dict[str, Any]:
     view: dict[str, Any] = {
         "offset": encode(msg.seq - 1),
@@ -197,9 +206,5 @@ def to_view(state: StreamState, msg: Message) -> dict[str, Any]:
     if state.is_json:
         view["data"] = json.loads(msg.data)
     else:
-        try:
-            view["data"] = msg.data.decode()
-        except UnicodeDecodeError:
-            view["data"] = None
-            view["dataBase64"] = base64.b64encode(msg.data).decode()
+        put_data(view, msg.data)
     return view

@@ -28,7 +28,7 @@ from stations.domain import (
 )
 from stations.domain.budget import ByteBudget
 from stations.domain.errors import StationsError, Unavailable
-from stations.domain.groups import Delivered, SeekResult
+from stations.domain.groups import Fetched, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
@@ -89,7 +89,7 @@ class _Parked:
     group: str
     max_count: int
     consumer: str
-    taken: asyncio.Future[asyncio.Future[list[Delivered]]]
+    taken: asyncio.Future[asyncio.Future[Fetched]]
 
 
 class Service:
@@ -354,7 +354,7 @@ class Service:
 
     async def fetch(
         self, station: str, group: str, max_count: int, wait_s: float, consumer: str
-    ) -> list[Delivered]:
+    ) -> Fetched:
         """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first.
 
         A waiting fetch is parked: an append to its station in this process queues the fetch
@@ -366,7 +366,7 @@ class Service:
         woken = self.notifier.subscribe(station)
         try:
             out = await self.write(groups.fetch, station, group, max_count, consumer)
-            while not out:
+            while not out.messages:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -392,15 +392,15 @@ class Service:
                             del self._parked[station]
                 if parked.taken.done():  # fetched in an append's transaction
                     out = await _committed(parked.taken.result())
-                    if out or not woken.done():
+                    if out.messages or not woken.done():
                         continue
                 if woken.done():  # a change the append's fetch did not serve: look again
                     self.notifier.unsubscribe(station, woken)
                     woken = self.notifier.subscribe(station)
                     out = await self.write(groups.fetch, station, group, max_count, consumer)
-            self.tally.delivered(station, group, (d.delivery_count for d in out))
-            if out:
-                self.leases.arm(out[0].ack_deadline)
+            self.tally.delivered(station, group, (d.delivery_count for d in out.messages))
+            if out.messages:
+                self.leases.arm(out.messages[0].ack_deadline)
             return out
         finally:
             self.notifier.unsubscribe(station, woken)

@@ -256,8 +256,9 @@ def int_list(conn: Connection, values: list[int]) -> Any:
     return list(values) if _postgresql(conn) else "[" + ",".join(map(str, values)) + "]"
 
 
-def has_series(conn: Connection) -> bool:
-    """Whether the database makes row series (``generate_series``) and data-modifying CTEs."""
+def modifying_ctes(conn: Connection) -> bool:
+    """Whether a statement may carry an INSERT or DELETE in a WITH clause (PostgreSQL), so two
+    writes cost one round trip."""
     return _postgresql(conn)
 
 

@@ -4,24 +4,15 @@ transaction; the domain decides, this module only reads and writes rows."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, insert, select, update
 
-from stations.store import db
-from stations.store.schema import deliveries, groups, messages, streams
+from stations.store import db, sql
+from stations.store.schema import deliveries, groups, lease_ranges, messages, streams
 
 __all__ = ["Connection"]
-
-
-def load(conn: Connection, stream_id: int, name: str, *, lock: bool) -> dict[str, Any] | None:
-    """A group's row; with ``lock`` a row lock (PostgreSQL) serializes its ops across
-    processes."""
-    query = select(groups).where(groups.c.stream_id == stream_id, groups.c.name == name)
-    if lock:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
-    return dict(row._mapping) if row is not None else None
 
 
 def create(conn: Connection, values: dict[str, Any]) -> int:
@@ -37,6 +28,7 @@ def change(conn: Connection, group_id: int, **values: Any) -> None:
 
 def remove(conn: Connection, group_id: int) -> None:
     conn.execute(delete(deliveries).where(deliveries.c.group_id == group_id))
+    conn.execute(delete(lease_ranges).where(lease_ranges.c.group_id == group_id))
     conn.execute(delete(groups).where(groups.c.id == group_id))
 
 
@@ -59,18 +51,74 @@ def queue_sizes(conn: Connection, group_id: int) -> tuple[int, int]:
             func.count().filter(deliveries.c.consumer.is_not(None)),
         ).where(deliveries.c.group_id == group_id)
     ).one()
-    return int(waiting), int(in_flight)
+    in_ranges = conn.execute(
+        select(
+            func.coalesce(func.sum(lease_ranges.c.last_seq - lease_ranges.c.first_seq + 1), 0)
+        ).where(lease_ranges.c.group_id == group_id)
+    ).scalar_one()
+    return int(waiting), int(in_flight) + int(in_ranges)
 
 
-# -- deliveries -------------------------------------------------------------------------------
+# -- deliveries and lease ranges --------------------------------------------------------------
 #
-# The fetch and ack hot path is plain SQL on the driver: one statement per step, whatever the
-# batch size (a range or an array parameter, not one parameter per row), so a fetch or an ack
-# costs PostgreSQL a fixed few round trips and SQLite no per-row statement compilation.
+# The fetch and ack hot path is plain SQL on the driver's cursor (``sql.query``): one statement
+# per step, whatever the batch size (a range or an array parameter, not one parameter per row),
+# and no SQLAlchemy statement building or result processing, which cost more than SQLite's own
+# work. A fetch's new messages are leased as one ``lease_ranges`` row; an ack of them deletes
+# that row. Only what else happens to a leased message (a nack, an expiry, a dead-letter, a
+# partial ack) turns positions of a range into ``deliveries`` rows or smaller ranges: callers see
+# one set of open deliveries either way.
+
+Lease = tuple[int, str, int]  # (seq, consumer, due) of a position cut out of a range
 
 
-def _mark(conn: Connection) -> str:
-    return db.mark(conn)
+@cache
+def _sql(mark: str, lock: str) -> dict[str, str]:
+    m = mark
+    return {
+        "load": f"SELECT {_GROUP_COLUMNS} FROM groups WHERE stream_id = {m} AND name = {m}{lock}",
+        # Waiting deliveries that are due (the first ``limit`` by offset), leases of deliveries
+        # rows past their deadline, and (kind 2) lease ranges past theirs.
+        "due_and_expired": "SELECT seq, delivery_count, 1 FROM deliveries WHERE group_id = "
+        f"{m} AND consumer IS NOT NULL AND due <= {m} "
+        "UNION ALL SELECT * FROM (SELECT seq, delivery_count, 0 FROM deliveries "
+        f"WHERE group_id = {m} AND consumer IS NULL AND due <= {m} ORDER BY seq LIMIT {m}) AS w "
+        f"UNION ALL SELECT first_seq, last_seq, 2 FROM lease_ranges WHERE group_id = {m} "
+        f"AND due <= {m}",
+        "lease_range": "INSERT INTO lease_ranges (group_id, first_seq, last_seq, consumer, due) "
+        f"VALUES ({m}, {m}, {m}, {m}, {m})",
+        "lease_range_cte": "WITH leased AS (INSERT INTO lease_ranges (group_id, first_seq, "
+        f"last_seq, consumer, due) VALUES ({m}, {m}, {m}, {m}, {m})) "
+        f"UPDATE groups SET cursor = {m} WHERE id = {m}",
+        "move_cursor": f"UPDATE groups SET cursor = {m} WHERE id = {m}",
+        "take_ranges": f"DELETE FROM lease_ranges WHERE group_id = {m} AND first_seq <= {m} "
+        f"AND last_seq >= {m} RETURNING first_seq, last_seq, consumer, due",
+        "take_expired_ranges": f"DELETE FROM lease_ranges WHERE group_id = {m} AND due <= {m} "
+        "RETURNING first_seq, last_seq, consumer, due",
+        "ranges_over": "SELECT first_seq, last_seq, consumer, due FROM lease_ranges "
+        f"WHERE group_id = {m} AND first_seq <= {m} AND last_seq >= {m}",
+        "insert_delivery": "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due,"
+        f" redrives) VALUES ({m}, {m}, 1, {m}, {m}, 0)",
+    }
+
+
+def _statement(conn: Connection, name: str) -> str:
+    return _sql(db.mark(conn), db.row_lock(conn))[name]
+
+
+_GROUP_COLUMNS = ", ".join(c.name for c in groups.columns)
+
+
+def load(conn: Connection, stream_id: int, name: str, *, lock: bool) -> dict[str, Any] | None:
+    """A group's row; with ``lock`` a row lock (PostgreSQL) serializes its ops across
+    processes."""
+    if lock:
+        found = sql.query(conn, _statement(conn, "load"), (stream_id, name))
+    else:
+        found = sql.query(conn, _sql(db.mark(conn), "")["load"], (stream_id, name))
+    if not found:
+        return None
+    return dict(zip(groups.columns.keys(), found[0], strict=True))
 
 
 def due_and_expired(
@@ -78,21 +126,68 @@ def due_and_expired(
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """In one statement: (seq, delivery count) of the waiting deliveries that are due, the
     first ``limit`` in offset order, and of every lease past its deadline."""
-    m = _mark(conn)
-    rows = conn.exec_driver_sql(
-        f"SELECT seq, delivery_count, 1 FROM deliveries WHERE group_id = {m} "
-        f"AND consumer IS NOT NULL AND due <= {m} "
-        "UNION ALL SELECT * FROM (SELECT seq, delivery_count, 0 FROM deliveries "
-        f"WHERE group_id = {m} AND consumer IS NULL AND due <= {m} ORDER BY seq LIMIT {m}) AS w",
-        (group_id, now, group_id, now, limit),
-    ).all()
-    due = [(int(seq), int(count)) for seq, count, leased in rows if not leased]
-    expired = [(int(seq), int(count)) for seq, count, leased in rows if leased]
+    rows = sql.query(
+        conn,
+        _statement(conn, "due_and_expired"),
+        (group_id, now, group_id, now, limit, group_id, now),
+    )
+    due = [(int(seq), int(count)) for seq, count, kind in rows if kind == 0]
+    expired = [(int(seq), int(count)) for seq, count, kind in rows if kind == 1]
+    if any(kind == 2 for _, _, kind in rows):
+        expired += [(seq, 1) for seq, _, _ in _expand_expired(conn, group_id, now)]
+        expired.sort()
     return due, expired
+
+
+def _expand_expired(conn: Connection, group_id: int, now: int) -> list[Lease]:
+    """Lease ranges past their deadline become ``deliveries`` rows (still leased, now
+    expired), which expiry then settles message by message."""
+    taken = sql.query(conn, _statement(conn, "take_expired_ranges"), (group_id, now))
+    leases = [(seq, c, d) for f, la, c, d in taken for seq in range(f, la + 1)]
+    _insert_leases(conn, group_id, leases)
+    return leases
+
+
+def _insert_leases(conn: Connection, group_id: int, leases: list[Lease]) -> None:
+    if leases:
+        sql.execute(
+            conn,
+            _statement(conn, "insert_delivery"),
+            [(group_id, seq, consumer, due) for seq, consumer, due in leases],
+        )
+
+
+def _cut(conn: Connection, group_id: int, seqs: list[int]) -> list[Lease]:
+    """Take the positions ``seqs`` out of the group's lease ranges (what is left of a range
+    stays a range, or several); returns the positions taken with their leases."""
+    if not seqs:
+        return []
+    wanted = set(seqs)
+    taken = sql.query(conn, _statement(conn, "take_ranges"), (group_id, max(wanted), min(wanted)))
+    if not taken:
+        return []
+    out: list[Lease] = []
+    rest: list[tuple[int, int, int, str, int]] = []
+    for first, last, consumer, due in taken:
+        run_start = None
+        for seq in range(first, last + 1):
+            if seq in wanted:
+                out.append((seq, consumer, due))
+                if run_start is not None:
+                    rest.append((group_id, run_start, seq - 1, consumer, due))
+                    run_start = None
+            elif run_start is None:
+                run_start = seq
+        if run_start is not None:
+            rest.append((group_id, run_start, last, consumer, due))
+    if rest:
+        sql.execute(conn, _statement(conn, "lease_range"), rest)
+    return out
 
 
 def expired_leases(conn: Connection, group_id: int, now: int) -> list[tuple[int, int]]:
     """(seq, delivery count) of leases past their deadline."""
+    _expand_expired(conn, group_id, now)
     rows = conn.execute(
         select(deliveries.c.seq, deliveries.c.delivery_count).where(
             deliveries.c.group_id == group_id,
@@ -112,40 +207,20 @@ def release(conn: Connection, group_id: int, seqs: list[int]) -> None:
     )
 
 
-def due_waiting(conn: Connection, group_id: int, now: int, limit: int) -> list[tuple[int, int]]:
-    """(seq, delivery count) of waiting deliveries that are due, in offset order."""
-    rows = conn.execute(
-        select(deliveries.c.seq, deliveries.c.delivery_count)
-        .where(
-            deliveries.c.group_id == group_id,
-            deliveries.c.consumer.is_(None),
-            deliveries.c.due <= now,
-        )
-        .order_by(deliveries.c.seq)
-        .limit(limit)
-    ).all()
-    return [(seq, count) for seq, count in rows]
-
-
 def lease_new(
     conn: Connection, group_id: int, first: int, last: int, consumer: str, deadline: int
 ) -> None:
-    """First deliveries of the messages at positions first..last, taken from the log; the
-    cursor moves past them."""
-    if db.has_series(conn):  # one round trip: the rows come from a series, the cursor moves in a CTE
-        conn.exec_driver_sql(
-            "WITH leased AS (INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due)"
-            " SELECT %s, s, 1, %s, %s FROM generate_series(%s::bigint, %s::bigint) AS s)"
-            " UPDATE groups SET cursor = %s WHERE id = %s",
-            (group_id, consumer, deadline, first, last, last, group_id),
+    """First deliveries of the messages at positions first..last, taken from the log, as one
+    lease range; the cursor moves past them."""
+    if db.modifying_ctes(conn):  # one round trip: the insert rides in a CTE of the update
+        sql.execute(
+            conn,
+            _statement(conn, "lease_range_cte"),
+            (group_id, first, last, consumer, deadline, last, group_id),
         )
         return
-    conn.exec_driver_sql(
-        "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due) "
-        "VALUES (?, ?, 1, ?, ?)",
-        [(group_id, s, consumer, deadline) for s in range(first, last + 1)],
-    )
-    conn.exec_driver_sql("UPDATE groups SET cursor = ? WHERE id = ?", (last, group_id))
+    sql.execute(conn, _statement(conn, "lease_range"), (group_id, first, last, consumer, deadline))
+    sql.execute(conn, _statement(conn, "move_cursor"), (last, group_id))
 
 
 def lease_again(
@@ -164,27 +239,38 @@ def lease_again(
 
 def forget(conn: Connection, group_id: int, seqs: list[int]) -> None:
     """Delete deliveries (acked, dead-lettered, or dropped by retention)."""
-    conn.execute(
-        delete(deliveries).where(deliveries.c.group_id == group_id, deliveries.c.seq.in_(seqs))
-    )
+    rest = set(seqs) - {seq for seq, _, _ in _cut(conn, group_id, seqs)}
+    if rest:
+        conn.execute(
+            delete(deliveries).where(
+                deliveries.c.group_id == group_id, deliveries.c.seq.in_(sorted(rest))
+            )
+        )
 
 
 def settle(conn: Connection, group_id: int, seqs: list[int]) -> list[int]:
-    """Delete the open deliveries (leased, or lease expired) at ``seqs`` in one statement;
-    returns the positions it deleted."""
+    """Delete the open deliveries (leased, or lease expired) at ``seqs``; returns the positions
+    it deleted. An ack of what one fetch took is one statement."""
+    settled = [seq for seq, _, _ in _cut(conn, group_id, seqs)]
+    rest = set(seqs).difference(settled)
+    if not rest:
+        return settled
     where = db.int_list_match(conn, "seq")
-    arg = db.int_list(conn, seqs)
-    m = _mark(conn)
-    rows = conn.exec_driver_sql(
+    m = db.mark(conn)
+    rows = sql.query(
+        conn,
         f"DELETE FROM deliveries WHERE group_id = {m} AND {where} AND delivery_count > 0 "
         "RETURNING seq",
-        (group_id, arg),
-    ).all()
-    return [int(r[0]) for r in rows]
+        (group_id, db.int_list(conn, sorted(rest))),
+    )
+    return settled + [int(r[0]) for r in rows]
 
 
 def open_deliveries(conn: Connection, group_id: int, seqs: list[int]) -> dict[int, int]:
-    """Delivered and not yet settled (leased, or its lease expired): seq → delivery count."""
+    """Delivered and not yet settled (leased, or its lease expired): seq → delivery count.
+    The positions asked for leave their lease ranges for ``deliveries`` rows, which a nack,
+    a dead-letter or a transaction then changes one by one."""
+    _insert_leases(conn, group_id, _cut(conn, group_id, seqs))
     rows = conn.execute(
         select(deliveries.c.seq, deliveries.c.delivery_count).where(
             deliveries.c.group_id == group_id,
@@ -204,7 +290,18 @@ def leases(
             deliveries.c.seq, deliveries.c.delivery_count, deliveries.c.consumer, deliveries.c.due
         ).where(deliveries.c.group_id == group_id, deliveries.c.seq.in_(seqs))
     ).all()
-    return {seq: (count, consumer, due) for seq, count, consumer, due in rows}
+    found: dict[int, tuple[int, str | None, int]] = {
+        seq: (count, consumer, due) for seq, count, consumer, due in rows
+    }
+    if seqs:
+        wanted = set(seqs)
+        ranges = sql.query(
+            conn, _statement(conn, "ranges_over"), (group_id, max(wanted), min(wanted))
+        )
+        for first, last, consumer, due in ranges:
+            for seq in wanted.intersection(range(first, last + 1)):
+                found[seq] = (1, consumer, due)
+    return found
 
 
 def postpone(conn: Connection, group_id: int, seqs: list[int], due: int) -> None:
@@ -248,6 +345,7 @@ def clear(conn: Connection, group_id: int) -> tuple[int, int]:
     """Drop every delivery of a group (a seek); returns (leases revoked, waiting dropped)."""
     revoked, dropped = queue_sizes(conn, group_id)[::-1]
     conn.execute(delete(deliveries).where(deliveries.c.group_id == group_id))
+    conn.execute(delete(lease_ranges).where(lease_ranges.c.group_id == group_id))
     return revoked, dropped
 
 
@@ -266,6 +364,7 @@ def groups_with_expired(conn: Connection, now: int) -> list[tuple[str, str]]:
                     deliveries.c.consumer.is_not(None), deliveries.c.due <= now
                 )
             )
+            | groups.c.id.in_(select(lease_ranges.c.group_id).where(lease_ranges.c.due <= now))
         )
         .order_by(streams.c.name, groups.c.name)
     ).all()
@@ -294,8 +393,12 @@ def due_stations(conn: Connection, since: int, now: int) -> set[str]:
 
 
 def next_due(conn: Connection, now: int) -> int | None:
-    value = conn.execute(select(func.min(deliveries.c.due)).where(deliveries.c.due > now)).scalar()
-    return None if value is None else int(value)
+    found = [
+        conn.execute(select(func.min(table.c.due)).where(table.c.due > now)).scalar()
+        for table in (deliveries, lease_ranges)
+    ]
+    values = [int(v) for v in found if v is not None]
+    return min(values) if values else None
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
@@ -310,6 +413,7 @@ def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
 def purge_stream(conn: Connection, stream_id: int) -> None:
     ids = select(groups.c.id).where(groups.c.stream_id == stream_id)
     conn.execute(delete(deliveries).where(deliveries.c.group_id.in_(ids)))
+    conn.execute(delete(lease_ranges).where(lease_ranges.c.group_id.in_(ids)))
     conn.execute(delete(groups).where(groups.c.stream_id == stream_id))
 
 

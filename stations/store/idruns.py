@@ -275,8 +275,14 @@ class IdRuns:
         for stream_id, draft in batch.id_blocks.items():
             seqs = array("q", draft.seqs)
             rows.append(
-                (stream_id, seqs[0], batch.now, len(seqs), "\n".join(draft.ids).encode(),
-                 seqs.tobytes())
+                (
+                    stream_id,
+                    seqs[0],
+                    batch.now,
+                    len(seqs),
+                    "\n".join(draft.ids).encode(),
+                    seqs.tobytes(),
+                )
             )
             block = Block(seqs[0], batch.now, draft.ids, seqs)
             station = self._stations.setdefault(stream_id, StationRuns())

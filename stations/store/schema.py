@@ -165,6 +165,24 @@ deliveries = Table(
 )
 Index("ix_deliveries_due", deliveries.c.group_id, deliveries.c.due)
 
+# First deliveries of consecutive messages a fetch took from the log together, leased to one
+# consumer until ``due``: one row per fetch instead of one ``deliveries`` row per message, which
+# is what made fetch and ack cost a B-tree insert and delete per message in two indexes. Every
+# position a row holds is open (delivered once, not settled); settling some of them leaves the
+# rest as smaller rows, and anything beyond an ack (nack, expiry, dead-letter) first turns the
+# row into ``deliveries`` rows (``stations.store.groups``). A position is in at most one of the
+# two tables.
+lease_ranges = Table(
+    "lease_ranges",
+    metadata,
+    Column("group_id", Integer, primary_key=True, autoincrement=False),
+    Column("first_seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("consumer", String(256), nullable=False),
+    Column("due", BigInteger, nullable=False),
+)
+Index("ix_lease_ranges_due", lease_ranges.c.due)
+
 # The dead-letter store keeps its own copy of the message: retention may drop the original.
 dls = Table(
     "dls",

@@ -78,6 +78,16 @@ def execute(conn: Connection, text: str, params: Any) -> None:
         cursor.close()
 
 
+def query(conn: Connection, text: str, params: Any) -> list[tuple[Any, ...]]:
+    """Run on the driver's cursor and return every row."""
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(text, params)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
+
+
 def run(conn: Connection, name: str, params: Any) -> None:
     execute(conn, statement(conn, name), params)
 
