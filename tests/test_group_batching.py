@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+from stations.domain import groups, messages
 from stations.domain.offsets import encode
 from stations.domain.service import Service
 
@@ -111,5 +113,48 @@ def test_concurrent_acks_and_fetches_settle_each_message_once(db_url: str) -> No
         assert await svc.ack("s", "g", [401]) == (0, [encode(400)])
         (view,) = await svc.groups("s")
         assert view["inFlight"] == 0 and view["pending"] == 0
+
+    _run(db_url, scenario)
+
+
+def test_fetches_alone_commit_without_waiting_for_the_disk(db_url: str) -> None:
+    """A batch of fetches commits without an fsync (a lost lease costs a redelivery); any
+    batch with another write waits for the disk as before, and the writer's connection is back
+    to waiting for the disk after a relaxed commit."""
+
+    def sync_setting(conn: Any) -> str:
+        """The writer's own connection's setting, read between its transactions."""
+        cur = conn.connection.dbapi_connection.cursor()
+        if conn.dialect.name == "sqlite":
+            cur.execute("PRAGMA synchronous")
+            return {2: "FULL", 1: "NORMAL"}[cur.fetchone()[0]]
+        cur.execute("SHOW synchronous_commit")
+        return str(cur.fetchone()[0])
+
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "s"})
+        await svc.ensure_group("s", "g", {})
+        await svc.produce("s", {"messages": [{"data": k} for k in range(3)]})
+        writer = svc.db.writer
+        strict_setting = await svc.db.write(lambda batch: None)  # the connection exists
+        before = writer.relaxed_commits
+        got = (await svc.fetch("s", "g", 1, 0.0, "c")).messages
+        assert [d.seq for d in got] == [1]
+        assert writer.relaxed_commits == before + 1
+        setting = await asyncio.get_running_loop().run_in_executor(
+            writer._thread, sync_setting, writer._conn
+        )
+        assert setting in ("FULL", "on"), setting
+        assert await svc.ack("s", "g", [1]) == (1, [])
+        await svc.produce("s", {"messages": [{"data": 3}]})
+        assert writer.relaxed_commits == before + 1  # acks and appends wait for the disk
+        # A fetch sharing a batch with an append waits for the disk with it.
+        fetched = svc.db.enqueue(lambda b: groups.fetch(b, "s", "g", 1, "c"), relaxed=True)
+        appended = svc.db.enqueue(
+            lambda b: messages.produce(b, svc.ids, "s", {"messages": [{"data": 4}]})
+        )
+        await asyncio.gather(fetched, appended)
+        assert writer.relaxed_commits == before + 1
+        assert strict_setting is None
 
     _run(db_url, scenario)

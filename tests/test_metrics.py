@@ -105,6 +105,7 @@ def test_figures_after_known_traffic(srv: Server, http: httpx.Client, tmp_path: 
     assert value(samples, "stations_writer_batch_size_sum") >= writes
     assert value(samples, "stations_writer_commit_seconds_count") == writes
     assert value(samples, "stations_writer_commit_seconds_sum") > 0
+    assert 1 <= value(samples, "stations_writer_relaxed_commits_total") < writes  # the fetches
     created = {"method": "POST", "route": "/api/stations", "status": "201"}
     assert value(samples, "stations_http_requests_total", **created) == 2
     assert value(samples, "process_resident_memory_bytes") > 0

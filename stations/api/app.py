@@ -84,13 +84,19 @@ class _ReadCollector:
             "stations_read_transactions", "database read transactions run by this process"
         )
         reads.add_metric([], self.service.read_transactions)
+        relaxed = CounterMetricFamily(
+            "stations_writer_relaxed_commits",
+            "commits of fetches alone, which do not wait for the disk (a power cut may cost a "
+            "redelivery of what they leased)",
+        )
+        relaxed.add_metric([], self.service.relaxed_commits)
         waiting = GaugeMetricFamily("stations_waiting_readers", "long-poll and SSE readers")
         waiting.add_metric([], self.readers.used)
         held = GaugeMetricFamily(
             "stations_read_budget_used_bytes", "bytes of read pages held in memory"
         )
         held.add_metric([], self.service.budget.used)
-        return [reads, waiting, held]
+        return [reads, relaxed, waiting, held]
 
 
 def make_app(

@@ -71,14 +71,19 @@ class Database:
         self.write_engine.dispose()
         self.read_engine.dispose()
 
-    def enqueue(self, op: Callable[[Batch], T], sort_key: Any = None) -> asyncio.Future[T]:
+    def enqueue(
+        self, op: Callable[[Batch], T], sort_key: Any = None, relaxed: bool = False
+    ) -> asyncio.Future[T]:
         """Queue ``op`` for the writer now (ops queued in one step of the event loop share a
-        transaction, in order); the future is answered after the commit."""
-        return self.writer.enqueue(op, sort_key)
+        transaction, in order); the future is answered after the commit. ``relaxed``: see
+        ``Writer.enqueue``."""
+        return self.writer.enqueue(op, sort_key, relaxed)
 
-    async def write(self, op: Callable[[Batch], T], sort_key: Any = None) -> T:
+    async def write(
+        self, op: Callable[[Batch], T], sort_key: Any = None, relaxed: bool = False
+    ) -> T:
         """Run ``op(batch)`` in the writer's next transaction; answered after the commit."""
-        result: T = await self.writer.submit(op, sort_key)
+        result: T = await self.writer.submit(op, sort_key, relaxed)
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -7,9 +7,10 @@ never for the dialect's name.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -199,6 +200,7 @@ def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
         # WAL + FULL: every commit is fsynced before it is acknowledged.
         # WAL + NORMAL: the WAL is written on commit (survives kill -9) and fsynced at checkpoints.
         cur.execute(f"PRAGMA synchronous={synchronous}")
+        _record.info["synchronous"] = synchronous
         cur.execute("PRAGMA busy_timeout=30000")
         if writer:
             # Appends with message ids dirty one random leaf of the msg_ids key index per new id.
@@ -254,6 +256,40 @@ def int_list_match(conn: Connection, column: str) -> str:
 def int_list(conn: Connection, values: list[int]) -> Any:
     """The parameter of ``int_list_match``."""
     return list(values) if _postgresql(conn) else "[" + ",".join(map(str, values)) + "]"
+
+
+@contextlib.contextmanager
+def relaxed_transaction(conn: Connection) -> Iterator[None]:
+    """A transaction whose commit need not wait for the disk: its writes survive a crash of
+    this process (they are in the operating system's hands) but not a power cut. SQLite: WAL +
+    NORMAL for this commit (set before BEGIN, as SQLite requires, and restored after it; the
+    next fsync, of any commit or checkpoint, covers it); PostgreSQL: ``synchronous_commit =
+    off`` for this transaction."""
+    if _postgresql(conn):
+        with conn.begin():
+            conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+            yield
+        return
+    pooled = conn.connection
+    if pooled.info.get("synchronous") != "FULL":  # --durability process: never waits anyway
+        with conn.begin():
+            yield
+        return
+    # On the driver's connection, outside any transaction: a statement through SQLAlchemy
+    # would open one.
+    raw = pooled.dbapi_connection
+    assert raw is not None
+    raw.cursor().execute("PRAGMA synchronous=NORMAL")
+    try:
+        with conn.begin():
+            yield
+    finally:
+        try:
+            raw.cursor().execute("PRAGMA synchronous=FULL")
+        except Exception:
+            # A connection that might still skip fsyncs must never write again.
+            conn.invalidate()
+            raise
 
 
 def modifying_ctes(conn: Connection) -> bool:

@@ -132,6 +132,7 @@ class _Pending:
     op: Op
     future: asyncio.Future[Any]
     sort_key: Any = None
+    relaxed: bool = False
 
 
 def _in_producer_order(batch: list[_Pending]) -> list[_Pending]:
@@ -169,6 +170,7 @@ class Writer:
         self._conn: Connection | None = None
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
         self.backend_pid: int | None = None
+        self.relaxed_commits = 0  # commits that did not wait for the disk (monitoring)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -187,15 +189,20 @@ class Writer:
             self._conn.close()
             self._conn = None
 
-    def enqueue(self, op: Op, sort_key: Any = None) -> asyncio.Future[Any]:
+    def enqueue(self, op: Op, sort_key: Any = None, relaxed: bool = False) -> asyncio.Future[Any]:
         """Queue ``op`` now; ops queued in one step of the event loop share a transaction
-        (unless the batch is full), in the order they were queued."""
+        (unless the batch is full), in the order they were queued.
+
+        ``relaxed``: what ``op`` writes may be lost by a power cut (never by a crash of this
+        process); a batch of such ops alone commits without waiting for an fsync (see
+        ``db.relaxed_transaction``). For leases, whose loss costs a redelivery, not an
+        answered write."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, future, sort_key))
+        self._queue.put_nowait(_Pending(op, future, sort_key, relaxed))
         return future
 
-    async def submit(self, op: Op, sort_key: Any = None) -> Any:
-        return await self.enqueue(op, sort_key)
+    async def submit(self, op: Op, sort_key: Any = None, relaxed: bool = False) -> Any:
+        return await self.enqueue(op, sort_key, relaxed)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -208,8 +215,11 @@ class Writer:
                 continue
             started = time.perf_counter()
             try:
+                # Only a batch of ops that all may lose their writes to a power cut commits
+                # without waiting for the disk.
+                strict = not all(p.relaxed for p in batch)
                 outcomes, changed, hooks = await loop.run_in_executor(
-                    self._thread, self._execute, [p.op for p in batch]
+                    self._thread, self._execute, [p.op for p in batch], strict
                 )
                 if self._on_batch is not None:
                     self._on_batch(len(batch), time.perf_counter() - started)
@@ -239,9 +249,13 @@ class Writer:
                 self.backend_pid = info.backend_pid
         return self._conn
 
-    def _execute(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+    def _execute(
+        self, ops: list[Op], strict: bool
+    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+        if not strict:
+            self.relaxed_commits += 1
         try:
-            return self._transaction(ops)
+            return self._transaction(ops, strict)
         except Exception:
             if len(ops) == 1:
                 raise
@@ -253,7 +267,7 @@ class Writer:
             hooks: list[Any] = []
             for op in ops:
                 try:
-                    (outcome,), ch, hk = self._transaction([op])
+                    (outcome,), ch, hk = self._transaction([op], strict)
                 except Exception as exc:
                     outcome = (False, exc)
                     ch, hk = set(), []
@@ -262,11 +276,13 @@ class Writer:
                 hooks.extend(hk)
             return outcomes, changed, hooks
 
-    def _transaction(self, ops: list[Op]) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+    def _transaction(
+        self, ops: list[Op], strict: bool = True
+    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
         try:
-            with conn.begin():
+            with conn.begin() if strict else db.relaxed_transaction(conn):
                 batch = Batch(conn, now_ms())
                 for op in ops:
                     try:
@@ -279,6 +295,7 @@ class Writer:
                 if self._pg and batch.changed:
                     for name in batch.changed:
                         conn.execute(select(func.pg_notify(CHANNEL, name)))
+
         except DBAPIError:
             if conn.invalidated:
                 self._conn = None
