@@ -158,3 +158,32 @@ def test_fetches_alone_commit_without_waiting_for_the_disk(db_url: str) -> None:
         assert strict_setting is None
 
     _run(db_url, scenario)
+
+
+def test_a_fetch_alone_leaves_dead_letters_to_a_commit_that_waits_for_the_disk(
+    db_url: str,
+) -> None:
+    """An expired last delivery goes to the DLS in a transaction that waits for the disk (a
+    DLS entry, or what dls.forwardTo appends, must not vanish in a power cut after readers saw
+    it): a batch of fetches alone only releases leases; the lease timer's tick moves it."""
+
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "s"})
+        await svc.ensure_group("s", "g", {"maxAckTimeMs": 100, "maxMsgDeliveries": 1})
+        await svc.produce("s", {"messages": [{"data": 0}]})
+        svc.scheduler._sched.pause()  # no tick meanwhile: only the fetches look at the lease
+        assert [d.seq for d in (await svc.fetch("s", "g", 1, 0.0, "c")).messages] == [1]
+        await asyncio.sleep(0.3)  # past its deadline
+        relaxed = svc.db.writer.relaxed_commits
+        assert (await svc.fetch("s", "g", 1, 0.0, "c")).messages == []
+        assert svc.db.writer.relaxed_commits == relaxed + 1
+        (view,) = await svc.groups("s")
+        assert (view["deadLettered"], view["inFlight"]) == (0, 1)  # still an expired lease
+        # The same fetch in a batch that waits for the disk moves it.
+        fetched = svc.db.enqueue(lambda b: groups.fetch(b, "s", "g", 1, "c"), relaxed=True)
+        strict = svc.db.enqueue(lambda b: None)
+        await asyncio.gather(fetched, strict)
+        (view,) = await svc.groups("s")
+        assert (view["deadLettered"], view["inFlight"]) == (1, 0)
+
+    _run(db_url, scenario)

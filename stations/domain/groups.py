@@ -193,6 +193,12 @@ def _settle_expired(
     again = [seq for seq, count in expired if count < group.max_msg_deliveries]
     if again:
         store.release(batch.conn, group.id, again)
+    if not batch.durable:
+        # A commit that may not reach the disk writes leases only: a DLS entry (and what
+        # dls.forwardTo appends) must not vanish after readers saw it. The lease timer's
+        # tick, a transaction that waits for the disk, moves these at their deadline.
+        batch.changed.add(state.name)
+        return again
     for seq, count in expired:
         if count >= group.max_msg_deliveries:
             dls.add(

@@ -46,6 +46,9 @@ class Batch:
 
     conn: Connection
     now: int
+    # False when the commit may not wait for the disk (every op was enqueued ``relaxed``): an
+    # op then writes nothing a power cut must not lose.
+    durable: bool = True
     streams: dict[str, StreamState | None] = field(default_factory=dict)
     dirty: dict[int, StreamState] = field(default_factory=dict)
     # Rows to insert at commit, as tuples in column order (see _INSERT_MESSAGE / _INSERT_ID).
@@ -283,7 +286,7 @@ class Writer:
         outcomes: list[tuple[bool, Any]] = []
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
-                batch = Batch(conn, now_ms())
+                batch = Batch(conn, now_ms(), durable=strict)
                 for op in ops:
                     try:
                         outcomes.append((True, op(batch)))
