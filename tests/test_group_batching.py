@@ -5,7 +5,9 @@ should when several consumers share one commit. Runs the service in-process on b
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from stations.domain import groups, messages
@@ -187,3 +189,55 @@ def test_a_fetch_alone_leaves_dead_letters_to_a_commit_that_waits_for_the_disk(
         assert (view["deadLettered"], view["inFlight"]) == (1, 0)
 
     _run(db_url, scenario)
+
+
+def test_the_waiting_consumer_is_answered_before_the_producer(db_url: str) -> None:
+    """The commit that brings a waiting fetch its message answers the fetch first: the
+    consumer is waiting for it, the producer only for its acknowledgement."""
+
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "s"})
+        await svc.ensure_group("s", "g", {})
+        for k in range(3):
+            done: list[str] = []
+            fetch = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "c"))
+            fetch.add_done_callback(lambda _, done=done: done.append("fetch"))
+            await _wait_parked(svc, "s", 1)
+            await asyncio.sleep(0.3)  # PostgreSQL: let the LISTEN relay of earlier commits pass
+            await _wait_parked(svc, "s", 1)
+            produce = asyncio.create_task(svc.produce("s", {"messages": [{"data": k}]}))
+            produce.add_done_callback(lambda _, done=done: done.append("produce"))
+            await asyncio.gather(fetch, produce)
+            assert done == ["fetch", "produce"]
+            assert await svc.ack("s", "g", [d.seq for d in fetch.result().messages]) == (1, [])
+
+    _run(db_url, scenario)
+
+
+def test_small_writes_of_an_idle_server_run_on_the_event_loop_thread(
+    engine: str, db_url: str, tmp_path: Path
+) -> None:
+    """SQLite: a small batch whose commit does not wait for the disk runs on the event loop's
+    own thread (no hand-off to the writer thread and back); a commit that waits for the disk,
+    a big op, and every PostgreSQL transaction (round trips) run on the writer thread."""
+
+    async def on_loop_thread(svc: Service, **how: bool) -> bool:
+        ident = await svc.db.write(lambda batch: threading.get_ident(), **how)
+        return ident == threading.get_ident()
+
+    async def main() -> None:
+        for durability in ("process", "fsync"):
+            url = f"sqlite:///{tmp_path}/{durability}.db" if engine == "sqlite" else db_url
+            svc = Service(url, durability=durability)
+            await svc.start()
+            try:
+                await svc.db.write(lambda batch: None)  # the writer's connection exists
+                sqlite = engine == "sqlite"
+                assert await on_loop_thread(svc, small=False) is False
+                assert await on_loop_thread(svc, small=True) is (sqlite and durability == "process")
+                # Fetches alone do not wait for the disk in either mode.
+                assert await on_loop_thread(svc, small=True, relaxed=True) is sqlite
+            finally:
+                await svc.close()
+
+    asyncio.run(main())

@@ -71,6 +71,13 @@ def _unavailable(exc: Exception) -> Exception:
     return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
 
 
+# Writes this small may run on the event loop's thread when the server is idle (see
+# ``stations.store.writer.INLINE_OPS``): an append of this many bytes, a fetch or an ack of
+# this many messages.
+SMALL_APPEND_BYTES = 64 * 1024
+SMALL_FETCH = 100
+SMALL_ACK = 1000
+
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
 # ones before it is answered 409 (the reference server answers 409 at once).
 GAP_HOLD_S = 2.0
@@ -146,13 +153,18 @@ class Service:
     # -- plumbing ---------------------------------------------------------------------------
 
     async def write(
-        self, fn: Callable[..., T], *args: Any, sort_key: Any = None, relaxed: bool = False
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        sort_key: Any = None,
+        relaxed: bool = False,
+        small: bool = False,
     ) -> T:
-        """Run ``fn(batch, *args)`` in the writer's next transaction (``relaxed``: see
-        ``Writer.enqueue``)."""
+        """Run ``fn(batch, *args)`` in the writer's next transaction (``relaxed``, ``small``:
+        see ``Writer.enqueue``)."""
         with self.notifier.writing():  # held readers' answers wait for it (producers first)
             return await _committed(
-                self.db.write(lambda batch: fn(batch, *args), sort_key, relaxed)
+                self.db.write(lambda batch: fn(batch, *args), sort_key, relaxed, small=small)
             )
 
     @property
@@ -207,7 +219,9 @@ class Service:
             woken = self.notifier.subscribe(req.name)
             try:
                 appended = self.db.enqueue(
-                    lambda batch: log.append(batch, self.ids, req), sort_key=key
+                    lambda batch: log.append(batch, self.ids, req),
+                    sort_key=key,
+                    small=sum(map(len, req.messages)) <= SMALL_APPEND_BYTES,
                 )
                 self._serve_parked(req.name)
                 result: AppendResult = await _committed(appended)
@@ -419,7 +433,15 @@ class Service:
         # A lease lost to a power cut costs one more delivery of a message nobody acked, never
         # an acked one (an ack waits for the disk, and so for every lease before it): fetches
         # alone need not wait for an fsync (README, Durability).
-        return await self.write(groups.fetch, station, group, max_count, consumer, relaxed=True)
+        return await self.write(
+            groups.fetch,
+            station,
+            group,
+            max_count,
+            consumer,
+            relaxed=True,
+            small=max_count <= SMALL_FETCH,
+        )
 
     def _serve_parked(self, station: str) -> None:
         """Queue the parked fetches of ``station`` right behind an append just queued."""
@@ -433,7 +455,9 @@ class Service:
                 max_count=parked.max_count,
                 consumer=parked.consumer,
             )
-            parked.taken.set_result(self.db.enqueue(op, relaxed=True))
+            # Answered before the append that brings its messages: the consumer is waiting.
+            small = parked.max_count <= SMALL_FETCH
+            parked.taken.set_result(self.db.enqueue(op, relaxed=True, small=small, first=True))
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""
@@ -446,7 +470,7 @@ class Service:
         return await self.write(groups.seek, station, group, target)
 
     async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:
-        return await self.write(groups.ack, station, group, seqs)
+        return await self.write(groups.ack, station, group, seqs, small=len(seqs) <= SMALL_ACK)
 
     async def nack(
         self, station: str, group: str, seqs: list[int], delay_ms: int

@@ -51,7 +51,9 @@ class Database:
         await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
         if runs is not None:
             await loop.run_in_executor(self._readers, runs.load, self.read_engine)
-        self.writer = Writer(self.write_engine, on_commit, on_batch=on_batch)
+        self.writer = Writer(
+            self.write_engine, on_commit, on_batch=on_batch, fsync=self.durability == "fsync"
+        )
         self.writer.start()
         dsn = db.listen_dsn(self.url)
         if dsn is not None:
@@ -72,18 +74,29 @@ class Database:
         self.read_engine.dispose()
 
     def enqueue(
-        self, op: Callable[[Batch], T], sort_key: Any = None, relaxed: bool = False
+        self,
+        op: Callable[[Batch], T],
+        sort_key: Any = None,
+        relaxed: bool = False,
+        *,
+        small: bool = False,
+        first: bool = False,
     ) -> asyncio.Future[T]:
         """Queue ``op`` for the writer now (ops queued in one step of the event loop share a
-        transaction, in order); the future is answered after the commit. ``relaxed``: see
-        ``Writer.enqueue``."""
-        return self.writer.enqueue(op, sort_key, relaxed)
+        transaction, in order); the future is answered after the commit. ``relaxed``,
+        ``small``, ``first``: see ``Writer.enqueue``."""
+        return self.writer.enqueue(op, sort_key, relaxed, small=small, first=first)
 
     async def write(
-        self, op: Callable[[Batch], T], sort_key: Any = None, relaxed: bool = False
+        self,
+        op: Callable[[Batch], T],
+        sort_key: Any = None,
+        relaxed: bool = False,
+        *,
+        small: bool = False,
     ) -> T:
         """Run ``op(batch)`` in the writer's next transaction; answered after the commit."""
-        result: T = await self.writer.submit(op, sort_key, relaxed)
+        result: T = await self.writer.submit(op, sort_key, relaxed, small=small)
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

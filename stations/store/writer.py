@@ -34,6 +34,13 @@ log = logging.getLogger("stations.store.writer")
 # raises a StationsError, and must not write anything before it has decided to succeed.
 Op = Callable[["Batch"], Any]
 MAX_BATCH = 512
+# A batch of at most this many small ops, with nothing queued behind it, whose commit does not
+# wait for the disk, runs on the event loop's own thread when the database is embedded
+# (SQLite: its statements and such a commit are local work that returns at once). Handing it to
+# the writer thread and the answer back costs two thread wake-ups, more than the transaction
+# itself when the server is otherwise idle. Everything else runs on the writer thread, so the
+# event loop never waits for the disk (fsync) or for another process (PostgreSQL).
+INLINE_OPS = 4
 
 
 def now_ms() -> int:
@@ -136,6 +143,8 @@ class _Pending:
     future: asyncio.Future[Any]
     sort_key: Any = None
     relaxed: bool = False
+    small: bool = False
+    first: bool = False
 
 
 def _in_producer_order(batch: list[_Pending]) -> list[_Pending]:
@@ -163,8 +172,11 @@ class Writer:
         engine: Engine,
         on_commit: Callable[[set[str]], None],
         on_batch: Callable[[int, float], None] | None = None,
+        *,
+        fsync: bool = True,
     ) -> None:
         self._engine = engine
+        self._fsync = fsync  # a strict commit waits for the disk (--durability fsync)
         self._on_commit = on_commit
         self._on_batch = on_batch  # (ops, seconds to run and commit) for monitoring
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -192,20 +204,32 @@ class Writer:
             self._conn.close()
             self._conn = None
 
-    def enqueue(self, op: Op, sort_key: Any = None, relaxed: bool = False) -> asyncio.Future[Any]:
+    def enqueue(
+        self,
+        op: Op,
+        sort_key: Any = None,
+        relaxed: bool = False,
+        *,
+        small: bool = False,
+        first: bool = False,
+    ) -> asyncio.Future[Any]:
         """Queue ``op`` now; ops queued in one step of the event loop share a transaction
         (unless the batch is full), in the order they were queued.
 
         ``relaxed``: what ``op`` writes may be lost by a power cut (never by a crash of this
         process); a batch of such ops alone commits without waiting for an fsync (see
         ``db.relaxed_transaction``). For leases, whose loss costs a redelivery, not an
-        answered write."""
+        answered write. ``small``: a few statements on a few rows (see ``INLINE_OPS``).
+        ``first``: answered before the other ops of its commit (a consumer waiting for the
+        messages the commit brings)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, future, sort_key, relaxed))
+        self._queue.put_nowait(_Pending(op, future, sort_key, relaxed, small, first))
         return future
 
-    async def submit(self, op: Op, sort_key: Any = None, relaxed: bool = False) -> Any:
-        return await self.enqueue(op, sort_key, relaxed)
+    async def submit(
+        self, op: Op, sort_key: Any = None, relaxed: bool = False, *, small: bool = False
+    ) -> Any:
+        return await self.enqueue(op, sort_key, relaxed, small=small)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -221,9 +245,13 @@ class Writer:
                 # Only a batch of ops that all may lose their writes to a power cut commits
                 # without waiting for the disk.
                 strict = not all(p.relaxed for p in batch)
-                outcomes, changed, hooks = await loop.run_in_executor(
-                    self._thread, self._execute, [p.op for p in batch], strict
-                )
+                ops = [p.op for p in batch]
+                if self._inline(batch, strict):
+                    outcomes, changed, hooks = self._execute(ops, strict)
+                else:
+                    outcomes, changed, hooks = await loop.run_in_executor(
+                        self._thread, self._execute, ops, strict
+                    )
                 if self._on_batch is not None:
                     self._on_batch(len(batch), time.perf_counter() - started)
             except Exception as exc:  # the database itself failed: every request hears it
@@ -232,7 +260,8 @@ class Writer:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 continue
-            for p, (ok, value) in zip(batch, outcomes, strict=True):
+            answers = sorted(zip(batch, outcomes, strict=True), key=lambda a: not a[0].first)
+            for p, (ok, value) in answers:
                 if p.future.done():
                     continue
                 if ok:
@@ -243,6 +272,16 @@ class Writer:
                 hook()
             if changed:
                 self._on_commit(changed)
+
+    def _inline(self, batch: list[_Pending], strict: bool) -> bool:
+        """Whether this batch runs on the event loop's thread (see ``INLINE_OPS``)."""
+        return (
+            not self._pg
+            and not (strict and self._fsync)
+            and len(batch) <= INLINE_OPS
+            and self._queue.empty()
+            and all(p.small for p in batch)
+        )
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
