@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from stations.domain import dls, reads
 from stations.domain.errors import BadRequest, NotFound
@@ -89,11 +89,24 @@ def _int(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
 
 
 def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock: bool) -> Group:
-    conn = batch_or_conn.conn if isinstance(batch_or_conn, Batch) else batch_or_conn
+    """The group's row. In a writer batch it is read (and locked) once: the batch's other ops
+    on the group (concurrent consumers' fetches and acks share a commit) use the same object,
+    which every change of the row in this module updates too."""
+    key = ("group", state.id, name)
+    if isinstance(batch_or_conn, Batch):
+        cached = batch_or_conn.locked.get(key)
+        if cached is not None:
+            return cast(Group, cached)
+        conn = batch_or_conn.conn
+    else:
+        conn = batch_or_conn
     row = store.load(conn, state.id, name, lock=lock)
     if row is None:
         raise NotFound(f"group {name} not found on station {state.name}", "group")
-    return Group(**row)
+    group = Group(**row)
+    if isinstance(batch_or_conn, Batch) and lock:
+        batch_or_conn.locked[key] = group
+    return group
 
 
 def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool]:
@@ -154,6 +167,7 @@ def remove(batch: Batch, station: str, name: str) -> None:
     group = _load(batch, state, name, lock=True)
     dls.drop_group(batch, group.id)
     store.remove(batch.conn, group.id)
+    batch.locked.pop(("group", state.id, name), None)
 
 
 def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
@@ -232,6 +246,7 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     deadline = batch.now + group.max_ack_time_ms
     if new:
         store.lease_new(batch.conn, group.id, start + 1, last, consumer, deadline)
+        group.cursor = last
     if picked:
         store.lease_again(batch.conn, group.id, list(picked), consumer, deadline)
     counts = {seq: count + 1 for seq, count in picked.items()} | dict.fromkeys(new, 1)
@@ -410,5 +425,6 @@ def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> Seek
         cursor = state.tail if first is None else first - 1
     revoked, dropped = store.clear(batch.conn, group.id)
     store.change(batch.conn, group.id, cursor=cursor)
+    group.cursor = cursor
     batch.changed.add(state.name)  # waiting fetchers may have something new to take
     return SeekResult(cursor, revoked, dropped)

@@ -57,6 +57,9 @@ class Batch:
     # op then writes nothing a power cut must not lose.
     durable: bool = True
     streams: dict[str, StreamState | None] = field(default_factory=dict)
+    # Other rows this transaction read under a lock, kept in step by the ops that change them
+    # (a consumer group's row: ``stations.domain.groups``).
+    locked: dict[Any, Any] = field(default_factory=dict)
     dirty: dict[int, StreamState] = field(default_factory=dict)
     # Rows to insert at commit, as tuples in column order (see _INSERT_MESSAGE / _INSERT_ID).
     rows: list[tuple[Any, ...]] = field(default_factory=list)
@@ -130,6 +133,7 @@ class Batch:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()
         self.sessions.clear()
+        self.locked.clear()
 
 
 def _fill(fills: list[tuple[Any, str, Any]]) -> None:
