@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +155,11 @@ def _in_producer_order(batch: list[_Pending]) -> list[_Pending]:
 
 
 class Writer:
+    """The group-commit writer. Its thread runs one transaction after another on its own, as
+    long as ops are waiting: the next transaction starts the moment the last one committed,
+    not after the event loop came round to it. The event loop only hands ops over and settles
+    the answers."""
+
     def __init__(
         self,
         engine: Engine,
@@ -163,24 +169,25 @@ class Writer:
         self._engine = engine
         self._on_commit = on_commit
         self._on_batch = on_batch  # (ops, seconds to run and commit) for monitoring
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stations-writer")
-        self._task: asyncio.Task[None] | None = None
+        # Ops queued in this step of the event loop, handed to the thread together at its end.
+        self._staged: list[_Pending] = []
+        self._inbox: queue.SimpleQueue[list[_Pending] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="stations-writer", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Connection | None = None
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
         self.backend_pid: int | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._thread, self._close_conn)
-        self._thread.shutdown(wait=True)
+        if not self._thread.is_alive():
+            return
+        self._hand_over()
+        self._inbox.put(None)
+        await asyncio.to_thread(self._thread.join)
 
     def _close_conn(self) -> None:
         if self._conn is not None:
@@ -190,35 +197,78 @@ class Writer:
     def enqueue(self, op: Op, sort_key: Any = None) -> asyncio.Future[Any]:
         """Queue ``op`` now; ops queued in one step of the event loop share a transaction
         (unless the batch is full), in the order they were queued."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, future, sort_key))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._staged:
+            loop.call_soon(self._hand_over)
+        self._staged.append(_Pending(op, future, sort_key))
         return future
 
     async def submit(self, op: Op, sort_key: Any = None) -> Any:
         return await self.enqueue(op, sort_key)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < MAX_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            batch = _in_producer_order([p for p in batch if not p.future.cancelled()])
+    def _hand_over(self) -> None:
+        if self._staged:
+            self._inbox.put(self._staged)
+            self._staged = []
+
+    def _serve(self) -> None:
+        """The writer thread: each transaction takes every op that waits (up to MAX_BATCH)."""
+        assert self._loop is not None
+        loop = self._loop
+        waiting: list[_Pending] = []
+        stopping = False
+        while not stopping or waiting:
+            if not waiting:
+                chunk = self._inbox.get()
+                if chunk is None:
+                    break
+                waiting = chunk
+            while len(waiting) < MAX_BATCH and not stopping:
+                try:
+                    chunk = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if chunk is None:
+                    stopping = True
+                else:
+                    waiting += chunk
+            taken, waiting = waiting[:MAX_BATCH], waiting[MAX_BATCH:]
+            batch = _in_producer_order([p for p in taken if not p.future.cancelled()])
             if not batch:
                 continue
             started = time.perf_counter()
+            outcome: Any
             try:
-                outcomes, changed, hooks = await loop.run_in_executor(
-                    self._thread, self._execute, [p.op for p in batch]
-                )
-                if self._on_batch is not None:
-                    self._on_batch(len(batch), time.perf_counter() - started)
+                outcome = self._execute([p.op for p in batch])
             except Exception as exc:  # the database itself failed: every request hears it
                 log.exception("write batch failed")
+                outcome = exc
+            seconds = time.perf_counter() - started
+            # Hooks put in memory what the next transaction must see (the ids just stored):
+            # it waits until the event loop has run them.
+            settled = threading.Event() if isinstance(outcome, tuple) and outcome[2] else None
+            try:
+                loop.call_soon_threadsafe(self._settle, batch, outcome, seconds, settled)
+            except RuntimeError:  # the event loop is closed: no one is waiting any more
+                break
+            if settled is not None:
+                settled.wait()
+        self._close_conn()
+
+    def _settle(
+        self, batch: list[_Pending], outcome: Any, seconds: float, settled: threading.Event | None
+    ) -> None:
+        """On the event loop: answer the batch's requests, run its hooks, wake its readers."""
+        try:
+            if isinstance(outcome, BaseException):
                 for p in batch:
                     if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
+                        p.future.set_exception(outcome)
+                return
+            outcomes, changed, hooks = outcome
+            if self._on_batch is not None:
+                self._on_batch(len(batch), seconds)
             for p, (ok, value) in zip(batch, outcomes, strict=True):
                 if p.future.done():
                     continue
@@ -230,6 +280,9 @@ class Writer:
                 hook()
             if changed:
                 self._on_commit(changed)
+        finally:
+            if settled is not None:
+                settled.set()
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
