@@ -21,7 +21,8 @@ from bench.load import Result
 from bench.servers import Server
 
 SCENARIOS = ("single", "batched", "pipelined", "read")
-TARGETS = {"single": 5.0, "batched": 1.0, "pipelined": 1.0, "read": 1.0}
+# Issue 12: single appends at least 5x the reference, batched and pipelined producers 1.2x.
+TARGETS = {"single": 5.0, "batched": 1.2, "pipelined": 1.2, "read": 1.0}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

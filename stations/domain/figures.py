@@ -78,7 +78,10 @@ class Tally:
     def appended(
         self, station: str, results: Iterable[tuple[Any, bool]], producer_dup: bool
     ) -> None:
-        dups = sum(1 for _, duplicate in results if duplicate)
+        # An append of new messages only (log.Fresh) knows it has none, without a count.
+        dups = getattr(results, "duplicates", None)
+        if dups is None:
+            dups = sum(1 for _, duplicate in results if duplicate)
         if dups:
             self.duplicates[station] += dups
         if producer_dup:

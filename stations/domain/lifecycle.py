@@ -8,6 +8,7 @@ fork goes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ class CreateRequest:
     ttl_seconds: int | None = None
     expires_at: int | None = None
     closed: bool = False
-    initial: list[bytes] = field(default_factory=list)
+    initial: Sequence[bytes] = field(default_factory=list)
     fork_from: str | None = None
     fork_offset: int | None = None
     fork_sub_offset: int = 0

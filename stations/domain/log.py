@@ -6,8 +6,12 @@ tail, the producer session and the message ids commit together or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import overload
 
+from stations.domain import framing
 from stations.domain import producers as sessions
 from stations.domain.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
 from stations.domain.idwindow import IdWindow
@@ -15,8 +19,6 @@ from stations.domain.producers import Producer, Verdict
 from stations.domain.streams import StreamState, same_content_type
 from stations.store import sql
 from stations.store.writer import Batch
-
-SEP = b"\n"  # between the messages of a multi-message JSON row (see schema.messages)
 
 
 class SequenceGap(Conflict):
@@ -54,7 +56,7 @@ class StreamClosed(Conflict):
 class AppendRequest:
     name: str
     content_type: str | None = None
-    messages: list[bytes] = field(default_factory=list)
+    messages: Sequence[bytes] = field(default_factory=list)  # a JSON array: a framing.Span
     msg_ids: list[str | None] | None = None
     headers: list[str | None] | None = None
     close: bool = False
@@ -62,6 +64,35 @@ class AppendRequest:
     stream_seq: str | None = None
     # A body error is reported only after the closed check, as the protocol orders them.
     body_error: BadRequest | None = None
+
+
+Outcome = tuple[int | None, bool]  # (offset, duplicate) of one message
+
+
+class Fresh(Sequence[Outcome]):
+    """The outcome of ``n`` new messages stored from offset ``first`` on: what an append
+    without message ids answers, without a tuple per message."""
+
+    __slots__ = ("first", "n")
+    duplicates = 0
+
+    def __init__(self, first: int, n: int) -> None:
+        self.first, self.n = first, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[Outcome]:
+        return zip(range(self.first, self.first + self.n), repeat(False))
+
+    @overload
+    def __getitem__(self, index: int) -> Outcome: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Outcome]: ...
+    def __getitem__(self, index: int | slice) -> Outcome | Sequence[Outcome]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return range(self.first, self.first + self.n)[index], False
 
 
 @dataclass
@@ -72,7 +103,7 @@ class AppendResult:
     producer: Producer | None = None
     producer_seq: int | None = None  # highest accepted seq of the producer's epoch
     # (offset, duplicate) per message; offset None when a duplicate's original is unknown
-    results: list[tuple[int | None, bool]] = field(default_factory=list)
+    results: Sequence[Outcome] = field(default_factory=list)
 
 
 def _session(batch: Batch, state: StreamState, producer_id: str) -> sessions.Session | None:
@@ -144,24 +175,26 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
             f"Stream-Seq {req.stream_seq!r} is not above {state.stream_seq!r}", "Stream-Seq"
         )
 
-    results: list[tuple[int | None, bool]]
-    headers = req.headers or [None] * len(req.messages)
+    results: Sequence[Outcome]
     if not req.msg_ids:
         # The common case, kept tight: every message is new.
         base, now, n = state.tail, batch.now, len(req.messages)
         if n > 1 and state.is_json and not req.headers:
             # One row for the whole request: positions stay per message, the row is shared.
-            batch.rows.append((state.id, base + n, SEP.join(req.messages), None, None, now, n))
+            data = framing.joined(req.messages)
+            batch.rows.append((state.id, base + n, data, None, None, now, n))
         else:
+            headers = req.headers or [None] * n
             batch.rows.extend(
                 (state.id, base + k, data, None, headers[k - 1], now, 1)
                 for k, data in enumerate(req.messages, 1)
             )
         state.tail += n
-        state.msg_count += len(req.messages)
-        state.byte_count += sum(map(len, req.messages))
-        results = [(position, False) for position in range(base, state.tail)]
+        state.msg_count += n
+        state.byte_count += framing.size(req.messages)
+        results = Fresh(base, n)
     else:
+        headers = req.headers or [None] * len(req.messages)
         results = _append_tagged(batch, window, state, req, headers)
 
     if producer is not None:

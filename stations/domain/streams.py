@@ -7,9 +7,10 @@ deleting them is decided in ``lifecycle``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 
 @dataclass
@@ -44,14 +45,15 @@ class StreamState:
     @classmethod
     def from_row(cls, row: Any) -> StreamState:
         values = dict(row._mapping)
-        values["config"] = json.loads(values["config"])
+        values["config"] = orjson.loads(values["config"])
         return cls(**values)
 
     @classmethod
     def from_tuple(cls, row: tuple[Any, ...]) -> StreamState:
         """From a driver row in ``streams`` column order."""
         state = cls(*row)
-        state.config = json.loads(state.config)  # type: ignore[arg-type]
+        # orjson: every append's transaction loads its stream's row and writes it back.
+        state.config = orjson.loads(state.config)  # type: ignore[arg-type]
         state.closed = bool(state.closed)
         state.deleted = bool(state.deleted)
         return state
@@ -72,7 +74,7 @@ class StreamState:
     def column(self, name: str) -> Any:
         """A column's value as stored (the config as JSON text)."""
         if name == "config":
-            return json.dumps(self.config, separators=(",", ":"))
+            return orjson.dumps(self.config).decode()
         return getattr(self, name)
 
 

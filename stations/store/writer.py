@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +35,13 @@ log = logging.getLogger("stations.store.writer")
 # raises a StationsError, and must not write anything before it has decided to succeed.
 Op = Callable[["Batch"], Any]
 MAX_BATCH = 512
-# A batch of at most this many small ops, with nothing queued behind it, whose commit does not
-# wait for the disk, runs on the event loop's own thread when the database is embedded
-# (SQLite: its statements and such a commit are local work that returns at once). Handing it to
-# the writer thread and the answer back costs two thread wake-ups, more than the transaction
-# itself when the server is otherwise idle. Everything else runs on the writer thread, so the
-# event loop never waits for the disk (fsync) or for another process (PostgreSQL).
+# A batch of at most this many small ops, handed over while the writer thread has nothing in
+# hand, whose commit does not wait for the disk, runs on the event loop's own thread when the
+# database is embedded (SQLite: its statements and such a commit are local work that returns at
+# once). Handing it to the writer thread and the answer back costs two thread wake-ups, more
+# than the transaction itself when the server is otherwise idle. Everything else runs on the
+# writer thread, so the event loop never waits for the disk (fsync) or for another process
+# (PostgreSQL).
 INLINE_OPS = 4
 
 
@@ -170,7 +172,18 @@ def _in_producer_order(batch: list[_Pending]) -> list[_Pending]:
     return out
 
 
+def _strict(batch: list[_Pending]) -> bool:
+    """Whether the batch's commit waits for the disk: unless every op may lose its writes to a
+    power cut."""
+    return not all(p.relaxed for p in batch)
+
+
 class Writer:
+    """The group-commit writer. Its thread runs one transaction after another on its own, as
+    long as ops are waiting: the next transaction starts the moment the last one committed,
+    not after the event loop came round to it. The event loop only hands ops over and settles
+    the answers."""
+
     def __init__(
         self,
         engine: Engine,
@@ -183,25 +196,29 @@ class Writer:
         self._fsync = fsync  # a strict commit waits for the disk (--durability fsync)
         self._on_commit = on_commit
         self._on_batch = on_batch  # (ops, seconds to run and commit) for monitoring
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stations-writer")
-        self._task: asyncio.Task[None] | None = None
+        # Ops queued in this step of the event loop, handed to the thread together at its end.
+        self._staged: list[_Pending] = []
+        self._inbox: queue.SimpleQueue[list[_Pending] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="stations-writer", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Ops handed to the thread and not settled yet (read and written on the event loop
+        # only): while any are, the thread owns the connection and the order of commits.
+        self._unsettled = 0
         self._conn: Connection | None = None
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
         self.backend_pid: int | None = None
         self.relaxed_commits = 0  # commits that did not wait for the disk (monitoring)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._thread, self._close_conn)
-        self._thread.shutdown(wait=True)
+        if not self._thread.is_alive():
+            return
+        self._hand_over()
+        self._inbox.put(None)
+        await asyncio.to_thread(self._thread.join)
 
     def _close_conn(self) -> None:
         if self._conn is not None:
@@ -226,8 +243,11 @@ class Writer:
         answered write. ``small``: a few statements on a few rows (see ``INLINE_OPS``).
         ``first``: answered before the other ops of its commit (a consumer waiting for the
         messages the commit brings)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, future, sort_key, relaxed, small, first))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._staged:
+            loop.call_soon(self._hand_over)
+        self._staged.append(_Pending(op, future, sort_key, relaxed, small, first))
         return future
 
     async def submit(
@@ -235,35 +255,106 @@ class Writer:
     ) -> Any:
         return await self.enqueue(op, sort_key, relaxed, small=small)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < MAX_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            batch = _in_producer_order([p for p in batch if not p.future.cancelled()])
-            if not batch:
-                continue
-            started = time.perf_counter()
-            try:
-                # Only a batch of ops that all may lose their writes to a power cut commits
-                # without waiting for the disk.
-                strict = not all(p.relaxed for p in batch)
-                ops = [p.op for p in batch]
-                if self._inline(batch, strict):
-                    outcomes, changed, hooks = self._execute(ops, strict)
+    def _hand_over(self) -> None:
+        staged, self._staged = self._staged, []
+        if not staged:
+            return
+        if self._unsettled == 0 and self._inline(staged):
+            self._run_here(staged)
+            return
+        self._unsettled += len(staged)
+        self._inbox.put(staged)
+
+    def _inline(self, staged: list[_Pending]) -> bool:
+        """Whether these ops run on the event loop's thread (see ``INLINE_OPS``)."""
+        return (
+            not self._pg
+            and len(staged) <= INLINE_OPS
+            and all(p.small for p in staged)
+            and not (self._fsync and not all(p.relaxed for p in staged))
+        )
+
+    def _run_here(self, staged: list[_Pending]) -> None:
+        batch = _in_producer_order([p for p in staged if not p.future.cancelled()])
+        if not batch:
+            return
+        started = time.perf_counter()
+        outcome: Any
+        try:
+            outcome = self._execute([p.op for p in batch], _strict(batch))
+        except Exception as exc:  # the database itself failed: every request hears it
+            log.exception("write batch failed")
+            outcome = exc
+        self._settle(batch, 0, outcome, time.perf_counter() - started, None)
+
+    def _serve(self) -> None:
+        """The writer thread: each transaction takes every op that waits (up to MAX_BATCH)."""
+        assert self._loop is not None
+        loop = self._loop
+        waiting: list[_Pending] = []
+        stopping = False
+        while not stopping or waiting:
+            if not waiting:
+                chunk = self._inbox.get()
+                if chunk is None:
+                    break
+                waiting = chunk
+            while len(waiting) < MAX_BATCH and not stopping:
+                try:
+                    chunk = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if chunk is None:
+                    stopping = True
                 else:
-                    outcomes, changed, hooks = await loop.run_in_executor(
-                        self._thread, self._execute, ops, strict
-                    )
-                if self._on_batch is not None:
-                    self._on_batch(len(batch), time.perf_counter() - started)
+                    waiting += chunk
+            taken, waiting = waiting[:MAX_BATCH], waiting[MAX_BATCH:]
+            batch = _in_producer_order([p for p in taken if not p.future.cancelled()])
+            started = time.perf_counter()
+            outcome: Any = ([], set(), [])
+            try:
+                if batch:
+                    outcome = self._execute([p.op for p in batch], _strict(batch))
             except Exception as exc:  # the database itself failed: every request hears it
                 log.exception("write batch failed")
+                outcome = exc
+            seconds = time.perf_counter() - started
+            # Hooks put in memory what the next transaction must see (the ids just stored):
+            # it waits until the event loop has run them.
+            settled = threading.Event() if isinstance(outcome, tuple) and outcome[2] else None
+            try:
+                loop.call_soon_threadsafe(
+                    self._settle, batch, len(taken), outcome, seconds, settled
+                )
+            except RuntimeError:  # the event loop is closed: no one is waiting any more
+                break
+            if settled is not None:
+                settled.wait()
+        self._close_conn()
+
+    def _settle(
+        self,
+        batch: list[_Pending],
+        handed: int,
+        outcome: Any,
+        seconds: float,
+        settled: threading.Event | None,
+    ) -> None:
+        """On the event loop: answer the batch's requests (the consumers waiting for what it
+        brings first), run its hooks, wake its readers. ``handed``: how many ops the thread
+        took for it (cancelled ones included)."""
+        self._unsettled -= handed
+        try:
+            if not batch:
+                return
+            if isinstance(outcome, BaseException):
                 for p in batch:
                     if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
+                        p.future.set_exception(outcome)
+                return
+            outcomes, changed, hooks = outcome
+            if self._on_batch is not None:
+                self._on_batch(len(batch), seconds)
             answers = sorted(zip(batch, outcomes, strict=True), key=lambda a: not a[0].first)
             for p, (ok, value) in answers:
                 if p.future.done():
@@ -276,16 +367,9 @@ class Writer:
                 hook()
             if changed:
                 self._on_commit(changed)
-
-    def _inline(self, batch: list[_Pending], strict: bool) -> bool:
-        """Whether this batch runs on the event loop's thread (see ``INLINE_OPS``)."""
-        return (
-            not self._pg
-            and not (strict and self._fsync)
-            and len(batch) <= INLINE_OPS
-            and self._queue.empty()
-            and all(p.small for p in batch)
-        )
+        finally:
+            if settled is not None:
+                settled.set()
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
@@ -341,7 +425,6 @@ class Writer:
                 if self._pg and batch.changed:
                     for name in batch.changed:
                         conn.execute(select(func.pg_notify(CHANNEL, name)))
-
         except DBAPIError:
             if conn.invalidated:
                 self._conn = None
