@@ -20,6 +20,8 @@ from stations.domain.streams import StreamState, same_content_type
 from stations.store import sql
 from stations.store.writer import Batch
 
+SEP = b"\n"  # between the messages of a multi-message JSON row (see schema.messages)
+
 
 class SequenceGap(Conflict):
     """A producer request ahead of its turn; the caller may wait for the missing ones."""
