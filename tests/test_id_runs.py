@@ -237,6 +237,6 @@ def test_a_failed_move_keeps_ids_and_appends(
             # The half-done move was rolled back to its savepoint; every id is in id_blocks.
             assert conn.execute("SELECT count(*) FROM id_runs").fetchone() == (0,)
             assert conn.execute("SELECT sum(ids) FROM id_blocks").fetchone() == (50,)
-            assert conn.execute("SELECT count(*) FROM messages").fetchone() == (50,)
+            assert conn.execute("SELECT sum(span) FROM messages").fetchone() == (50,)
 
     asyncio.run(scenario())

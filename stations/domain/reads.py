@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from stations.domain.errors import BadRequest, Gone
-from stations.domain.log import live_stream
+from stations.domain.log import live_stream, unpack
 from stations.domain.streams import StreamState
 from stations.store import messages as stored
 from stations.store.db import Tx
@@ -95,10 +95,12 @@ def read(tx: Tx, name: str, position: int | None, *, now: int, max_bytes: int) -
 def scan(tx: Tx, state: StreamState, after: int) -> Iterator[Message]:
     """Every message after ``after``, one by one, with its id, headers and store time."""
     for row, lo, hi in stored.rows(tx, state, after):
-        first = row[0] - row[1]
+        first, span = row[0] - row[1], row[1]
         pieces = _split(row)
+        ids, headers = unpack(row[3], span), unpack(row[4], span)
         for position in range(lo + 1, hi + 1):
-            yield Message(position, pieces[position - first - 1], row[3], row[4], row[5])
+            k = position - first - 1
+            yield Message(position, pieces[k], ids[k], headers[k], row[5])
 
 
 def read_messages(

@@ -30,7 +30,9 @@ from __future__ import annotations
 import logging
 import threading
 from array import array
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -82,7 +84,7 @@ class Block:
     seq0: int  # position of the first: the block's key
     stored_at: int
     ids: list[str]
-    seqs: array[int]
+    seqs: Sequence[int]  # ascending
 
 
 @dataclass
@@ -90,20 +92,13 @@ class StationRuns:
     runs: dict[int, Run] = field(default_factory=dict)
     epochs: list[Epoch] = field(default_factory=list)
     unfiltered: set[int] = field(default_factory=set)  # runs no filter covers: always probed
-    # Every id of the station's committed blocks: msg_id -> (position, stored_at). An id stored
-    # again after it expired is in two blocks; the dict holds the newer copy.
-    hot_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Every id of the station's committed blocks: msg_id -> position (when it was stored is its
+    # block's, see ``stored_at``: no tuple per id). An id stored again after it expired is in
+    # two blocks; the dict holds the newer copy.
+    hot_ids: dict[str, int] = field(default_factory=dict)
     blocks: deque[Block] = field(default_factory=deque)  # oldest first
     hot: int = 0  # ids in blocks (a re-stored id counts twice)
     last_run: int = 0  # run numbers are never reused while the process lives
-
-
-@dataclass
-class Draft:
-    """A block being filled by the current batch."""
-
-    ids: list[str] = field(default_factory=list)
-    seqs: list[int] = field(default_factory=list)
 
 
 class IdRuns:
@@ -212,13 +207,24 @@ class IdRuns:
 
     # -- lookups -----------------------------------------------------------------------------
 
-    def hot_ids(self, stream_id: int) -> dict[str, tuple[int, int]]:
-        """The station's committed recent ids: ``{msg_id: (position, stored_at)}``. Read-only
-        for the caller; the writer thread and its after-commit hooks are its only writers."""
+    def hot_ids(self, stream_id: int) -> dict[str, int]:
+        """The station's committed recent ids: ``{msg_id: position}``. Read-only for the
+        caller; the writer thread and its after-commit hooks are its only writers."""
         station = self._stations.get(stream_id)
         if station is None:
             station = self._stations[stream_id] = StationRuns()
         return station.hot_ids
+
+    def hot_since(self, stream_id: int) -> int | None:
+        """When the station's oldest hot id was stored (None: it has none): every hot id is at
+        least that young, so one comparison tells whether all are still in the window."""
+        station = self._stations.get(stream_id)
+        return station.blocks[0].stored_at if station is not None and station.blocks else None
+
+    def stored_at(self, stream_id: int, seq: int) -> int:
+        """When the hot id at position ``seq`` was stored: its block's time."""
+        blocks = self._stations[stream_id].blocks
+        return blocks[bisect_right(blocks, seq, key=lambda b: b.seq0) - 1].stored_at
 
     def lookup(
         self, batch: Batch, state: StreamState, wanted: list[str]
@@ -258,27 +264,31 @@ class IdRuns:
 
     # -- storing and spilling -----------------------------------------------------------------
 
-    def stored(self, batch: Batch, stream_id: int, stored: list[tuple[str, int]]) -> None:
-        """New ``(msg_id, position)`` pairs go into this batch's block of the station."""
+    def stored(self, batch: Batch, stream_id: int, stored: dict[str, int]) -> None:
+        """New ``{msg_id: position}`` go into this batch's block of the station."""
         draft = batch.id_blocks.get(stream_id)
         if draft is None:
-            draft = batch.id_blocks[stream_id] = Draft()
+            draft = batch.id_blocks[stream_id] = {}
             batch.block_writer = self.write_blocks
             batch.before_commit[("spill ids", stream_id)] = lambda b: self._spill(b, stream_id)
-        for msg_id, seq in stored:
-            draft.ids.append(msg_id)
-            draft.seqs.append(seq)
+        draft.update(stored)
 
     def write_blocks(self, batch: Batch) -> None:
         """Write the batch's blocks (one row per station); RAM learns them after the commit."""
         rows = []
         for stream_id, draft in batch.id_blocks.items():
-            seqs = array("q", draft.seqs)
+            ids, seqs = list(draft), list(draft.values())
             rows.append(
-                (stream_id, seqs[0], batch.now, len(seqs), "\n".join(draft.ids).encode(),
-                 seqs.tobytes())
+                (
+                    stream_id,
+                    seqs[0],
+                    batch.now,
+                    len(seqs),
+                    "\n".join(ids).encode(),
+                    array("q", seqs).tobytes(),
+                )
             )
-            block = Block(seqs[0], batch.now, draft.ids, seqs)
+            block = Block(seqs[0], batch.now, ids, seqs)
             station = self._stations.setdefault(stream_id, StationRuns())
             batch.after_commit.append(partial(self._add_block, station, block))
         batch.id_blocks = {}
@@ -294,9 +304,7 @@ class IdRuns:
 
     @staticmethod
     def _add_block(station: StationRuns, block: Block) -> None:
-        hot, at = station.hot_ids, block.stored_at
-        for msg_id, seq in zip(block.ids, block.seqs, strict=True):
-            hot[msg_id] = (seq, at)
+        station.hot_ids.update(zip(block.ids, block.seqs, strict=True))
         station.blocks.append(block)
         station.hot += len(block.ids)
 
@@ -378,8 +386,7 @@ class IdRuns:
             block = station.blocks.popleft()
             station.hot -= len(block.ids)
             for msg_id, seq in zip(block.ids, block.seqs, strict=True):
-                entry = hot.get(msg_id)
-                if entry is not None and entry[0] == seq:
+                if hot.get(msg_id) == seq:
                     del hot[msg_id]
 
     def _add_run(self, stream_id: int, run: Run, ids: list[str]) -> None:

@@ -67,12 +67,14 @@ messages = Table(
     Column("stream_id", Integer, primary_key=True, autoincrement=False),
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("data", LargeBinary, nullable=False),
-    Column("msg_id", String(256)),
+    # One id, or on a multi-message row the ids of its messages joined by "\n" (so Text).
+    Column("msg_id", Text),
     Column("headers", Text),
     Column("stored_at", BigInteger, nullable=False),
-    # A row holds the messages at positions seq - span + 1 .. seq. Plain JSON appends of many
-    # messages store one row per request, the messages joined by "\n" (compact JSON never
-    # contains a raw newline); a message with an id or headers always has a row of its own.
+    # A row holds the messages at positions seq - span + 1 .. seq. A JSON append of many
+    # messages stores one row per request, the messages joined by "\n" (compact JSON never
+    # contains a raw newline), and their ids and headers, if any, joined by "\n" likewise
+    # (an empty one: a message without); see ``stations.domain.log.pack``.
     Column("span", Integer, nullable=False, server_default="1"),
 )
 

@@ -53,8 +53,8 @@ class Batch:
     ids: list[tuple[Any, ...]] = field(default_factory=list)
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     dirty_sessions: set[tuple[int, str]] = field(default_factory=set)
-    # Ids stored by this batch, until it commits: (stream id, msg_id) -> position.
-    pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)
+    # Ids stored by this batch, until it commits: stream id -> {msg_id: position}.
+    pending_ids: dict[int, dict[str, int]] = field(default_factory=dict)
     # SQLite: the ids of this batch per station, written as one id_blocks row each at flush.
     id_blocks: dict[int, Any] = field(default_factory=dict)
     block_writer: Callable[[Batch], None] | None = None
@@ -62,7 +62,6 @@ class Batch:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
-    cache_fills: list[tuple[Any, str, Any]] = field(default_factory=list)  # (cache, key, value)
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
@@ -120,11 +119,6 @@ class Batch:
         """Drop cached state after a structural change (create, delete)."""
         self.streams.clear()
         self.sessions.clear()
-
-
-def _fill(fills: list[tuple[Any, str, Any]]) -> None:
-    for cache, key, value in fills:
-        cache[key] = value
 
 
 @dataclass
@@ -283,6 +277,4 @@ class Writer:
             if conn.invalidated:
                 self._conn = None
             raise
-        if batch.cache_fills:
-            batch.after_commit.append(lambda: _fill(batch.cache_fills))
         return outcomes, batch.changed, batch.after_commit
