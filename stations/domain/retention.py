@@ -86,8 +86,9 @@ def _enforce_one(batch: Batch, name: str) -> int:
         # Rows wholly at or below the head go; a multi-message row the head cuts through stays
         # until its last message goes too (reads start after the head either way). A fork's own
         # messages start after its fork offset; inherited ones are not counted.
-        dropped = max(0, head - max(state.head, state.fork_offset or 0))
-        messages.drop_through(batch.conn, state.id, head, dropped)
+        after = max(state.head, state.fork_offset or 0)
+        dropped = max(0, head - after)
+        messages.drop_through(batch.conn, state.id, after, head, dropped)
     keep = (state.config.get("dls") or {}).get("retentionMs")
     if keep is not None:
         dead_letters.expire(batch.conn, state.id, batch.now - keep)
