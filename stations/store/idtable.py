@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, tuple_
 
-from stations.store import db, idruns
+from stations.store import db, idruns, sql
 from stations.store.schema import msg_ids
 
 LOOKUP_CHUNK = 500  # ids per IN (...) list
@@ -26,21 +26,33 @@ def _rows(conn: Connection, text: str, params: Any, **options: Any) -> list[tupl
         cursor.close()
 
 
+# One text parameter of the ids joined by newlines (no id holds one): psycopg writes a list
+# parameter element by element in Python, which cost more than the lookup itself. One primary
+# key probe per id: the LATERAL subquery names the whole key. The station comes through an
+# InitPlan (``SELECT %s``), so the planner does not know it when planning: given the value, it
+# estimated a station created after the last ANALYZE at about no rows and probed the
+# (stream_id, stored_at) index instead, reading every id of the station for each id looked up.
+LOOKUP_SQL = (
+    "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(string_to_array(%s, E'\\n')) AS w(msg_id) "
+    "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
+    "WHERE stream_id = (SELECT %s::integer) AND msg_id = w.msg_id LIMIT 1) AS m"
+)
+INSERT_SQL = (
+    "INSERT INTO msg_ids (stream_id, msg_id, seq, stored_at) SELECT * FROM unnest("
+    "string_to_array(%s, ',')::integer[], string_to_array(%s, E'\\n'), "
+    "string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::bigint[])"
+)
+
+
 def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[str, int, int]]:
     """``(msg_id, seq, stored_at)`` of the wanted ids stored in ``msg_ids``."""
     if not wanted:
         return []
     if db.shared(conn):
-        # One array parameter, and one primary-key probe per id: the LATERAL subquery names
-        # the whole key, so its plan is that key's index whatever the statistics say. A plain
-        # join or IN list is planned on estimates; without statistics (autovacuum off) the
-        # planner chose the (stream_id, stored_at) index and read every id of the station.
         return _rows(
             conn,
-            "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(%s::text[]) AS w(msg_id) "
-            "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
-            "WHERE stream_id = %s AND msg_id = w.msg_id LIMIT 1) AS m",
-            (wanted, stream_id),
+            LOOKUP_SQL,
+            ("\n".join(wanted), stream_id),
             # Planned afresh each time: a plan prepared while the table was empty (a scan)
             # would be kept as it grows, since without statistics nothing invalidates it.
             prepare=False,
@@ -55,6 +67,17 @@ def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[st
             (stream_id, *chunk),
         )
     return out
+
+
+def insert(conn: Connection, rows: list[tuple[int, str, int, int]]) -> None:
+    """Store ``(stream_id, msg_id, seq, stored_at)`` rows: on PostgreSQL one statement of four
+    text parameters (see ``LOOKUP_SQL`` on why not lists)."""
+    if not db.shared(conn):
+        sql.insert_rows(conn, msg_ids, rows)
+        return
+    sids, ids, seqs, ats = zip(*rows, strict=True)
+    params = (",".join(map(str, sids)), "\n".join(ids), ",".join(map(str, seqs)))
+    sql.execute(conn, INSERT_SQL, (*params, ",".join(map(str, ats))))
 
 
 def forget(conn: Connection, stream_id: int, expired: list[str]) -> int:

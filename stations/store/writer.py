@@ -23,9 +23,9 @@ from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
 from stations.domain.streams import StreamState
-from stations.store import db, sql
+from stations.store import db, idtable, sql
 from stations.store.pgnotify import CHANNEL
-from stations.store.schema import messages, msg_ids
+from stations.store.schema import messages
 from stations.store.streams import load
 
 log = logging.getLogger("stations.store.writer")
@@ -80,7 +80,7 @@ class Batch:
             sql.insert_rows(self.conn, messages, self.rows)
             self.rows = []
         if self.ids:
-            sql.insert_rows(self.conn, msg_ids, self.ids)
+            idtable.insert(self.conn, self.ids)
             self.ids = []
         if self.id_blocks and self.block_writer is not None:
             self.block_writer(self)
