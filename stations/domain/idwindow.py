@@ -89,8 +89,9 @@ class IdWindow:
         misses = wanted
         if cache is not None:
             misses = []
+            new, old = cache.new, cache.old  # cache.get inlined: this runs once per id
             for msg_id in wanted:
-                hit = cache.get(msg_id)
+                hit = new.get(msg_id) or old.get(msg_id)
                 if hit is not None and now < hit[1] + window:
                     found[msg_id] = hit[0]
                 else:

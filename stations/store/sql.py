@@ -33,6 +33,9 @@ STREAM_UPDATES = (
 )
 
 
+FEW_ROWS = 16
+
+
 @cache
 def _statements(mark: str, lock: str) -> dict[str, str]:
     return {
@@ -100,7 +103,10 @@ def session(conn: Connection, stream_id: int, producer_id: str) -> tuple[int, in
 def insert_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
     """Insert rows (tuples in column order): one statement of column arrays where the driver
     takes arrays, else executemany."""
-    text = db.insert_many_sql(conn, table)
+    # A few rows (a produce or append is one row per request) go by executemany, which
+    # psycopg pipelines into one round trip: as arrays, every value (a row's data too) would
+    # be written element by element in Python.
+    text = db.insert_many_sql(conn, table) if len(rows) > FEW_ROWS else None
     if text is None:
         execute(conn, insert(conn, table), rows)
     else:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
@@ -34,6 +34,7 @@ log = logging.getLogger("stations.store.writer")
 # raises a StationsError, and must not write anything before it has decided to succeed.
 Op = Callable[["Batch"], Any]
 MAX_BATCH = 512
+NOTIFY = "SELECT pg_notify(%s, %s)"
 
 
 def now_ms() -> int:
@@ -270,9 +271,8 @@ class Writer:
                 batch.flush()
                 for hook in batch.before_commit.values():
                     hook(batch)
-                if self._pg and batch.changed:
-                    for name in batch.changed:
-                        conn.execute(select(func.pg_notify(CHANNEL, name)))
+                if self._pg and batch.changed:  # one pipelined round trip for all
+                    sql.execute(conn, NOTIFY, [(CHANNEL, name) for name in batch.changed])
         except DBAPIError:
             if conn.invalidated:
                 self._conn = None
