@@ -240,3 +240,26 @@ def test_a_failed_move_keeps_ids_and_appends(
             assert conn.execute("SELECT sum(span) FROM messages").fetchone() == (50,)
 
     asyncio.run(scenario())
+
+
+def test_a_run_keeps_the_newest_copy_of_an_id_stored_twice(tmp_path: Path) -> None:
+    """An id stored again after it expired is in two blocks; the run they move into holds
+    its newer copy only."""
+    from stations.store import db
+    from stations.store.writer import Batch
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
+    try:
+        db.upgrade(engine)
+        runs = idruns.IdRuns(spill_at=4, chunk=4)
+        station = runs._stations.setdefault(1, idruns.StationRuns())
+        runs._add_block(station, idruns.Block(1, 100, ["a", "b"], [1, 2]))
+        runs._add_block(station, idruns.Block(3, 200, ["c", "a"], [3, 4]))
+        with engine.begin() as conn:
+            runs._move(Batch(conn, 300), 1)
+            rows = conn.exec_driver_sql(
+                "SELECT msg_id, seq, stored_at FROM id_run_entries ORDER BY msg_id"
+            ).all()
+        assert [tuple(r) for r in rows] == [("a", 4, 200), ("b", 2, 100), ("c", 3, 200)]
+    finally:
+        engine.dispose()
