@@ -54,6 +54,7 @@ SPILL_CHUNK = 50_000  # ids moved per run
 EPOCH_IDS = 4_000_000  # ids per Bloom filter, at most
 FALSE_POSITIVES = 0.001
 FILTER_BUDGET = 64 * 1024 * 1024  # bytes of Bloom filters per process
+GROWTH = 8  # a station's next filter has room for this many times the ids in its runs
 
 
 @dataclass
@@ -402,9 +403,12 @@ class IdRuns:
                 return
             if epoch is not None:
                 epoch.open = False
-            # Filters grow with the station: a small one does not hold megabytes of bits.
+            # Filters grow with the station: a small one does not hold megabytes of bits. They
+            # grow eightfold, not twofold: every lookup of a new id probes every filter of the
+            # station (a few cache misses each), so fewer and larger filters cost less (10M ids:
+            # four filters instead of six).
             in_runs = sum(r.ids for r in station.runs.values())
-        capacity = min(self.epoch_ids, max(4 * self.chunk, 2 * in_runs))
+        capacity = min(self.epoch_ids, max(4 * self.chunk, GROWTH * in_runs))
         bloom = self._new_bloom(capacity)
         with self._lock:
             if bloom is None:
