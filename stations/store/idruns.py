@@ -15,7 +15,7 @@ written sequentially, and they leave RAM. A run is deleted whole once its newest
 the window.
 
 A lookup that the hot ids cannot answer asks each *epoch* (a Bloom filter over the ids of up to
-``EPOCH_IDS`` consecutive runs, 1.8 bytes per id it has room for) and probes only the runs of
+``EPOCH_IDS`` consecutive runs, 2.4 bytes per id it has room for) and probes only the runs of
 epochs that may hold the id. Filters live in RAM under ``FILTER_BUDGET`` bytes per process; a
 run without one (after a restart until a background thread has rebuilt it, or over the budget)
 is probed for every lookup, which is slower but exact: a filter only ever decides which runs
@@ -52,7 +52,7 @@ log = logging.getLogger("stations.store.idruns")
 SPILL_AT = 100_000  # recent ids a station keeps in RAM and blocks (about 20 MB of RAM)
 SPILL_CHUNK = 50_000  # ids moved per run
 EPOCH_IDS = 4_000_000  # ids per Bloom filter, at most
-FALSE_POSITIVES = 0.001
+FALSE_POSITIVES = 0.0001  # a false positive costs a probe of every run of its filter
 FILTER_BUDGET = 64 * 1024 * 1024  # bytes of Bloom filters per process
 GROWTH = 8  # a station's next filter has room for this many times the ids in its runs
 
