@@ -36,11 +36,23 @@ def _new_head(batch: Batch, state: StreamState) -> int:
     if max_bytes is not None and state.byte_count > max_bytes:
         excess = state.byte_count - max_bytes
         dropped = 0
-        for seq, size in messages.sizes(batch.conn, state.id, head):
+        for seq, span, size in messages.sizes(batch.conn, state.id, head):
             if dropped >= excess:
                 break
-            dropped += size
-            head = max(head, seq)
+            first = seq - span  # the position before the row's first message
+            if span == 1 or (first >= head and dropped + size <= excess):
+                dropped += size
+                head = max(head, seq)
+                continue
+            # A row of several messages (one produce with ids, say) that the limit cuts
+            # through, or that an earlier drop did: message by message.
+            for position, n in enumerate(messages.message_sizes(batch.conn, state.id, seq)):
+                if first + position + 1 <= head:
+                    continue
+                if dropped >= excess:
+                    break
+                dropped += n
+                head = first + position + 1
     return min(head, state.tail)
 
 

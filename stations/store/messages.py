@@ -88,15 +88,32 @@ def oldest_stored_after(tx: Tx, stream_id: int, after: int) -> int | None:
     return stored
 
 
-def sizes(tx: Tx, stream_id: int, after: int) -> list[tuple[int, int]]:
-    """(seq, bytes) of the first ``CHUNK`` rows after ``after``."""
+def sizes(tx: Tx, stream_id: int, after: int) -> list[tuple[int, int, int]]:
+    """(seq, span, bytes of its messages) of the first ``CHUNK`` rows after ``after`` (a row
+    of several JSON messages without the newlines between them)."""
     result = db.conn_of(tx).execute(
-        select(messages.c.seq, func.length(messages.c.data))
+        select(
+            messages.c.seq,
+            messages.c.span,
+            func.length(messages.c.data) - messages.c.span + 1,
+        )
         .where(messages.c.stream_id == stream_id, messages.c.seq > after)
         .order_by(messages.c.seq)
         .limit(CHUNK)
     )
-    return [(seq, size) for seq, size in result]
+    return [(seq, span, size) for seq, span, size in result]
+
+
+def message_sizes(tx: Tx, stream_id: int, seq: int) -> list[int]:
+    """The bytes of each message of the row ending at ``seq``, first to last."""
+    data = (
+        db.conn_of(tx)
+        .execute(
+            select(messages.c.data).where(messages.c.stream_id == stream_id, messages.c.seq == seq)
+        )
+        .scalar_one()
+    )
+    return [len(piece) for piece in bytes(data).split(b"\n")]
 
 
 def drop_through(tx: Tx, stream_id: int, after: int, head: int, dropped: int) -> int:
