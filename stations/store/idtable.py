@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, tuple_
 
-from stations.store import db, idruns, sql
+from stations.store import db, idruns
 from stations.store.schema import msg_ids
 
 LOOKUP_CHUNK = 500  # ids per IN (...) list
@@ -27,7 +27,8 @@ def _rows(conn: Connection, text: str, params: Any, **options: Any) -> list[tupl
 
 
 # One text parameter of the ids joined by newlines (no id holds one): psycopg writes a list
-# parameter element by element in Python, which cost more than the lookup itself. One primary
+# parameter element by element in Python, which cost more than the lookup itself (the same
+# for ``sql.insert_ids``). One primary
 # key probe per id: the LATERAL subquery names the whole key. The station comes through an
 # InitPlan (``SELECT %s``), so the planner does not know it when planning: given the value, it
 # estimated a station created after the last ANALYZE at about no rows and probed the
@@ -36,11 +37,6 @@ LOOKUP_SQL = (
     "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(string_to_array(%s, E'\\n')) AS w(msg_id) "
     "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
     "WHERE stream_id = (SELECT %s::integer) AND msg_id = w.msg_id LIMIT 1) AS m"
-)
-INSERT_SQL = (
-    "INSERT INTO msg_ids (stream_id, msg_id, seq, stored_at) SELECT * FROM unnest("
-    "string_to_array(%s, ',')::integer[], string_to_array(%s, E'\\n'), "
-    "string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::bigint[])"
 )
 
 
@@ -67,17 +63,6 @@ def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[st
             (stream_id, *chunk),
         )
     return out
-
-
-def insert(conn: Connection, rows: list[tuple[int, str, int, int]]) -> None:
-    """Store ``(stream_id, msg_id, seq, stored_at)`` rows: on PostgreSQL one statement of four
-    text parameters (see ``LOOKUP_SQL`` on why not lists)."""
-    if not db.shared(conn):
-        sql.insert_rows(conn, msg_ids, rows)
-        return
-    sids, ids, seqs, ats = zip(*rows, strict=True)
-    params = (",".join(map(str, sids)), "\n".join(ids), ",".join(map(str, seqs)))
-    sql.execute(conn, INSERT_SQL, (*params, ",".join(map(str, ats))))
 
 
 def forget(conn: Connection, stream_id: int, expired: list[str]) -> int:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
 from stations.domain.streams import StreamState
-from stations.store import db, idtable, sql
+from stations.store import db, sql
 from stations.store.pgnotify import CHANNEL
 from stations.store.schema import messages
 from stations.store.streams import load
@@ -81,7 +81,7 @@ class Batch:
             sql.insert_rows(self.conn, messages, self.rows)
             self.rows = []
         if self.ids:
-            idtable.insert(self.conn, self.ids)
+            sql.insert_ids(self.conn, self.ids)
             self.ids = []
         if self.id_blocks and self.block_writer is not None:
             self.block_writer(self)
