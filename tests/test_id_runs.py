@@ -133,7 +133,7 @@ def test_runs_leave_with_the_window(server: Server) -> None:
         assert [r["duplicate"] for r in again] == [False, False]
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            left = query(server, "SELECT count(*) FROM id_run_entries WHERE stream_id = ?", sid)
+            left = query(server, "SELECT count(*) FROM id_run_chunks WHERE stream_id = ?", sid)
             if left[0][0] == 0:
                 break
             time.sleep(0.2)
@@ -163,7 +163,7 @@ def test_station_delete_takes_its_runs(server: Server) -> None:
         fill(client, name, 300)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
         assert client.delete(f"/api/stations/{name}").status_code == 204
-        for table in ("msg_ids", "id_blocks", "id_runs", "id_run_entries"):
+        for table in ("msg_ids", "id_blocks", "id_runs", "id_run_chunks"):
             assert query(server, f"SELECT count(*) FROM {table} WHERE stream_id = ?", sid) == [(0,)]
         # A new station of that name starts with an empty window.
         assert client.post("/api/stations", json={"name": name}).status_code == 201
@@ -256,10 +256,19 @@ def test_a_run_keeps_the_newest_copy_of_an_id_stored_twice(tmp_path: Path) -> No
         runs._add_block(station, idruns.Block(1, 100, ["a", "b"], [1, 2]))
         runs._add_block(station, idruns.Block(3, 200, ["c", "a"], [3, 4]))
         with engine.begin() as conn:
-            runs._move(Batch(conn, 300), 1)
-            rows = conn.exec_driver_sql(
-                "SELECT msg_id, seq, stored_at FROM id_run_entries ORDER BY msg_id"
-            ).all()
-        assert [tuple(r) for r in rows] == [("a", 4, 200), ("b", 2, 100), ("c", 3, 200)]
+            batch = Batch(conn, 300)
+            runs._move(batch, 1)
+        for hook in batch.after_commit:
+            hook()
+        assert not station.hot_ids and not station.blocks
+        with engine.connect() as conn:
+            found = runs.lookup(Batch(conn, 300), _state(1), ["a", "b", "c", "d"])
+        assert found == {"a": (4, 200), "b": (2, 100), "c": (3, 200)}
     finally:
         engine.dispose()
+
+
+def _state(stream_id: int) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(id=stream_id)

@@ -10,9 +10,11 @@ integers), appended in time order: a commit's ids cost about their own bytes on 
 every lookup of a recent id without SQL; the blocks exist to rebuild it after a restart.
 
 Once a station holds ``SPILL_AT`` hot ids, its oldest blocks (at least ``SPILL_CHUNK`` ids)
-move in one transaction, sorted, into an immutable run: a stretch of ``id_run_entries``
-written sequentially, and they leave RAM. A run is deleted whole once its newest id has left
-the window.
+move in one transaction, sorted, into an immutable run, and they leave RAM. A run is stored as
+``id_run_chunks`` rows of ``RUN_CHUNK`` consecutive ids each (joined by newlines, their
+positions and times packed), keyed by the chunk's first id: a row per id cost SQLite about two
+microseconds per id moved, a third of the server's time with millions of ids in the window. A
+run is deleted whole once its newest id has left the window.
 
 A lookup that the hot ids cannot answer asks each *epoch* (a Bloom filter over the ids of up to
 ``EPOCH_IDS`` consecutive runs, 2.4 bytes per id it has room for) and probes only the runs of
@@ -27,7 +29,9 @@ the ids another stored, so there the ids stay in ``msg_ids`` (``stations.store.i
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import threading
 from array import array
 from bisect import bisect_right
@@ -36,12 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rbloom import Bloom
 from sqlalchemy import Connection, Engine, delete, func, select
 
-from stations.store.schema import id_blocks, id_run_entries, id_runs
+from stations.store.schema import id_blocks, id_run_chunks, id_runs
 
 if TYPE_CHECKING:
     from stations.domain.streams import StreamState
@@ -51,6 +55,7 @@ log = logging.getLogger("stations.store.idruns")
 
 SPILL_AT = 100_000  # recent ids a station keeps in RAM and blocks (about 20 MB of RAM)
 SPILL_CHUNK = 50_000  # ids moved per run
+RUN_CHUNK = 64  # ids per id_run_chunks row: a lookup reads one such row per run it probes
 EPOCH_IDS = 4_000_000  # ids per Bloom filter, at most
 FALSE_POSITIVES = 0.0001  # a false positive costs a probe of every run of its filter
 FILTER_BUDGET = 64 * 1024 * 1024  # bytes of Bloom filters per process
@@ -179,16 +184,18 @@ class IdRuns:
         for run in runs:
             # One short read per run, so no snapshot holds back checkpoints for long.
             with engine.connect() as conn:
-                found = (
+                chunks = (
                     conn.exec_driver_sql(
-                        "SELECT msg_id FROM id_run_entries WHERE stream_id = ? AND run = ?",
+                        "SELECT msg_ids FROM id_run_chunks WHERE stream_id = ? AND run = ?",
                         (stream_id, run),
                     )
                     .scalars()
                     .all()
                 )
-            bloom.update(found)
-            ids += len(found)
+            for packed in chunks:
+                found = packed.decode().split("\n")
+                bloom.update(found)
+                ids += len(found)
         with self._lock:
             station = self._stations.get(stream_id)
             live = {r for r in runs if station is not None and r in station.runs}
@@ -246,21 +253,16 @@ class IdRuns:
                 if maybe:
                     probes.append((sorted(epoch.runs), maybe))
         found: dict[str, tuple[int, int]] = {}
-        for runs, ids in probes:
-            # Within SQLite's bound-parameter limit: at most 400 runs x 400 ids per query.
-            for r in range(0, len(runs), 400):
-                some_runs = runs[r : r + 400]
-                for i in range(0, len(ids), 400):
-                    some_ids = ids[i : i + 400]
-                    rows = batch.conn.exec_driver_sql(
-                        "SELECT msg_id, seq, stored_at FROM id_run_entries WHERE stream_id = ? "
-                        f"AND run IN ({', '.join('?' * len(some_runs))}) "
-                        f"AND msg_id IN ({', '.join('?' * len(some_ids))})",
-                        (state.id, *some_runs, *some_ids),
-                    )
-                    for msg_id, seq, stored_at in rows:
-                        if msg_id not in found or stored_at > found[msg_id][1]:
-                            found[msg_id] = (seq, stored_at)
+        cursor = batch.conn.connection.cursor()
+        try:
+            for runs, ids in probes:
+                listed = json.dumps(runs)
+                for msg_id in ids:
+                    hit = _find(cursor, state.id, listed, msg_id)
+                    if hit is not None and (msg_id not in found or hit[1] > found[msg_id][1]):
+                        found[msg_id] = hit
+        finally:
+            cursor.close()
         return found
 
     # -- storing and spilling -----------------------------------------------------------------
@@ -351,18 +353,12 @@ class IdRuns:
         cursor = batch.conn.connection.cursor()
         try:
             cursor.executemany(
-                "INSERT INTO id_run_entries (stream_id, run, msg_id, seq, stored_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                # Rows zipped in C: building a tuple per id in Python cost more than SQLite.
-                list(
-                    zip(
-                        repeat(stream_id),
-                        repeat(run.run),
-                        ids,
-                        map(seq_of.__getitem__, ids),
-                        map(at_of.__getitem__, ids),
-                    )
-                ),
+                "INSERT INTO id_run_chunks (stream_id, run, first_id, ids, msg_ids, seqs, "
+                "stored_ats) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (stream_id, run.run, *_chunk(some, seq_of, at_of))
+                    for some in (ids[k : k + RUN_CHUNK] for k in range(0, len(ids), RUN_CHUNK))
+                ],
             )
             cursor.execute(
                 "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, ?, ?, ?, ?)",
@@ -446,8 +442,8 @@ class IdRuns:
             return 0
         for run in gone:
             batch.conn.execute(
-                delete(id_run_entries).where(
-                    id_run_entries.c.stream_id == state.id, id_run_entries.c.run == run.run
+                delete(id_run_chunks).where(
+                    id_run_chunks.c.stream_id == state.id, id_run_chunks.c.run == run.run
                 )
             )
             batch.conn.execute(
@@ -477,18 +473,106 @@ class IdRuns:
                 self._filter_bytes -= sum(e.nbytes for e in station.epochs)
 
 
-def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
-    """Delete the station's run entries stored at or before ``cutoff``: a shrunk window
-    forgets them for good (``IdWindow.forget_older``)."""
-    conn.execute(
-        delete(id_run_entries).where(
-            id_run_entries.c.stream_id == stream_id, id_run_entries.c.stored_at <= cutoff
-        )
+def _chunk(
+    ids: list[str], seq_of: dict[str, int], at_of: dict[str, int]
+) -> tuple[str, int, bytes, bytes, bytes]:
+    """An ``id_run_chunks`` row's values after (stream_id, run), for sorted ``ids``."""
+    return (
+        ids[0],
+        len(ids),
+        "\n".join(ids).encode(),
+        array("q", map(seq_of.__getitem__, ids)).tobytes(),
+        array("q", map(at_of.__getitem__, ids)).tobytes(),
     )
 
 
+def _unpack(packed: bytes, seqs: bytes, ats: bytes) -> tuple[list[str], array[int], array[int]]:
+    s, a = array("q"), array("q")
+    s.frombytes(seqs)
+    a.frombytes(ats)
+    return packed.decode().split("\n"), s, a
+
+
+# In each listed run (a JSON array) the one chunk that may hold the id: the last whose first id
+# is not after it. SQLite seeks once per run; the rows come back to be searched as bytes.
+_PROBE = (
+    "SELECT c.msg_ids, c.seqs, c.stored_ats FROM json_each(?) AS r JOIN id_run_chunks AS c "
+    "ON c.rowid = (SELECT rowid FROM id_run_chunks WHERE stream_id = ? AND run = r.value "
+    "AND first_id <= ? ORDER BY first_id DESC LIMIT 1)"
+)
+
+
+def _find(cursor: Any, stream_id: int, runs: str, msg_id: str) -> tuple[int, int] | None:
+    """``(seq, stored_at)`` of the newest copy of ``msg_id`` in the listed runs, if any."""
+    cursor.execute(_PROBE, (runs, stream_id, msg_id))
+    needle = msg_id.encode()
+    best: tuple[int, int] | None = None
+    for packed, seqs, ats in cursor.fetchall():
+        k = _index(packed, needle)
+        if k is not None:
+            seq = int.from_bytes(seqs[8 * k : 8 * k + 8], sys.byteorder, signed=True)
+            at = int.from_bytes(ats[8 * k : 8 * k + 8], sys.byteorder, signed=True)
+            if best is None or at > best[1]:
+                best = (seq, at)
+    return best
+
+
+def _index(packed: bytes, needle: bytes) -> int | None:
+    """Where ``needle`` is among the newline-separated ids of ``packed`` (searched as bytes,
+    not split: a probe reads a whole chunk to find one id)."""
+    if packed == needle or packed.startswith(needle + b"\n"):
+        return 0
+    at = packed.find(b"\n" + needle + b"\n")
+    if at < 0:
+        if not packed.endswith(b"\n" + needle):
+            return None
+        at = len(packed) - len(needle) - 1
+    return packed.count(b"\n", 0, at + 1)
+
+
+def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
+    """Delete the station's run entries stored at or before ``cutoff``: a shrunk window
+    forgets them for good (``IdWindow.forget_older``). Chunks holding some are written again
+    with the rest."""
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(
+            "SELECT c.run, c.first_id, c.msg_ids, c.seqs, c.stored_ats FROM id_run_chunks c "
+            "JOIN id_runs r ON r.stream_id = c.stream_id AND r.run = c.run "
+            "WHERE c.stream_id = ? AND r.oldest <= ?",
+            (stream_id, cutoff),
+        )
+        chunks = cursor.fetchall()
+        for run, first_id, packed, seqs, ats in chunks:
+            ids, s, a = _unpack(packed, seqs, ats)
+            keep = [k for k, at in enumerate(a) if at > cutoff]
+            if len(keep) == len(ids):
+                continue
+            cursor.execute(
+                "DELETE FROM id_run_chunks WHERE stream_id = ? AND run = ? AND first_id = ?",
+                (stream_id, run, first_id),
+            )
+            if keep:
+                rest = [ids[k] for k in keep]
+                cursor.execute(
+                    "INSERT INTO id_run_chunks (stream_id, run, first_id, ids, msg_ids, seqs, "
+                    "stored_ats) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        stream_id,
+                        run,
+                        *_chunk(
+                            rest,
+                            dict(zip(rest, (s[k] for k in keep), strict=True)),
+                            dict(zip(rest, (a[k] for k in keep), strict=True)),
+                        ),
+                    ),
+                )
+    finally:
+        cursor.close()
+
+
 def purge(conn: Connection, stream_id: int) -> None:
-    for table in (id_blocks, id_run_entries, id_runs):
+    for table in (id_blocks, id_run_chunks, id_runs):
         conn.execute(delete(table).where(table.c.stream_id == stream_id))
 
 
@@ -509,11 +593,12 @@ def count(conn: Connection, stream_id: int, cutoff: int) -> int:
         if oldest > cutoff:
             n += ids
         else:  # partly expired: count what is left
-            n += conn.execute(
-                select(func.count()).where(
-                    id_run_entries.c.stream_id == stream_id,
-                    id_run_entries.c.run == run,
-                    id_run_entries.c.stored_at > cutoff,
+            for (packed,) in conn.execute(
+                select(id_run_chunks.c.stored_ats).where(
+                    id_run_chunks.c.stream_id == stream_id, id_run_chunks.c.run == run
                 )
-            ).scalar_one()
+            ):
+                ats = array("q")
+                ats.frombytes(packed)
+                n += sum(1 for at in ats if at > cutoff)
     return n

@@ -115,9 +115,10 @@ id_blocks = Table(
     Column("seqs", LargeBinary, nullable=False),
 )
 
-# Older ids of a station, moved out of msg_ids in sorted, immutable runs (SQLite; see
-# stations/idruns.py). ``id_runs`` has one row per run, ``id_run_entries`` its ids, keyed so a
-# run is written as one sequential stretch of its B-tree.
+# Older ids of a station, moved out of the blocks in sorted, immutable runs (SQLite; see
+# stations/store/idruns.py). ``id_runs`` has one row per run, ``id_run_chunks`` its ids: rows of
+# up to RUN_CHUNK (64) consecutive ids in order, keyed by the first (the ids joined by "\n", their
+# positions and store times as native 64-bit integers), so a run is a few sequential rows.
 id_runs = Table(
     "id_runs",
     metadata,
@@ -127,15 +128,16 @@ id_runs = Table(
     Column("oldest", BigInteger, nullable=False),  # smallest stored_at in the run
     Column("newest", BigInteger, nullable=False),  # largest stored_at in the run
 )
-id_run_entries = Table(
-    "id_run_entries",
+id_run_chunks = Table(
+    "id_run_chunks",
     metadata,
     Column("stream_id", Integer, primary_key=True, autoincrement=False),
     Column("run", BigInteger, primary_key=True, autoincrement=False),
-    Column("msg_id", String(256), primary_key=True),
-    Column("seq", BigInteger, nullable=False),
-    Column("stored_at", BigInteger, nullable=False),
-    sqlite_with_rowid=False,
+    Column("first_id", String(256), primary_key=True),
+    Column("ids", Integer, nullable=False),
+    Column("msg_ids", LargeBinary, nullable=False),
+    Column("seqs", LargeBinary, nullable=False),
+    Column("stored_ats", LargeBinary, nullable=False),
 )
 
 # Consumer groups: a cursor over the log plus one ``deliveries`` row per message the group has
