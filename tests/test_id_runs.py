@@ -91,7 +91,9 @@ def test_ids_moved_to_runs_stay_duplicates(server: Server) -> None:
         name = station(client)
         offsets = fill(client, name, 1000)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
-        (recent,) = query(server, "SELECT coalesce(sum(ids), 0) FROM id_blocks WHERE stream_id = ?", sid)[0]
+        (recent,) = query(
+            server, "SELECT coalesce(sum(ids), 0) FROM id_blocks WHERE stream_id = ?", sid
+        )[0]
         runs = query(server, "SELECT run, ids FROM id_runs WHERE stream_id = ?", sid)
         # msg_ids stays small; the rest sits in runs, every id exactly once.
         assert recent <= RECENT
