@@ -120,7 +120,13 @@ def test_figures_after_known_traffic(srv: Server, http: httpx.Client, tmp_path: 
     time.sleep(2.5)
     server_log = srv.log()
     assert "apscheduler" not in server_log and "Running job" not in server_log, server_log
-    assert len(server_log.splitlines()) < 20, server_log
+    # Start-up lines besides Alembic's (a line or two per migration, which grow with the chain).
+    others = [
+        line
+        for line in server_log.splitlines()
+        if line[:1].isdigit() and "alembic" not in line or line.startswith("stations:")
+    ]
+    assert len(others) < 10, server_log
 
 
 def _random_traffic(http: httpx.Client, count: int) -> list[str]:

@@ -1,9 +1,9 @@
-"""A multi-message row may carry its messages' ids and headers (joined by newlines), so
-``messages.msg_id`` becomes TEXT: a JSON produce with message ids stores one row per request.
+"""A multi-message row carries its messages' ids and headers: messages.msg_id becomes TEXT.
 
-SQLite does not enforce a VARCHAR's length, so only PostgreSQL's column type changes (from
-VARCHAR(256) to TEXT, which rewrites nothing). The downgrade first splits every row that holds
-the ids or headers of several messages into one row per message, as the older code reads them.
+A JSON produce with message ids stores one row per request, the ids (and headers) joined by
+newlines. SQLite does not enforce a VARCHAR's length, so only PostgreSQL's column type changes
+(from VARCHAR(256) to TEXT, which rewrites nothing). The downgrade first splits every row that
+holds the ids or headers of several messages into one row per message, as older code reads them.
 
 Revision ID: 0011
 Revises: 0010

@@ -1,5 +1,6 @@
-"""A run of older message ids is stored in rows of up to 64 ids (``id_run_chunks``), not a
-row per id (``id_run_entries``): moving ids into a run cost SQLite a row insert per id.
+"""Runs of older message ids in rows of up to 64 ids (id_run_chunks), not a row per id.
+
+Moving ids into a run cost SQLite a row insert per id (``id_run_entries``).
 
 Revision ID: 0012
 Revises: 0011
