@@ -91,7 +91,9 @@ def test_ids_moved_to_runs_stay_duplicates(server: Server) -> None:
         name = station(client)
         offsets = fill(client, name, 1000)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
-        (recent,) = query(server, "SELECT coalesce(sum(ids), 0) FROM id_blocks WHERE stream_id = ?", sid)[0]
+        (recent,) = query(
+            server, "SELECT coalesce(sum(ids), 0) FROM id_blocks WHERE stream_id = ?", sid
+        )[0]
         runs = query(server, "SELECT run, ids FROM id_runs WHERE stream_id = ?", sid)
         # msg_ids stays small; the rest sits in runs, every id exactly once.
         assert recent <= RECENT
@@ -133,7 +135,7 @@ def test_runs_leave_with_the_window(server: Server) -> None:
         assert [r["duplicate"] for r in again] == [False, False]
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            left = query(server, "SELECT count(*) FROM id_run_entries WHERE stream_id = ?", sid)
+            left = query(server, "SELECT count(*) FROM id_run_chunks WHERE stream_id = ?", sid)
             if left[0][0] == 0:
                 break
             time.sleep(0.2)
@@ -163,7 +165,7 @@ def test_station_delete_takes_its_runs(server: Server) -> None:
         fill(client, name, 300)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
         assert client.delete(f"/api/stations/{name}").status_code == 204
-        for table in ("msg_ids", "id_blocks", "id_runs", "id_run_entries"):
+        for table in ("msg_ids", "id_blocks", "id_runs", "id_run_chunks"):
             assert query(server, f"SELECT count(*) FROM {table} WHERE stream_id = ?", sid) == [(0,)]
         # A new station of that name starts with an empty window.
         assert client.post("/api/stations", json={"name": name}).status_code == 201
@@ -237,6 +239,38 @@ def test_a_failed_move_keeps_ids_and_appends(
             # The half-done move was rolled back to its savepoint; every id is in id_blocks.
             assert conn.execute("SELECT count(*) FROM id_runs").fetchone() == (0,)
             assert conn.execute("SELECT sum(ids) FROM id_blocks").fetchone() == (50,)
-            assert conn.execute("SELECT count(*) FROM messages").fetchone() == (50,)
+            assert conn.execute("SELECT sum(span) FROM messages").fetchone() == (50,)
 
     asyncio.run(scenario())
+
+
+def test_a_run_keeps_the_newest_copy_of_an_id_stored_twice(tmp_path: Path) -> None:
+    """An id stored again after it expired is in two blocks; the run they move into holds
+    its newer copy only."""
+    from stations.store import db
+    from stations.store.writer import Batch
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
+    try:
+        db.upgrade(engine)
+        runs = idruns.IdRuns(spill_at=4, chunk=4)
+        station = runs._stations.setdefault(1, idruns.StationRuns())
+        runs._add_block(station, idruns.Block(1, 100, ["a", "b"], [1, 2]))
+        runs._add_block(station, idruns.Block(3, 200, ["c", "a"], [3, 4]))
+        with engine.begin() as conn:
+            batch = Batch(conn, 300)
+            runs._move(batch, 1)
+        for hook in batch.after_commit:
+            hook()
+        assert not station.hot_ids and not station.blocks
+        with engine.connect() as conn:
+            found = runs.lookup(Batch(conn, 300), _state(1), ["a", "b", "c", "d"])
+        assert found == {"a": (4, 200), "b": (2, 100), "c": (3, 200)}
+    finally:
+        engine.dispose()
+
+
+def _state(stream_id: int) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(id=stream_id)

@@ -41,3 +41,79 @@ def test_downgrade_and_upgrade_again(db_url: str) -> None:
         db.upgrade(engine)  # and the server's own upgrade finds nothing to do
     finally:
         engine.dispose()
+
+
+def test_downgrade_splits_rows_that_pack_ids(db_url: str) -> None:
+    """Before 0011 a row of several messages carried no ids or headers: the downgrade splits
+    such a row into one row per message, each with its own id and headers."""
+    from sqlalchemy import text
+
+    engine = db.make_engine(db_url, writer=True)
+    try:
+        db.upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO streams (name, content_type, created_at, accessed_at, closed, "
+                    "tail, head, deleted, msg_count, byte_count, config) VALUES "
+                    "('s', 'application/json', 0, 0, false, 3, 0, false, 3, 9, '{}')"
+                )
+            )
+            sid = conn.execute(text("SELECT id FROM streams WHERE name = 's'")).scalar_one()
+            conn.execute(
+                text(
+                    "INSERT INTO messages (stream_id, seq, data, msg_id, headers, stored_at, span)"
+                    " VALUES (:s, 3, :d, :m, :h, 7, 3)"
+                ),
+                {"s": sid, "d": b'1\n"b"\n{}', "m": "a\n\n" + "c" * 256, "h": '\n{"k":"v"}\n'},
+            )
+        url = engine.url.render_as_string(hide_password=False)
+        command.downgrade(_config(url), "0010")
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT seq, span, data, msg_id, headers, stored_at FROM messages ORDER BY seq"
+                )
+            ).all()
+        assert [tuple(r) for r in rows] == [
+            (1, 1, b"1", "a", None, 7),
+            (2, 1, b'"b"', None, '{"k":"v"}', 7),
+            (3, 1, b"{}", "c" * 256, None, 7),
+        ]
+        command.upgrade(_config(url), "head")
+    finally:
+        engine.dispose()
+
+
+def test_run_entries_become_chunks_and_back(db_url: str) -> None:
+    """0012 stores a run's ids as rows of up to 64 ids in order; its downgrade gives back one
+    row per id."""
+    from sqlalchemy import text
+
+    engine = db.make_engine(db_url, writer=True)
+    try:
+        url = engine.url.render_as_string(hide_password=False)
+        command.upgrade(_config(url), "0011")
+        entries = [(f"id-{k:04d}", k + 1, 1000 + k) for k in range(300)]
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO id_runs VALUES (7, 1, 300, 1000, 1299)"))
+            conn.execute(
+                text("INSERT INTO id_run_entries VALUES (7, 1, :m, :s, :t)"),
+                [{"m": m, "s": s, "t": t} for m, s, t in reversed(entries)],
+            )
+        command.upgrade(_config(url), "head")
+        with engine.connect() as conn:
+            chunks = conn.execute(
+                text("SELECT first_id, ids, msg_ids FROM id_run_chunks ORDER BY first_id")
+            ).all()
+        assert [(f, n) for f, n, _ in chunks][-2:] == [("id-0192", 64), ("id-0256", 44)]
+        assert bytes(chunks[-1][2]).decode().split("\n") == [m for m, _, _ in entries[256:]]
+        command.downgrade(_config(url), "0011")
+        with engine.connect() as conn:
+            back = conn.execute(
+                text("SELECT msg_id, seq, stored_at FROM id_run_entries ORDER BY msg_id")
+            ).all()
+        assert [tuple(r) for r in back] == entries
+        command.upgrade(_config(url), "head")
+    finally:
+        engine.dispose()

@@ -126,6 +126,9 @@ def test_retention_cuts_through_a_row(srv: Server) -> None:
             {"i": 9},
         ]
         assert client.get(f"/v1/stream/{name}", params={"offset": off(2)}).status_code == 410
+        # The counts are those of the messages kept, though their row also holds dropped ones.
+        stats = client.get(f"/api/stations/{name}").json()["stats"]
+        assert stats["bytes"] == len(b'{"i":7}{"i":8}{"i":9}')
 
 
 def test_sse_from_inside_a_row(srv: Server) -> None:
@@ -138,3 +141,85 @@ def test_sse_from_inside_a_row(srv: Server) -> None:
         data = [line[5:] for line in text.splitlines() if line.startswith("data:")]
         assert json.loads(data[0]) == [{"i": i} for i in range(2, 6)]
         assert json.loads(data[-1])["streamClosed"] is True
+
+
+def _rows_of(srv: Server, name: str) -> list[tuple[int, int]]:
+    """(seq, span) of every messages row of a station, read from the database itself."""
+    from sqlalchemy import text
+
+    from stations.store import db
+
+    engine = db.make_engine(srv.db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT m.seq, m.span FROM messages m JOIN streams s ON s.id = m.stream_id "
+                    "WHERE s.name = :name ORDER BY m.seq"
+                ),
+                {"name": name},
+            ).all()
+    finally:
+        engine.dispose()
+    return [(seq, span) for seq, span in rows]
+
+
+def test_produce_with_ids_is_one_row_of_single_messages(srv: Server) -> None:
+    """The stored messages of a produce with ids share one row on a JSON station, yet each
+    keeps its own id and headers for every reader: browse (also from inside the row), a
+    consumer group, and a retry, which still finds each id."""
+    with httpx.Client(base_url=srv.url) as client:
+        name = f"span-ids-{uuid.uuid4().hex[:8]}"
+        assert client.post("/api/stations", json={"name": name}).status_code == 201
+        long_id = "L" * 256
+        items = [
+            {"id": "a", "data": {"n": 0}},
+            {"id": long_id, "data": {"n": 1}, "headers": {"k": "v\nw"}},
+            {"data": {"n": 2}},
+            {"id": "a", "data": {"n": 99}},  # a repeat inside the request: not stored
+            {"id": "c", "data": "line\nbreak", "headers": {}},
+        ]
+        for k in range(20):  # many long ids in one row too
+            items.append({"id": f"{k:03d}" + "x" * 253, "data": k})
+        r = client.post(f"/api/stations/{name}/messages", json={"messages": items})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert [x["duplicate"] for x in results[:5]] == [False, False, False, True, False]
+        assert results[3]["offset"] == off(0)
+        assert _rows_of(srv, name) == [(24, 24)]
+
+        expected = [
+            ("a", {}, {"n": 0}),
+            (long_id, {"k": "v\nw"}, {"n": 1}),
+            (None, {}, {"n": 2}),
+            ("c", {}, "line\nbreak"),
+        ] + [(f"{k:03d}" + "x" * 253, {}, k) for k in range(20)]
+        page = client.get(f"/api/stations/{name}/messages", params={"limit": 100}).json()
+        got = [(m["id"], m["headers"], m["data"]) for m in page["messages"]]
+        assert got == expected
+        inside = client.get(
+            f"/api/stations/{name}/messages", params={"offset": off(1), "limit": 2}
+        ).json()
+        assert [(m["id"], m["offset"]) for m in inside["messages"]] == [
+            (long_id, off(1)),
+            (None, off(2)),
+        ]
+
+        assert client.put(f"/api/stations/{name}/groups/g", json={}).status_code == 201
+        fetched = client.post(
+            f"/api/stations/{name}/groups/g/fetch", json={"max": 3, "consumer": "c"}
+        ).json()["messages"]
+        assert [(m["id"], m["headers"]) for m in fetched] == [
+            ("a", {}),
+            (long_id, {"k": "v\nw"}),
+            (None, {}),
+        ]
+
+        again = client.post(f"/api/stations/{name}/messages", json={"messages": items})
+        assert [(x["offset"], x["duplicate"]) for x in again.json()["results"]] == [
+            (off(0), True),
+            (off(1), True),
+            (off(24), False),  # no id: stored again
+            (off(0), True),
+            (off(3), True),
+        ] + [(off(4 + k), True) for k in range(20)]

@@ -77,7 +77,7 @@ def test_only_stations_with_something_due_are_named(store: Engine) -> None:
         station("dls", dls={"retentionMs": 30_000}),
         station("roomy", retention={"maxMessages": 100, "maxBytes": 1_000_000}),
         *(produce(f"idle-{k:03d}", 3) for k in range(0, 200, 10)),
-        produce("count", 3, ids=True),  # with ids: a row per message (7 bytes each)
+        produce("count", 3, ids=True),  # with ids: one row of 3 messages, 7 bytes each
         produce("bytes", 3, ids=True),
         produce("roomy", 3, ids=True),
     )

@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from stations.api.auth import needs, require_station
 from stations.domain import messages
 from stations.domain.errors import BadRequest
-from stations.domain.offsets import BadOffset, decode, encode
+from stations.domain.offsets import BadOffset, decode, encode, encode_template
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
@@ -24,6 +23,10 @@ def station_name(request: web.Request) -> str:
 
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
+# One result of a produce: its offset token (see ``encode``) and whether it was a duplicate.
+_STORED = f'{{"offset":"{encode_template()}","duplicate":false}}'
+_DUPLICATE = f'{{"offset":"{encode_template()}","duplicate":true}}'
+_UNKNOWN = '{"offset":null,"duplicate":true}'
 
 
 async def json_body(request: web.Request) -> Any:
@@ -31,7 +34,7 @@ async def json_body(request: web.Request) -> Any:
         raise BadRequest("a JSON body is required", None)
     raw = await request.read()
     try:
-        return messages.loads_strict(raw.decode("utf-8"))
+        return messages.loads_body(raw)
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8", None) from None
     except RecursionError:
@@ -100,15 +103,15 @@ async def delete_station(request: web.Request) -> web.Response:
 async def produce(request: web.Request) -> web.Response:
     body = await json_body(request)
     result, _state = await service(request).produce(station_name(request), body)
-    # orjson: a few µs per message less than json.dumps on a batch of hundreds.
-    answer = {
-        "results": [
-            {"offset": None if offset is None else encode(offset), "duplicate": dup}
+    # Written directly: a dict per message for a JSON encoder cost twice as much.
+    answer = ",".join(
+        [
+            _UNKNOWN if offset is None else (_DUPLICATE if dup else _STORED) % offset
             for offset, dup in result.results
-        ],
-        "nextOffset": encode(result.tail),
-    }
-    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+        ]
+    )
+    text = f'{{"results":[{answer}],"nextOffset":"{encode(result.tail)}"}}'
+    return web.Response(body=text.encode(), content_type="application/json")
 
 
 @needs("consume")

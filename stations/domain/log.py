@@ -21,6 +21,25 @@ from stations.store import sql
 from stations.store.writer import Batch
 
 SEP = b"\n"  # between the messages of a multi-message JSON row (see schema.messages)
+# Between the ids, and between the headers, of a multi-message row: neither a Msg-Id (printable
+# ASCII) nor compact JSON headers can hold a newline. An empty field is a message without one.
+FIELD_SEP = "\n"
+
+
+def pack(values: list[str | None]) -> str | None:
+    """The ids (or headers) of a multi-message row as one column value; None if none has one."""
+    if not any(values):
+        return None
+    return FIELD_SEP.join([v or "" for v in values])
+
+
+def unpack(value: str | None, span: int) -> list[str | None]:
+    """A row's ids (or headers), one per message: the inverse of ``pack``."""
+    if value is None:
+        return [None] * span
+    if span == 1:
+        return [value]
+    return [v or None for v in value.split(FIELD_SEP)]
 
 
 class SequenceGap(Conflict):
@@ -226,11 +245,19 @@ def _append_tagged(
     req: AppendRequest,
     headers: list[str | None],
 ) -> list[tuple[int | None, bool]]:
-    """Messages with Msg-Ids: those still in the window are duplicates, not stored."""
+    """Messages with Msg-Ids: those still in the window are duplicates, not stored.
+
+    The stored ones get consecutive positions, so on a JSON stream they share one row, as a
+    plain append's do (their ids and headers packed beside the data, see ``pack``): a row per
+    message cost more than all the rest of the request."""
     assert req.msg_ids is not None
     known = window.lookup_many(batch, state, [m for m in req.msg_ids if m is not None])
     results: list[tuple[int | None, bool]] = []
     stored: dict[str, int] = {}
+    datas: list[bytes] = []
+    ids: list[str | None] = []
+    kept: list[str | None] = []
+    tail = state.tail
     for data, msg_id, header in zip(req.messages, req.msg_ids, headers, strict=True):
         if msg_id is not None:
             # Ids repeated inside one request are duplicates of the first.
@@ -238,14 +265,24 @@ def _append_tagged(
             if original is not None:
                 results.append((original - 1, True))
                 continue
-        state.tail += 1
-        batch.rows.append((state.id, state.tail, data, msg_id, header, batch.now, 1))
-        state.msg_count += 1
-        state.byte_count += len(data)
-        if msg_id is not None:
-            stored[msg_id] = state.tail
-        results.append((state.tail - 1, False))
-    window.remember(batch, state, list(stored.items()))
+            stored[msg_id] = tail + 1
+        results.append((tail, False))
+        tail += 1
+        datas.append(data)
+        ids.append(msg_id)
+        kept.append(header)
+    n, now = len(datas), batch.now
+    if n > 1 and state.is_json:
+        batch.rows.append((state.id, tail, SEP.join(datas), pack(ids), pack(kept), now, n))
+    else:
+        batch.rows.extend(
+            (state.id, state.tail + k, data, msg_id, header, now, 1)
+            for k, (data, msg_id, header) in enumerate(zip(datas, ids, kept, strict=True), 1)
+        )
+    state.tail = tail
+    state.msg_count += n
+    state.byte_count += sum(map(len, datas))
+    window.remember(batch, state, stored)
     return results
 
 

@@ -27,6 +27,11 @@ def encode(position: int) -> str:
     return f"{position:0{WIDTH}d}_{_ZERO_SUB}"
 
 
+def encode_template() -> str:
+    """``encode`` as a %-format of one position, for writers of many offsets at once."""
+    return f"%0{WIDTH}d_{_ZERO_SUB}"
+
+
 def decode(token: str) -> int:
     """Turn a token this server minted back into a position (``-1`` means the start)."""
     if token == BEGINNING:

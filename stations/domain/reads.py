@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from stations.domain.errors import BadRequest, Gone
-from stations.domain.log import live_stream
+from stations.domain.log import live_stream, unpack
 from stations.domain.streams import StreamState
 from stations.store import messages as stored
 from stations.store.db import Tx
@@ -95,10 +95,12 @@ def read(tx: Tx, name: str, position: int | None, *, now: int, max_bytes: int) -
 def scan(tx: Tx, state: StreamState, after: int) -> Iterator[Message]:
     """Every message after ``after``, one by one, with its id, headers and store time."""
     for row, lo, hi in stored.rows(tx, state, after):
-        first = row[0] - row[1]
+        first, span = row[0] - row[1], row[1]
         pieces = _split(row)
+        ids, headers = unpack(row[3], span), unpack(row[4], span)
         for position in range(lo + 1, hi + 1):
-            yield Message(position, pieces[position - first - 1], row[3], row[4], row[5])
+            k = position - first - 1
+            yield Message(position, pieces[k], ids[k], headers[k], row[5])
 
 
 def read_messages(
@@ -138,12 +140,17 @@ def pieces_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Piece]:
             take_to = min(last, hi)
             if span == 1:
                 out.append((seq, data, msg_id, headers, stored_at))
-            else:
+            elif msg_id is None and headers is None:  # a Durable Streams batch append
                 pieces = data.split(SEP)
                 out.extend(
-                    (p, pieces[p - start - 1], msg_id, headers, stored_at)
+                    (p, pieces[p - start - 1], None, None, stored_at)
                     for p in range(first + 1, take_to + 1)
                 )
+            else:  # a produce's messages, their ids and headers packed beside them
+                pieces, ids, heads = data.split(SEP), unpack(msg_id, span), unpack(headers, span)
+                for p in range(first + 1, take_to + 1):
+                    k = p - start - 1
+                    out.append((p, pieces[k], ids[k], heads[k], stored_at))
             if last >= hi:
                 break
     return out

@@ -36,11 +36,23 @@ def _new_head(batch: Batch, state: StreamState) -> int:
     if max_bytes is not None and state.byte_count > max_bytes:
         excess = state.byte_count - max_bytes
         dropped = 0
-        for seq, size in messages.sizes(batch.conn, state.id, head):
+        for seq, span, size in messages.sizes(batch.conn, state.id, head):
             if dropped >= excess:
                 break
-            dropped += size
-            head = max(head, seq)
+            first = seq - span  # the position before the row's first message
+            if span == 1 or (first >= head and dropped + size <= excess):
+                dropped += size
+                head = max(head, seq)
+                continue
+            # A row of several messages (one produce with ids, say) that the limit cuts
+            # through, or that an earlier drop did: message by message.
+            for position, n in enumerate(messages.message_sizes(batch.conn, state.id, seq)):
+                if first + position + 1 <= head:
+                    continue
+                if dropped >= excess:
+                    break
+                dropped += n
+                head = first + position + 1
     return min(head, state.tail)
 
 
@@ -86,8 +98,9 @@ def _enforce_one(batch: Batch, name: str) -> int:
         # Rows wholly at or below the head go; a multi-message row the head cuts through stays
         # until its last message goes too (reads start after the head either way). A fork's own
         # messages start after its fork offset; inherited ones are not counted.
-        dropped = max(0, head - max(state.head, state.fork_offset or 0))
-        messages.drop_through(batch.conn, state.id, head, dropped)
+        after = max(state.head, state.fork_offset or 0)
+        dropped = max(0, head - after)
+        messages.drop_through(batch.conn, state.id, after, head, dropped)
     keep = (state.config.get("dls") or {}).get("retentionMs")
     if keep is not None:
         dead_letters.expire(batch.conn, state.id, batch.now - keep)

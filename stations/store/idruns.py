@@ -10,16 +10,18 @@ integers), appended in time order: a commit's ids cost about their own bytes on 
 every lookup of a recent id without SQL; the blocks exist to rebuild it after a restart.
 
 Once a station holds ``SPILL_AT`` hot ids, its oldest blocks (at least ``SPILL_CHUNK`` ids)
-move in one transaction, sorted, into an immutable run: a stretch of ``id_run_entries``
-written sequentially, and they leave RAM. A run is deleted whole once its newest id has left
-the window.
+move in one transaction, sorted, into an immutable run, and they leave RAM. A run is stored as
+``id_run_chunks`` rows of ``RUN_CHUNK`` consecutive ids each (joined by newlines, their
+positions and times packed), keyed by the chunk's first id: a row per id cost SQLite about two
+microseconds per id moved, a third of the server's time with millions of ids in the window. A
+run is deleted whole once its newest id has left the window.
 
 A lookup that the hot ids cannot answer asks each *epoch* (a Bloom filter over the ids of up to
 ``EPOCH_IDS`` consecutive runs, 1.8 bytes per id it has room for) and probes only the runs of
-epochs that may hold the id. Filters live in RAM under ``FILTER_BUDGET`` bytes per process; a
-run without one (after a restart until a background thread has rebuilt it, or over the budget)
-is probed for every lookup, which is slower but exact: a filter only ever decides which runs
-to read.
+epochs that may hold the id, narrowed by each run's own smaller filter (1.2 bytes per id).
+Filters live in RAM under ``FILTER_BUDGET`` bytes per process; a run without one (after a
+restart until a background thread has rebuilt it, or over the budget) is probed for every
+lookup, which is slower but exact: a filter only ever decides which runs to read.
 
 SQLite only: on PostgreSQL several processes share the ids, and one process's RAM cannot see
 the ids another stored, so there the ids stay in ``msg_ids`` (``stations.store.idtable``).
@@ -27,19 +29,23 @@ the ids another stored, so there the ids stay in ``msg_ids`` (``stations.store.i
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import threading
 from array import array
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rbloom import Bloom
 from sqlalchemy import Connection, Engine, delete, func, select
 
-from stations.store.schema import id_blocks, id_run_entries, id_runs
+from stations.store.schema import id_blocks, id_run_chunks, id_runs
 
 if TYPE_CHECKING:
     from stations.domain.streams import StreamState
@@ -49,9 +55,15 @@ log = logging.getLogger("stations.store.idruns")
 
 SPILL_AT = 100_000  # recent ids a station keeps in RAM and blocks (about 20 MB of RAM)
 SPILL_CHUNK = 50_000  # ids moved per run
+RUN_CHUNK = 64  # ids per id_run_chunks row: a lookup reads one such row per run it probes
 EPOCH_IDS = 4_000_000  # ids per Bloom filter, at most
 FALSE_POSITIVES = 0.001
+# Each run also has a small filter of its own: when an epoch's filter says "maybe", only the
+# runs whose own filter agrees are read (a false positive of an epoch read all of its runs,
+# 66 of them per 4M ids). Small enough to stay in the CPU's cache; 1.2 bytes per id.
+RUN_FALSE_POSITIVES = 0.01
 FILTER_BUDGET = 64 * 1024 * 1024  # bytes of Bloom filters per process
+GROWTH = 8  # a station's next filter has room for this many times the ids in its runs
 
 
 @dataclass
@@ -82,7 +94,7 @@ class Block:
     seq0: int  # position of the first: the block's key
     stored_at: int
     ids: list[str]
-    seqs: array[int]
+    seqs: Sequence[int]  # ascending
 
 
 @dataclass
@@ -90,20 +102,14 @@ class StationRuns:
     runs: dict[int, Run] = field(default_factory=dict)
     epochs: list[Epoch] = field(default_factory=list)
     unfiltered: set[int] = field(default_factory=set)  # runs no filter covers: always probed
-    # Every id of the station's committed blocks: msg_id -> (position, stored_at). An id stored
-    # again after it expired is in two blocks; the dict holds the newer copy.
-    hot_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    run_filters: dict[int, Bloom] = field(default_factory=dict)  # a run without: always read
+    # Every id of the station's committed blocks: msg_id -> position (when it was stored is its
+    # block's, see ``stored_at``: no tuple per id). An id stored again after it expired is in
+    # two blocks; the dict holds the newer copy.
+    hot_ids: dict[str, int] = field(default_factory=dict)
     blocks: deque[Block] = field(default_factory=deque)  # oldest first
     hot: int = 0  # ids in blocks (a re-stored id counts twice)
     last_run: int = 0  # run numbers are never reused while the process lives
-
-
-@dataclass
-class Draft:
-    """A block being filled by the current batch."""
-
-    ids: list[str] = field(default_factory=list)
-    seqs: list[int] = field(default_factory=list)
 
 
 class IdRuns:
@@ -180,45 +186,64 @@ class IdRuns:
         if bloom is None:
             return
         ids = 0
+        own: dict[int, Bloom] = {}
         for run in runs:
             # One short read per run, so no snapshot holds back checkpoints for long.
             with engine.connect() as conn:
-                found = (
+                chunks = (
                     conn.exec_driver_sql(
-                        "SELECT msg_id FROM id_run_entries WHERE stream_id = ? AND run = ?",
+                        "SELECT msg_ids FROM id_run_chunks WHERE stream_id = ? AND run = ?",
                         (stream_id, run),
                     )
                     .scalars()
                     .all()
                 )
+            found = [msg_id for packed in chunks for msg_id in packed.decode().split("\n")]
             bloom.update(found)
             ids += len(found)
+            run_bloom = self._new_bloom(max(len(found), 1), RUN_FALSE_POSITIVES)
+            if run_bloom is not None:
+                run_bloom.update(found)
+                own[run] = run_bloom
         with self._lock:
             station = self._stations.get(stream_id)
             live = {r for r in runs if station is not None and r in station.runs}
+            self._filter_bytes -= sum(_nbytes(b) for r, b in own.items() if r not in live)
             if station is None or not live:
-                self._filter_bytes -= bloom.size_in_bits // 8
+                self._filter_bytes -= _nbytes(bloom)
                 return
             station.epochs.append(Epoch(bloom, max(size, 1), live, ids, open=False))
+            station.run_filters.update((r, b) for r, b in own.items() if r in live)
             station.unfiltered -= live
 
-    def _new_bloom(self, capacity: int) -> Bloom | None:
-        bloom = Bloom(capacity, FALSE_POSITIVES)
+    def _new_bloom(self, capacity: int, rate: float = FALSE_POSITIVES) -> Bloom | None:
+        bloom = Bloom(capacity, rate)
         with self._lock:
-            if self._filter_bytes + bloom.size_in_bits // 8 > FILTER_BUDGET:
+            if self._filter_bytes + _nbytes(bloom) > FILTER_BUDGET:
                 return None
-            self._filter_bytes += bloom.size_in_bits // 8
+            self._filter_bytes += _nbytes(bloom)
         return bloom
 
     # -- lookups -----------------------------------------------------------------------------
 
-    def hot_ids(self, stream_id: int) -> dict[str, tuple[int, int]]:
-        """The station's committed recent ids: ``{msg_id: (position, stored_at)}``. Read-only
-        for the caller; the writer thread and its after-commit hooks are its only writers."""
+    def hot_ids(self, stream_id: int) -> dict[str, int]:
+        """The station's committed recent ids: ``{msg_id: position}``. Read-only for the
+        caller; the writer thread and its after-commit hooks are its only writers."""
         station = self._stations.get(stream_id)
         if station is None:
             station = self._stations[stream_id] = StationRuns()
         return station.hot_ids
+
+    def hot_since(self, stream_id: int) -> int | None:
+        """When the station's oldest hot id was stored (None: it has none): every hot id is at
+        least that young, so one comparison tells whether all are still in the window."""
+        station = self._stations.get(stream_id)
+        return station.blocks[0].stored_at if station is not None and station.blocks else None
+
+    def stored_at(self, stream_id: int, seq: int) -> int:
+        """When the hot id at position ``seq`` was stored: its block's time."""
+        blocks = self._stations[stream_id].blocks
+        return blocks[bisect_right(blocks, seq, key=lambda b: b.seq0) - 1].stored_at
 
     def lookup(
         self, batch: Batch, state: StreamState, wanted: list[str]
@@ -229,62 +254,63 @@ class IdRuns:
             station = self._stations.get(state.id)
             if station is None or not station.runs:
                 return {}
-            # (runs, ids that may be in them): each epoch's ids against only its own runs.
-            probes: list[tuple[list[int], list[str]]] = []
+            # (id, the runs that may hold it): an epoch's "maybe" narrowed by its runs' own
+            # filters; runs without a filter are always read.
+            probes: list[tuple[str, list[int]]] = []
             if station.unfiltered:
-                probes.append((sorted(station.unfiltered), wanted))
+                everywhere = sorted(station.unfiltered)
+                probes += [(msg_id, everywhere) for msg_id in wanted]
+            own = station.run_filters
             for epoch in station.epochs:
                 contains = epoch.bloom.__contains__
-                maybe = [msg_id for msg_id in wanted if contains(msg_id)]
-                if maybe:
-                    probes.append((sorted(epoch.runs), maybe))
+                for msg_id in [msg_id for msg_id in wanted if contains(msg_id)]:
+                    runs = [
+                        run
+                        for run in epoch.runs
+                        if (bloom := own.get(run)) is None or msg_id in bloom
+                    ]
+                    if runs:
+                        probes.append((msg_id, runs))
         found: dict[str, tuple[int, int]] = {}
-        for runs, ids in probes:
-            # Within SQLite's bound-parameter limit: at most 400 runs x 400 ids per query.
-            for r in range(0, len(runs), 400):
-                some_runs = runs[r : r + 400]
-                for i in range(0, len(ids), 400):
-                    some_ids = ids[i : i + 400]
-                    rows = batch.conn.exec_driver_sql(
-                        "SELECT msg_id, seq, stored_at FROM id_run_entries WHERE stream_id = ? "
-                        f"AND run IN ({', '.join('?' * len(some_runs))}) "
-                        f"AND msg_id IN ({', '.join('?' * len(some_ids))})",
-                        (state.id, *some_runs, *some_ids),
-                    )
-                    for msg_id, seq, stored_at in rows:
-                        if msg_id not in found or stored_at > found[msg_id][1]:
-                            found[msg_id] = (seq, stored_at)
+        if not probes:
+            return found
+        cursor = batch.conn.connection.cursor()
+        try:
+            for msg_id, runs in probes:
+                hit = _find(cursor, state.id, json.dumps(runs), msg_id)
+                if hit is not None and (msg_id not in found or hit[1] > found[msg_id][1]):
+                    found[msg_id] = hit
+        finally:
+            cursor.close()
         return found
 
     # -- storing and spilling -----------------------------------------------------------------
 
-    def stored(self, batch: Batch, stream_id: int, stored: list[tuple[str, int]]) -> None:
-        """New ``(msg_id, position)`` pairs go into this batch's block of the station."""
+    def stored(self, batch: Batch, stream_id: int, stored: dict[str, int]) -> None:
+        """New ``{msg_id: position}`` go into this batch's block of the station."""
         draft = batch.id_blocks.get(stream_id)
         if draft is None:
-            draft = batch.id_blocks[stream_id] = Draft()
+            draft = batch.id_blocks[stream_id] = {}
             batch.block_writer = self.write_blocks
             batch.before_commit[("spill ids", stream_id)] = lambda b: self._spill(b, stream_id)
-        for msg_id, seq in stored:
-            draft.ids.append(msg_id)
-            draft.seqs.append(seq)
+        draft.update(stored)
 
     def write_blocks(self, batch: Batch) -> None:
         """Write the batch's blocks (one row per station); RAM learns them after the commit."""
         rows = []
         for stream_id, draft in batch.id_blocks.items():
-            seqs = array("q", draft.seqs)
+            ids, seqs = list(draft), list(draft.values())
             rows.append(
                 (
                     stream_id,
                     seqs[0],
                     batch.now,
                     len(seqs),
-                    "\n".join(draft.ids).encode(),
-                    seqs.tobytes(),
+                    "\n".join(ids).encode(),
+                    array("q", seqs).tobytes(),
                 )
             )
-            block = Block(seqs[0], batch.now, draft.ids, seqs)
+            block = Block(seqs[0], batch.now, ids, seqs)
             station = self._stations.setdefault(stream_id, StationRuns())
             batch.after_commit.append(partial(self._add_block, station, block))
         batch.id_blocks = {}
@@ -300,9 +326,7 @@ class IdRuns:
 
     @staticmethod
     def _add_block(station: StationRuns, block: Block) -> None:
-        hot, at = station.hot_ids, block.stored_at
-        for msg_id, seq in zip(block.ids, block.seqs, strict=True):
-            hot[msg_id] = (seq, at)
+        station.hot_ids.update(zip(block.ids, block.seqs, strict=True))
         station.blocks.append(block)
         station.hot += len(block.ids)
 
@@ -348,18 +372,12 @@ class IdRuns:
         cursor = batch.conn.connection.cursor()
         try:
             cursor.executemany(
-                "INSERT INTO id_run_entries (stream_id, run, msg_id, seq, stored_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                # Rows zipped in C: building a tuple per id in Python cost more than SQLite.
-                list(
-                    zip(
-                        repeat(stream_id),
-                        repeat(run.run),
-                        ids,
-                        map(seq_of.__getitem__, ids),
-                        map(at_of.__getitem__, ids),
-                    )
-                ),
+                "INSERT INTO id_run_chunks (stream_id, run, first_id, ids, msg_ids, seqs, "
+                "stored_ats) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (stream_id, run.run, *_chunk(some, seq_of, at_of))
+                    for some in (ids[k : k + RUN_CHUNK] for k in range(0, len(ids), RUN_CHUNK))
+                ],
             )
             cursor.execute(
                 "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, ?, ?, ?, ?)",
@@ -384,13 +402,17 @@ class IdRuns:
             block = station.blocks.popleft()
             station.hot -= len(block.ids)
             for msg_id, seq in zip(block.ids, block.seqs, strict=True):
-                entry = hot.get(msg_id)
-                if entry is not None and entry[0] == seq:
+                if hot.get(msg_id) == seq:
                     del hot[msg_id]
 
     def _add_run(self, stream_id: int, run: Run, ids: list[str]) -> None:
+        own = self._new_bloom(max(len(ids), 1), RUN_FALSE_POSITIVES)
+        if own is not None:
+            own.update(ids)
         with self._lock:
             station = self._stations.setdefault(stream_id, StationRuns())
+            if own is not None:
+                station.run_filters[run.run] = own
             station.runs[run.run] = run
             station.last_run = max(station.last_run, run.run)
             epoch = next((e for e in reversed(station.epochs) if e.open), None)
@@ -401,9 +423,12 @@ class IdRuns:
                 return
             if epoch is not None:
                 epoch.open = False
-            # Filters grow with the station: a small one does not hold megabytes of bits.
+            # Filters grow with the station: a small one does not hold megabytes of bits. They
+            # grow eightfold, not twofold: every lookup of a new id probes every filter of the
+            # station (a few cache misses each), so fewer and larger filters cost less (10M ids:
+            # four filters instead of six).
             in_runs = sum(r.ids for r in station.runs.values())
-        capacity = min(self.epoch_ids, max(4 * self.chunk, 2 * in_runs))
+        capacity = min(self.epoch_ids, max(4 * self.chunk, GROWTH * in_runs))
         bloom = self._new_bloom(capacity)
         with self._lock:
             if bloom is None:
@@ -441,8 +466,8 @@ class IdRuns:
             return 0
         for run in gone:
             batch.conn.execute(
-                delete(id_run_entries).where(
-                    id_run_entries.c.stream_id == state.id, id_run_entries.c.run == run.run
+                delete(id_run_chunks).where(
+                    id_run_chunks.c.stream_id == state.id, id_run_chunks.c.run == run.run
                 )
             )
             batch.conn.execute(
@@ -458,6 +483,9 @@ class IdRuns:
                 return
             for run in runs:
                 station.runs.pop(run, None)
+                own = station.run_filters.pop(run, None)
+                if own is not None:
+                    self._filter_bytes -= _nbytes(own)
             station.unfiltered -= runs
             for epoch in list(station.epochs):
                 epoch.runs -= runs
@@ -470,20 +498,113 @@ class IdRuns:
             station = self._stations.pop(stream_id, None)
             if station is not None:
                 self._filter_bytes -= sum(e.nbytes for e in station.epochs)
+                self._filter_bytes -= sum(map(_nbytes, station.run_filters.values()))
+
+
+def _nbytes(bloom: Bloom) -> int:
+    return int(bloom.size_in_bits // 8)
+
+
+def _chunk(
+    ids: list[str], seq_of: dict[str, int], at_of: dict[str, int]
+) -> tuple[str, int, bytes, bytes, bytes]:
+    """An ``id_run_chunks`` row's values after (stream_id, run), for sorted ``ids``."""
+    return (
+        ids[0],
+        len(ids),
+        "\n".join(ids).encode(),
+        array("q", map(seq_of.__getitem__, ids)).tobytes(),
+        array("q", map(at_of.__getitem__, ids)).tobytes(),
+    )
+
+
+def _unpack(packed: bytes, seqs: bytes, ats: bytes) -> tuple[list[str], array[int], array[int]]:
+    s, a = array("q"), array("q")
+    s.frombytes(seqs)
+    a.frombytes(ats)
+    return packed.decode().split("\n"), s, a
+
+
+# In each listed run (a JSON array) the one chunk that may hold the id: the last whose first id
+# is not after it. SQLite seeks once per run; the rows come back to be searched as bytes.
+_PROBE = (
+    "SELECT c.msg_ids, c.seqs, c.stored_ats FROM json_each(?) AS r JOIN id_run_chunks AS c "
+    "ON c.rowid = (SELECT rowid FROM id_run_chunks WHERE stream_id = ? AND run = r.value "
+    "AND first_id <= ? ORDER BY first_id DESC LIMIT 1)"
+)
+
+
+def _find(cursor: Any, stream_id: int, runs: str, msg_id: str) -> tuple[int, int] | None:
+    """``(seq, stored_at)`` of the newest copy of ``msg_id`` in the listed runs, if any."""
+    cursor.execute(_PROBE, (runs, stream_id, msg_id))
+    needle = msg_id.encode()
+    best: tuple[int, int] | None = None
+    for packed, seqs, ats in cursor.fetchall():
+        k = _index(packed, needle)
+        if k is not None:
+            seq = int.from_bytes(seqs[8 * k : 8 * k + 8], sys.byteorder, signed=True)
+            at = int.from_bytes(ats[8 * k : 8 * k + 8], sys.byteorder, signed=True)
+            if best is None or at > best[1]:
+                best = (seq, at)
+    return best
+
+
+def _index(packed: bytes, needle: bytes) -> int | None:
+    """Where ``needle`` is among the newline-separated ids of ``packed`` (searched as bytes,
+    not split: a probe reads a whole chunk to find one id)."""
+    if packed == needle or packed.startswith(needle + b"\n"):
+        return 0
+    at = packed.find(b"\n" + needle + b"\n")
+    if at < 0:
+        if not packed.endswith(b"\n" + needle):
+            return None
+        at = len(packed) - len(needle) - 1
+    return packed.count(b"\n", 0, at + 1)
 
 
 def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
     """Delete the station's run entries stored at or before ``cutoff``: a shrunk window
-    forgets them for good (``IdWindow.forget_older``)."""
-    conn.execute(
-        delete(id_run_entries).where(
-            id_run_entries.c.stream_id == stream_id, id_run_entries.c.stored_at <= cutoff
+    forgets them for good (``IdWindow.forget_older``). Chunks holding some are written again
+    with the rest."""
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(
+            "SELECT c.run, c.first_id, c.msg_ids, c.seqs, c.stored_ats FROM id_run_chunks c "
+            "JOIN id_runs r ON r.stream_id = c.stream_id AND r.run = c.run "
+            "WHERE c.stream_id = ? AND r.oldest <= ?",
+            (stream_id, cutoff),
         )
-    )
+        chunks = cursor.fetchall()
+        for run, first_id, packed, seqs, ats in chunks:
+            ids, s, a = _unpack(packed, seqs, ats)
+            keep = [k for k, at in enumerate(a) if at > cutoff]
+            if len(keep) == len(ids):
+                continue
+            cursor.execute(
+                "DELETE FROM id_run_chunks WHERE stream_id = ? AND run = ? AND first_id = ?",
+                (stream_id, run, first_id),
+            )
+            if keep:
+                rest = [ids[k] for k in keep]
+                cursor.execute(
+                    "INSERT INTO id_run_chunks (stream_id, run, first_id, ids, msg_ids, seqs, "
+                    "stored_ats) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        stream_id,
+                        run,
+                        *_chunk(
+                            rest,
+                            dict(zip(rest, (s[k] for k in keep), strict=True)),
+                            dict(zip(rest, (a[k] for k in keep), strict=True)),
+                        ),
+                    ),
+                )
+    finally:
+        cursor.close()
 
 
 def purge(conn: Connection, stream_id: int) -> None:
-    for table in (id_blocks, id_run_entries, id_runs):
+    for table in (id_blocks, id_run_chunks, id_runs):
         conn.execute(delete(table).where(table.c.stream_id == stream_id))
 
 
@@ -504,11 +625,12 @@ def count(conn: Connection, stream_id: int, cutoff: int) -> int:
         if oldest > cutoff:
             n += ids
         else:  # partly expired: count what is left
-            n += conn.execute(
-                select(func.count()).where(
-                    id_run_entries.c.stream_id == stream_id,
-                    id_run_entries.c.run == run,
-                    id_run_entries.c.stored_at > cutoff,
+            for (packed,) in conn.execute(
+                select(id_run_chunks.c.stored_ats).where(
+                    id_run_chunks.c.stream_id == stream_id, id_run_chunks.c.run == run
                 )
-            ).scalar_one()
+            ):
+                ats = array("q")
+                ats.frombytes(packed)
+                n += sum(1 for at in ats if at > cutoff)
     return n

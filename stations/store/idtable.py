@@ -26,21 +26,29 @@ def _rows(conn: Connection, text: str, params: Any, **options: Any) -> list[tupl
         cursor.close()
 
 
+# One text parameter of the ids joined by newlines (no id holds one): psycopg writes a list
+# parameter element by element in Python, which cost more than the lookup itself (the same
+# for ``sql.insert_ids``). One primary
+# key probe per id: the LATERAL subquery names the whole key. The station comes through an
+# InitPlan (``SELECT %s``), so the planner does not know it when planning: given the value, it
+# estimated a station created after the last ANALYZE at about no rows and probed the
+# (stream_id, stored_at) index instead, reading every id of the station for each id looked up.
+LOOKUP_SQL = (
+    "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(string_to_array(%s, E'\\n')) AS w(msg_id) "
+    "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
+    "WHERE stream_id = (SELECT %s::integer) AND msg_id = w.msg_id LIMIT 1) AS m"
+)
+
+
 def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[str, int, int]]:
     """``(msg_id, seq, stored_at)`` of the wanted ids stored in ``msg_ids``."""
     if not wanted:
         return []
     if db.shared(conn):
-        # One array parameter, and one primary-key probe per id: the LATERAL subquery names
-        # the whole key, so its plan is that key's index whatever the statistics say. A plain
-        # join or IN list is planned on estimates; without statistics (autovacuum off) the
-        # planner chose the (stream_id, stored_at) index and read every id of the station.
         return _rows(
             conn,
-            "SELECT w.msg_id, m.seq, m.stored_at FROM unnest(%s::text[]) AS w(msg_id) "
-            "CROSS JOIN LATERAL (SELECT seq, stored_at FROM msg_ids "
-            "WHERE stream_id = %s AND msg_id = w.msg_id LIMIT 1) AS m",
-            (wanted, stream_id),
+            LOOKUP_SQL,
+            ("\n".join(wanted), stream_id),
             # Planned afresh each time: a plan prepared while the table was empty (a scan)
             # would be kept as it grows, since without statistics nothing invalidates it.
             prepare=False,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 
 from stations.domain.streams import StreamState
 from stations.store import db
@@ -88,26 +88,68 @@ def oldest_stored_after(tx: Tx, stream_id: int, after: int) -> int | None:
     return stored
 
 
-def sizes(tx: Tx, stream_id: int, after: int) -> list[tuple[int, int]]:
-    """(seq, bytes) of the first ``CHUNK`` rows after ``after``."""
+def sizes(tx: Tx, stream_id: int, after: int) -> list[tuple[int, int, int]]:
+    """(seq, span, bytes of its messages) of the first ``CHUNK`` rows after ``after`` (a row
+    of several JSON messages without the newlines between them)."""
     result = db.conn_of(tx).execute(
-        select(messages.c.seq, func.length(messages.c.data))
+        select(
+            messages.c.seq,
+            messages.c.span,
+            func.length(messages.c.data) - messages.c.span + 1,
+        )
         .where(messages.c.stream_id == stream_id, messages.c.seq > after)
         .order_by(messages.c.seq)
         .limit(CHUNK)
     )
-    return [(seq, size) for seq, size in result]
+    return [(seq, span, size) for seq, span, size in result]
 
 
-def drop_through(tx: Tx, stream_id: int, head: int, dropped: int) -> int:
-    """Delete the rows wholly at or below ``head``, move the stream's head there and take
-    ``dropped`` messages and the rows' bytes off its counts; returns the bytes."""
+def message_sizes(tx: Tx, stream_id: int, seq: int) -> list[int]:
+    """The bytes of each message of the row ending at ``seq``, first to last."""
+    data = (
+        db.conn_of(tx)
+        .execute(
+            select(messages.c.data).where(messages.c.stream_id == stream_id, messages.c.seq == seq)
+        )
+        .scalar_one()
+    )
+    return [len(piece) for piece in bytes(data).split(b"\n")]
+
+
+def drop_through(tx: Tx, stream_id: int, after: int, head: int, dropped: int) -> int:
+    """Drop the messages at positions ``after`` < p <= ``head``: delete the rows wholly at or
+    below ``head``, move the stream's head there and take ``dropped`` messages and their bytes
+    off its counts; returns the bytes.
+
+    A row of several messages (JSON, joined by "\n") that the head cuts through stays until its
+    last message goes, but the bytes of its messages that are dropped are counted now, and its
+    separators never: the counts always match the messages a reader can still get."""
     conn = db.conn_of(tx)
-    dropped_bytes: int = conn.execute(
-        select(func.coalesce(func.sum(func.length(messages.c.data)), 0)).where(
-            messages.c.stream_id == stream_id, messages.c.seq <= head
+    whole: int = conn.execute(
+        select(
+            func.coalesce(func.sum(func.length(messages.c.data) - messages.c.span + 1), 0)
+        ).where(
+            messages.c.stream_id == stream_id,
+            messages.c.seq - messages.c.span >= after,
+            messages.c.seq <= head,
         )
     ).scalar_one()
+    # The rows the two ends cut through (at most two; one if both cut the same row).
+    cut = conn.execute(
+        select(messages.c.seq, messages.c.span, messages.c.data).where(
+            messages.c.stream_id == stream_id,
+            or_(
+                and_(messages.c.seq - messages.c.span < after, messages.c.seq > after),
+                and_(messages.c.seq - messages.c.span < head, messages.c.seq > head),
+            ),
+        )
+    ).all()
+    dropped_bytes = whole
+    for seq, span, data in cut:
+        first = seq - span + 1  # position of the row's first message
+        pieces = bytes(data).split(b"\n") if span > 1 else [bytes(data)]
+        lo, hi = max(after + 1, first), min(head, seq)
+        dropped_bytes += sum(len(p) for p in pieces[lo - first : hi - first + 1])
     conn.execute(delete(messages).where(messages.c.stream_id == stream_id, messages.c.seq <= head))
     conn.execute(
         streams.update()
@@ -118,4 +160,4 @@ def drop_through(tx: Tx, stream_id: int, head: int, dropped: int) -> int:
             byte_count=streams.c.byte_count - dropped_bytes,
         )
     )
-    return dropped_bytes
+    return int(dropped_bytes)

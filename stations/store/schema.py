@@ -67,12 +67,14 @@ messages = Table(
     Column("stream_id", Integer, primary_key=True, autoincrement=False),
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("data", LargeBinary, nullable=False),
-    Column("msg_id", String(256)),
+    # One id, or on a multi-message row the ids of its messages joined by "\n" (so Text).
+    Column("msg_id", Text),
     Column("headers", Text),
     Column("stored_at", BigInteger, nullable=False),
-    # A row holds the messages at positions seq - span + 1 .. seq. Plain JSON appends of many
-    # messages store one row per request, the messages joined by "\n" (compact JSON never
-    # contains a raw newline); a message with an id or headers always has a row of its own.
+    # A row holds the messages at positions seq - span + 1 .. seq. A JSON append of many
+    # messages stores one row per request, the messages joined by "\n" (compact JSON never
+    # contains a raw newline), and their ids and headers, if any, joined by "\n" likewise
+    # (an empty one: a message without); see ``stations.domain.log.pack``.
     Column("span", Integer, nullable=False, server_default="1"),
 )
 
@@ -113,9 +115,10 @@ id_blocks = Table(
     Column("seqs", LargeBinary, nullable=False),
 )
 
-# Older ids of a station, moved out of msg_ids in sorted, immutable runs (SQLite; see
-# stations/idruns.py). ``id_runs`` has one row per run, ``id_run_entries`` its ids, keyed so a
-# run is written as one sequential stretch of its B-tree.
+# Older ids of a station, moved out of the blocks in sorted, immutable runs (SQLite; see
+# stations/store/idruns.py). ``id_runs`` has one row per run, ``id_run_chunks`` its ids: rows of
+# up to RUN_CHUNK (64) consecutive ids in order, keyed by the first (the ids joined by "\n", their
+# positions and store times as native 64-bit integers), so a run is a few sequential rows.
 id_runs = Table(
     "id_runs",
     metadata,
@@ -125,15 +128,16 @@ id_runs = Table(
     Column("oldest", BigInteger, nullable=False),  # smallest stored_at in the run
     Column("newest", BigInteger, nullable=False),  # largest stored_at in the run
 )
-id_run_entries = Table(
-    "id_run_entries",
+id_run_chunks = Table(
+    "id_run_chunks",
     metadata,
     Column("stream_id", Integer, primary_key=True, autoincrement=False),
     Column("run", BigInteger, primary_key=True, autoincrement=False),
-    Column("msg_id", String(256), primary_key=True),
-    Column("seq", BigInteger, nullable=False),
-    Column("stored_at", BigInteger, nullable=False),
-    sqlite_with_rowid=False,
+    Column("first_id", String(256), primary_key=True),
+    Column("ids", Integer, nullable=False),
+    Column("msg_ids", LargeBinary, nullable=False),
+    Column("seqs", LargeBinary, nullable=False),
+    Column("stored_ats", LargeBinary, nullable=False),
 )
 
 # Consumer groups: a cursor over the log plus one ``deliveries`` row per message the group has

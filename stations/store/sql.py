@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Table
 
 from stations.store import db
-from stations.store.schema import streams
+from stations.store.schema import msg_ids, streams
 
 STREAM_COLUMNS = ", ".join(c.name for c in streams.columns)
 # The columns an append, close, touch or PATCH can change; structure (head, deletion, expiry)
@@ -31,6 +31,9 @@ STREAM_UPDATES = (
     "stream_seq",
     "config",
 )
+
+
+FEW_ROWS = 16
 
 
 @cache
@@ -110,8 +113,30 @@ def session(conn: Connection, stream_id: int, producer_id: str) -> tuple[int, in
 def insert_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
     """Insert rows (tuples in column order): one statement of column arrays where the driver
     takes arrays, else executemany."""
-    text = db.insert_many_sql(conn, table)
+    # A few rows (a produce or append is one row per request) go by executemany, which
+    # psycopg pipelines into one round trip: as arrays, every value (a row's data too) would
+    # be written element by element in Python.
+    text = db.insert_many_sql(conn, table) if len(rows) > FEW_ROWS else None
     if text is None:
         execute(conn, insert(conn, table), rows)
     else:
         execute(conn, text, tuple(map(list, zip(*rows, strict=True))))
+
+
+# msg_ids rows as four text parameters, each column's values joined (ids hold no newline):
+# psycopg writes a list parameter element by element in Python.
+_INSERT_IDS = (
+    "INSERT INTO msg_ids (stream_id, msg_id, seq, stored_at) SELECT * FROM unnest("
+    "string_to_array(%s, ',')::integer[], string_to_array(%s, E'\\n'), "
+    "string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::bigint[])"
+)
+
+
+def insert_ids(conn: Connection, rows: list[tuple[int, str, int, int]]) -> None:
+    """Store ``(stream_id, msg_id, seq, stored_at)`` rows in ``msg_ids``."""
+    if not db.shared(conn):
+        insert_rows(conn, msg_ids, rows)
+        return
+    sids, ids, seqs, ats = zip(*rows, strict=True)
+    params = (",".join(map(str, sids)), "\n".join(ids), ",".join(map(str, seqs)))
+    execute(conn, _INSERT_IDS, (*params, ",".join(map(str, ats))))

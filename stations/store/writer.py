@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError
 from stations.domain.streams import StreamState
 from stations.store import db, sql
 from stations.store.pgnotify import CHANNEL
-from stations.store.schema import messages, msg_ids
+from stations.store.schema import messages
 from stations.store.streams import load
 
 log = logging.getLogger("stations.store.writer")
@@ -43,6 +43,7 @@ MAX_BATCH = 512
 # writer thread, so the event loop never waits for the disk (fsync) or for another process
 # (PostgreSQL).
 INLINE_OPS = 4
+NOTIFY = "SELECT pg_notify(%s, %s)"
 
 
 def now_ms() -> int:
@@ -68,8 +69,8 @@ class Batch:
     ids: list[tuple[Any, ...]] = field(default_factory=list)
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     dirty_sessions: set[tuple[int, str]] = field(default_factory=set)
-    # Ids stored by this batch, until it commits: (stream id, msg_id) -> position.
-    pending_ids: dict[tuple[int, str], int] = field(default_factory=dict)
+    # Ids stored by this batch, until it commits: stream id -> {msg_id: position}.
+    pending_ids: dict[int, dict[str, int]] = field(default_factory=dict)
     # SQLite: the ids of this batch per station, written as one id_blocks row each at flush.
     id_blocks: dict[int, Any] = field(default_factory=dict)
     block_writer: Callable[[Batch], None] | None = None
@@ -77,7 +78,6 @@ class Batch:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
-    cache_fills: list[tuple[Any, str, Any]] = field(default_factory=list)  # (cache, key, value)
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
@@ -96,7 +96,7 @@ class Batch:
             sql.insert_rows(self.conn, messages, self.rows)
             self.rows = []
         if self.ids:
-            sql.insert_rows(self.conn, msg_ids, self.ids)
+            sql.insert_ids(self.conn, self.ids)
             self.ids = []
         if self.id_blocks and self.block_writer is not None:
             self.block_writer(self)
@@ -136,11 +136,6 @@ class Batch:
         self.streams.clear()
         self.sessions.clear()
         self.locked.clear()
-
-
-def _fill(fills: list[tuple[Any, str, Any]]) -> None:
-    for cache, key, value in fills:
-        cache[key] = value
 
 
 @dataclass
@@ -422,13 +417,10 @@ class Writer:
                 batch.flush()
                 for hook in batch.before_commit.values():
                     hook(batch)
-                if self._pg and batch.changed:
-                    for name in batch.changed:
-                        conn.execute(select(func.pg_notify(CHANNEL, name)))
+                if self._pg and batch.changed:  # one pipelined round trip for all
+                    sql.execute(conn, NOTIFY, [(CHANNEL, name) for name in batch.changed])
         except DBAPIError:
             if conn.invalidated:
                 self._conn = None
             raise
-        if batch.cache_fills:
-            batch.after_commit.append(lambda: _fill(batch.cache_fills))
         return outcomes, batch.changed, batch.after_commit

@@ -1,16 +1,16 @@
 """Leases of a fetch's new messages as one row per fetch (``lease_ranges``) instead of one
 ``deliveries`` row per message.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-11-25
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
