@@ -90,13 +90,20 @@ def _tail_state(result: ReadResult) -> StreamState | None:
 
 @dataclass
 class _Parked:
-    """A fetch waiting for messages; ``taken`` holds the future of the fetch an append queued
-    for it."""
+    """A fetch waiting for messages. ``answer`` gets the fetch an append's transaction ran for
+    it (once ``served``, nothing else completes it), or None when the notifier woke it or its
+    time ran out first. The waiting request awaits ``answer`` itself, so the commit that
+    serves it resumes it at once."""
 
     group: str
     max_count: int
     consumer: str
-    taken: asyncio.Future[asyncio.Future[Fetched]]
+    answer: asyncio.Future[Fetched | None]
+    served: bool = False
+
+    def give_up(self, *_: object) -> None:
+        if not self.served and not self.answer.done():
+            self.answer.set_result(None)
 
 
 class Service:
@@ -396,26 +403,23 @@ class Service:
                     break
                 parked = _Parked(group, max_count, consumer, loop.create_future())
                 self._parked.setdefault(station, []).append(parked)
+                woken.add_done_callback(parked.give_up)
+                timer = loop.call_later(remaining, parked.give_up)
                 try:
-                    await asyncio.wait(
-                        (woken, parked.taken),
-                        timeout=remaining,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                except asyncio.CancelledError:
-                    # The client left: its fetch queued behind an append must not lease
-                    # messages nobody will get (the writer drops a cancelled op not yet run).
-                    if parked.taken.done():
-                        parked.taken.result().cancel()
-                    raise
+                    # Cancelled (the client left): so is ``answer``, and the writer drops a
+                    # fetch queued behind an append that has not run yet, so it leases
+                    # nothing nobody will get.
+                    served = await _committed(parked.answer)
                 finally:
+                    timer.cancel()
+                    woken.remove_done_callback(parked.give_up)
                     waiting = self._parked.get(station)
                     if waiting is not None and parked in waiting:
                         waiting.remove(parked)
                         if not waiting:
                             del self._parked[station]
-                if parked.taken.done():  # fetched in an append's transaction
-                    out = await _committed(parked.taken.result())
+                if served is not None:  # fetched in an append's transaction
+                    out = served
                     if out.messages or not woken.done():
                         continue
                 if woken.done():  # a change the append's fetch did not serve: look again
@@ -446,7 +450,7 @@ class Service:
     def _serve_parked(self, station: str) -> None:
         """Queue the parked fetches of ``station`` right behind an append just queued."""
         for parked in self._parked.pop(station, ()):
-            if parked.taken.done():
+            if parked.answer.done():
                 continue
             op = functools.partial(
                 groups.fetch,
@@ -456,8 +460,14 @@ class Service:
                 consumer=parked.consumer,
             )
             # Answered before the append that brings its messages: the consumer is waiting.
-            small = parked.max_count <= SMALL_FETCH
-            parked.taken.set_result(self.db.enqueue(op, relaxed=True, small=small, first=True))
+            parked.served = True
+            self.db.enqueue(
+                op,
+                relaxed=True,
+                small=parked.max_count <= SMALL_FETCH,
+                first=True,
+                future=parked.answer,
+            )
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""

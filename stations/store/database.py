@@ -81,11 +81,12 @@ class Database:
         *,
         small: bool = False,
         first: bool = False,
+        future: asyncio.Future[Any] | None = None,
     ) -> asyncio.Future[T]:
         """Queue ``op`` for the writer now (ops queued in one step of the event loop share a
         transaction, in order); the future is answered after the commit. ``relaxed``,
-        ``small``, ``first``: see ``Writer.enqueue``."""
-        return self.writer.enqueue(op, sort_key, relaxed, small=small, first=first)
+        ``small``, ``first``, ``future``: see ``Writer.enqueue``."""
+        return self.writer.enqueue(op, sort_key, relaxed, small=small, first=first, future=future)
 
     async def write(
         self,

@@ -228,6 +228,7 @@ class Writer:
         *,
         small: bool = False,
         first: bool = False,
+        future: asyncio.Future[Any] | None = None,
     ) -> asyncio.Future[Any]:
         """Queue ``op`` now; ops queued in one step of the event loop share a transaction
         (unless the batch is full), in the order they were queued.
@@ -237,9 +238,11 @@ class Writer:
         ``db.relaxed_transaction``). For leases, whose loss costs a redelivery, not an
         answered write. ``small``: a few statements on a few rows (see ``INLINE_OPS``).
         ``first``: answered before the other ops of its commit (a consumer waiting for the
-        messages the commit brings)."""
+        messages the commit brings). ``future``: the one to answer, if the caller awaits one
+        already (no extra step of the event loop between the commit and the caller)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        if future is None:
+            future = loop.create_future()
         if not self._staged:
             loop.call_soon(self._hand_over)
         self._staged.append(_Pending(op, future, sort_key, relaxed, small, first))
