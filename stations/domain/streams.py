@@ -7,10 +7,13 @@ deleting them is decided in ``lifecycle``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from stations.domain.framing import exact_ints
 
 
 @dataclass
@@ -45,7 +48,7 @@ class StreamState:
     @classmethod
     def from_row(cls, row: Any) -> StreamState:
         values = dict(row._mapping)
-        values["config"] = orjson.loads(values["config"])
+        values["config"] = _config(values["config"])
         return cls(**values)
 
     @classmethod
@@ -53,7 +56,7 @@ class StreamState:
         """From a driver row in ``streams`` column order."""
         state = cls(*row)
         # orjson: every append's transaction loads its stream's row and writes it back.
-        state.config = orjson.loads(state.config)  # type: ignore[arg-type]
+        state.config = _config(state.config)  # type: ignore[arg-type]
         state.closed = bool(state.closed)
         state.deleted = bool(state.deleted)
         return state
@@ -103,3 +106,12 @@ def is_json_type(content_type: str) -> bool:
 
 def same_content_type(a: str, b: str) -> bool:
     return media_type(a) == media_type(b)
+
+
+def _config(text: str | bytes) -> dict[str, Any]:
+    """A stored config, read exactly: orjson would turn an integer beyond 64 bits (which a
+    version without today's bounds could have stored) into a float; the standard library keeps
+    it, so the settings read back are the ones stored."""
+    raw = text.encode() if isinstance(text, str) else text
+    value: dict[str, Any] = orjson.loads(raw) if exact_ints(raw) else json.loads(raw)
+    return value
