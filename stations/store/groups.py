@@ -112,10 +112,8 @@ _GROUP_COLUMNS = ", ".join(c.name for c in groups.columns)
 def load(conn: Connection, stream_id: int, name: str, *, lock: bool) -> dict[str, Any] | None:
     """A group's row; with ``lock`` a row lock (PostgreSQL) serializes its ops across
     processes."""
-    if lock:
-        found = sql.query(conn, _statement(conn, "load"), (stream_id, name))
-    else:
-        found = sql.query(conn, _sql(db.mark(conn), "")["load"], (stream_id, name))
+    text = _sql(db.mark(conn), db.row_lock(conn) if lock else "")["load"]
+    found = sql.query(conn, text, (stream_id, name))
     if not found:
         return None
     return dict(zip(groups.columns.keys(), found[0], strict=True))
