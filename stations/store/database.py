@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from stations.store import db
+from stations.store.checkpoints import Checkpoints
 from stations.store.db import Tx
 from stations.store.idruns import IdRuns
 from stations.store.pgnotify import Listener
@@ -31,6 +32,7 @@ class Database:
         self.embedded = db.embedded(self.url)
         self._read_threads = read_threads
         self._listener: Listener | None = None
+        self.checkpoints: Checkpoints | None = None
 
     async def open(
         self,
@@ -51,8 +53,19 @@ class Database:
         await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
         if runs is not None:
             await loop.run_in_executor(self._readers, runs.load, self.read_engine)
+        path = db.database_file(self.url)
+        if path is not None:
+            checkpoints = Checkpoints(
+                path, self.read_engine.raw_connection, db.WAL_AUTOCHECKPOINT_PAGES
+            )
+            if await loop.run_in_executor(self._readers, checkpoints.start):
+                self.checkpoints = checkpoints
         self.writer = Writer(
-            self.write_engine, on_commit, on_batch=on_batch, fsync=self.durability == "fsync"
+            self.write_engine,
+            on_commit,
+            on_batch=on_batch,
+            fsync=self.durability == "fsync",
+            checkpoints=self.checkpoints,
         )
         self.writer.start()
         dsn = db.listen_dsn(self.url)
@@ -69,6 +82,9 @@ class Database:
             await self._listener.stop()
             self._listener = None
         await self.writer.stop()
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
+            self.checkpoints = None
         self._readers.shutdown(wait=True)
         self.write_engine.dispose()
         self.read_engine.dispose()

@@ -36,7 +36,9 @@ from sqlalchemy.exc import OperationalError as OperationalError
 DEFAULT_DATA_DIR = "stations-data"
 # SQLite writer connection only (readers keep SQLite's defaults: 2 MiB cache each).
 WRITER_CACHE_KIB = 32 * 1024  # its page cache: the upper levels of big indexes stay in it
-WAL_AUTOCHECKPOINT_PAGES = 10_000  # checkpoint at ~40 MB of WAL instead of SQLite's ~4 MB
+# Checkpoint at ~40 MB of WAL instead of SQLite's ~4 MB (by a thread of its own: see
+# stations.store.checkpoints; in the writer's commits only should that thread be unavailable).
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 # PostgreSQL: what the planner charges for a random page read, against 1.0 for a sequential
 # one. The default (4.0) models cold spinning disks; the store's hot key ranges (recent ids,
 # recent messages, leases) are in cache, where an index probe costs about a sequential read.
@@ -216,6 +218,25 @@ def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
 
     return engine
+
+
+def database_file(url: str) -> str | None:
+    """The file an embedded database lives in (None: a server database, or one in memory)."""
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:") or parsed.query.get("mode") == "memory":
+        return None
+    return os.path.abspath(parsed.database)
+
+
+def checkpoint_in_commits(conn: Connection, pages: int) -> None:
+    """SQLite: whether this connection's commits checkpoint the WAL once it holds ``pages``
+    frames (0: never; another connection does, see stations.store.checkpoints)."""
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    # On the driver's connection, outside any transaction: SQLAlchemy would open one.
+    raw.cursor().execute(f"PRAGMA wal_autocheckpoint={int(pages)}")
 
 
 def upgrade(engine: Engine) -> None:

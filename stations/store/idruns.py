@@ -56,11 +56,14 @@ log = logging.getLogger("stations.store.idruns")
 SPILL_AT = 100_000  # recent ids a station keeps in RAM and blocks (about 20 MB of RAM)
 SPILL_CHUNK = 50_000  # ids moved per run
 RUN_CHUNK = 64  # ids per id_run_chunks row: a lookup reads one such row per run it probes
-EPOCH_IDS = 4_000_000  # ids per Bloom filter, at most
+# Ids per Bloom filter, at most. Every new id is looked up in every filter of its station (a
+# cache miss or two each, ~0.3-0.9 us under load): 10M ids take three filters of up to 8M (0.4M,
+# 3.6M, 8M: 21.6 MB) where filters of up to 4M took four of the same total size.
+EPOCH_IDS = 8_000_000
 FALSE_POSITIVES = 0.001
 # Each run also has a small filter of its own: when an epoch's filter says "maybe", only the
 # runs whose own filter agrees are read (a false positive of an epoch read all of its runs,
-# 66 of them per 4M ids). Small enough to stay in the CPU's cache; 1.2 bytes per id.
+# 160 of them per 8M ids). Small enough to stay in the CPU's cache; 1.2 bytes per id.
 RUN_FALSE_POSITIVES = 0.01
 FILTER_BUDGET = 64 * 1024 * 1024  # bytes of Bloom filters per process
 GROWTH = 8  # a station's next filter has room for this many times the ids in its runs
@@ -271,18 +274,13 @@ class IdRuns:
                     ]
                     if runs:
                         probes.append((msg_id, runs))
-        found: dict[str, tuple[int, int]] = {}
         if not probes:
-            return found
+            return {}
         cursor = batch.conn.connection.cursor()
         try:
-            for msg_id, runs in probes:
-                hit = _find(cursor, state.id, json.dumps(runs), msg_id)
-                if hit is not None and (msg_id not in found or hit[1] > found[msg_id][1]):
-                    found[msg_id] = hit
+            return _find(cursor, state.id, [(run, m) for m, runs in probes for run in runs])
         finally:
             cursor.close()
-        return found
 
     # -- storing and spilling -----------------------------------------------------------------
 
@@ -425,8 +423,8 @@ class IdRuns:
                 epoch.open = False
             # Filters grow with the station: a small one does not hold megabytes of bits. They
             # grow eightfold, not twofold: every lookup of a new id probes every filter of the
-            # station (a few cache misses each), so fewer and larger filters cost less (10M ids:
-            # four filters instead of six).
+            # station (a few cache misses each), so fewer and larger filters cost less (see
+            # EPOCH_IDS).
             in_runs = sum(r.ids for r in station.runs.values())
         capacity = min(self.epoch_ids, max(4 * self.chunk, GROWTH * in_runs))
         bloom = self._new_bloom(capacity)
@@ -525,28 +523,30 @@ def _unpack(packed: bytes, seqs: bytes, ats: bytes) -> tuple[list[str], array[in
     return packed.decode().split("\n"), s, a
 
 
-# In each listed run (a JSON array) the one chunk that may hold the id: the last whose first id
-# is not after it. SQLite seeks once per run; the rows come back to be searched as bytes.
+# For each (run, id) pair of a JSON array, the one chunk of the run that may hold the id: the
+# last whose first id is not after it. One statement for all the ids of a lookup (SQLite seeks
+# once per pair); the rows come back to be searched as bytes.
 _PROBE = (
-    "SELECT c.msg_ids, c.seqs, c.stored_ats FROM json_each(?) AS r JOIN id_run_chunks AS c "
-    "ON c.rowid = (SELECT rowid FROM id_run_chunks WHERE stream_id = ? AND run = r.value "
-    "AND first_id <= ? ORDER BY first_id DESC LIMIT 1)"
+    "SELECT p.key, c.msg_ids, c.seqs, c.stored_ats FROM json_each(?) AS p "
+    "JOIN id_run_chunks AS c ON c.rowid = (SELECT rowid FROM id_run_chunks "
+    "WHERE stream_id = ? AND run = json_extract(p.value, '$[0]') "
+    "AND first_id <= json_extract(p.value, '$[1]') ORDER BY first_id DESC LIMIT 1)"
 )
 
 
-def _find(cursor: Any, stream_id: int, runs: str, msg_id: str) -> tuple[int, int] | None:
-    """``(seq, stored_at)`` of the newest copy of ``msg_id`` in the listed runs, if any."""
-    cursor.execute(_PROBE, (runs, stream_id, msg_id))
-    needle = msg_id.encode()
-    best: tuple[int, int] | None = None
-    for packed, seqs, ats in cursor.fetchall():
-        k = _index(packed, needle)
+def _find(cursor: Any, stream_id: int, pairs: list[tuple[int, str]]) -> dict[str, tuple[int, int]]:
+    """``{msg_id: (seq, stored_at)}``: the newest copy of each id found in its listed runs."""
+    cursor.execute(_PROBE, (json.dumps(pairs), stream_id))
+    found: dict[str, tuple[int, int]] = {}
+    for key, packed, seqs, ats in cursor.fetchall():
+        msg_id = pairs[key][1]
+        k = _index(packed, msg_id.encode())
         if k is not None:
             seq = int.from_bytes(seqs[8 * k : 8 * k + 8], sys.byteorder, signed=True)
             at = int.from_bytes(ats[8 * k : 8 * k + 8], sys.byteorder, signed=True)
-            if best is None or at > best[1]:
-                best = (seq, at)
-    return best
+            if msg_id not in found or at > found[msg_id][1]:
+                found[msg_id] = (seq, at)
+    return found
 
 
 def _index(packed: bytes, needle: bytes) -> int | None:

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from stations.domain.errors import StationsError
 from stations.domain.streams import StreamState
 from stations.store import db, sql
+from stations.store.checkpoints import Checkpoints
 from stations.store.pgnotify import CHANNEL
 from stations.store.schema import messages
 from stations.store.streams import load
@@ -186,8 +187,11 @@ class Writer:
         on_batch: Callable[[int, float], None] | None = None,
         *,
         fsync: bool = True,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self._engine = engine
+        # SQLite: the WAL is copied into the database by this thread, not in our commits.
+        self._checkpoints = checkpoints
         self._fsync = fsync  # a strict commit waits for the disk (--durability fsync)
         self._on_commit = on_commit
         self._on_batch = on_batch  # (ops, seconds to run and commit) for monitoring
@@ -284,6 +288,8 @@ class Writer:
             log.exception("write batch failed")
             outcome = exc
         self._settle(batch, 0, outcome, time.perf_counter() - started, None)
+        if self._checkpoints is not None:
+            self._checkpoints.committed()
 
     def _serve(self) -> None:
         """The writer thread: each transaction takes every op that waits (up to MAX_BATCH)."""
@@ -308,6 +314,9 @@ class Writer:
                     waiting += chunk
             taken, waiting = waiting[:MAX_BATCH], waiting[MAX_BATCH:]
             batch = _in_producer_order([p for p in taken if not p.future.cancelled()])
+            checkpoints = self._checkpoints
+            if batch and checkpoints is not None and checkpoints.tail_wanted:
+                checkpoints.copy_tail(self._connection().connection.dbapi_connection)
             started = time.perf_counter()
             outcome: Any = ([], set(), [])
             try:
@@ -326,6 +335,8 @@ class Writer:
                 )
             except RuntimeError:  # the event loop is closed: no one is waiting any more
                 break
+            if checkpoints is not None:
+                checkpoints.committed()
             if settled is not None:
                 settled.wait()
         self._close_conn()
@@ -372,6 +383,8 @@ class Writer:
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             self._conn = self._engine.connect()
+            if self._checkpoints is not None:
+                db.checkpoint_in_commits(self._conn, 0)
             if self._pg:  # to tell this process's NOTIFYs from other processes' (pgnotify)
                 info = self._conn.connection.dbapi_connection.info  # type: ignore[union-attr]
                 self.backend_pid = info.backend_pid
