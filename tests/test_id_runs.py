@@ -270,6 +270,48 @@ def test_a_run_keeps_the_newest_copy_of_an_id_stored_twice(tmp_path: Path) -> No
         engine.dispose()
 
 
+def test_the_newest_runs_answer_from_ram(tmp_path: Path) -> None:
+    """A station's newest runs stay in RAM as written (``WARM_RUNS``): a lookup of an id in one
+    reads no database row, older runs are read, and ``cool`` (before a shrinking window
+    rewrites the runs) leaves the database's copy the only one."""
+    from stations.store import db
+    from stations.store.writer import Batch
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
+    try:
+        db.upgrade(engine)
+        runs = idruns.IdRuns(spill_at=2, chunk=2)
+        station = runs._stations.setdefault(1, idruns.StationRuns())
+        total = idruns.WARM_RUNS + 2
+        for k in range(total):  # one run of two ids each time
+            ids = [f"id-{2 * k}", f"id-{2 * k + 1}"]
+            runs._add_block(station, idruns.Block(2 * k, 100 + k, ids, [2 * k, 2 * k + 1]))
+            with engine.begin() as conn:
+                batch = Batch(conn, 1000)
+                runs._move(batch, 1)
+            for hook in batch.after_commit:
+                hook()
+        assert len(station.runs) == total
+        assert list(station.warm) == sorted(station.runs)[-idruns.WARM_RUNS :]
+        everything = [f"id-{k}" for k in range(2 * total)]
+        expected = {f"id-{k}": (k, 100 + k // 2) for k in range(2 * total)}
+        with engine.connect() as conn:
+            assert runs.lookup(Batch(conn, 1000), _state(1), everything) == expected
+        # Without the rows in the database only the warm runs still answer: from RAM.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM id_run_chunks")
+        newest = range(2 * (total - idruns.WARM_RUNS), 2 * total)
+        warm_ids = {f"id-{k}": expected[f"id-{k}"] for k in newest}
+        with engine.connect() as conn:
+            assert runs.lookup(Batch(conn, 1000), _state(1), everything) == warm_ids
+        runs.cool(1)
+        assert not station.warm and runs._warm_bytes == 0
+        with engine.connect() as conn:
+            assert runs.lookup(Batch(conn, 1000), _state(1), everything) == {}
+    finally:
+        engine.dispose()
+
+
 def _state(stream_id: int) -> Any:
     from types import SimpleNamespace
 

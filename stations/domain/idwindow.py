@@ -182,6 +182,7 @@ class IdWindow:
         # cutoff (and their ids from RAM after the commit); runs that straddle it keep
         # younger ids, so their older entries go one by one.
         self.runs.sweep(batch, state)
+        self.runs.cool(state.id)
         idruns.forget_before(batch.conn, state.id, cutoff)
 
     def sweep(self, batch: Batch, state: StreamState) -> int:

@@ -19,6 +19,12 @@ run is deleted whole once its newest id has left the window.
 A lookup that the hot ids cannot answer asks each *epoch* (a Bloom filter over the ids of up to
 ``EPOCH_IDS`` consecutive runs, 1.8 bytes per id it has room for) and probes only the runs of
 epochs that may hold the id, narrowed by each run's own smaller filter (1.2 bytes per id).
+The newest ``WARM_RUNS`` runs of a station also stay in RAM as they were written (their ids
+packed, about 50 bytes per id against ~200 for a hot id), so a retry of an id that has just
+left the hot ids is answered without reading the database: a station taking 50,000 new ids a
+second spills them about once a second, and a retry a few seconds late would otherwise cost a
+random read of the database file.
+
 Filters live in RAM under ``FILTER_BUDGET`` bytes per process; a run without one (after a
 restart until a background thread has rebuilt it, or over the budget) is probed for every
 lookup, which is slower but exact: a filter only ever decides which runs to read.
@@ -59,13 +65,15 @@ RUN_CHUNK = 64  # ids per id_run_chunks row: a lookup reads one such row per run
 # Ids per Bloom filter, at most. Every new id is looked up in every filter of its station (a
 # cache miss or two each, ~0.3-0.9 us under load): 10M ids take three filters of up to 8M (0.4M,
 # 3.6M, 8M: 21.6 MB) where filters of up to 4M took four of the same total size.
-EPOCH_IDS = 8_000_000
+EPOCH_IDS = 4_000_000
 FALSE_POSITIVES = 0.001
 # Each run also has a small filter of its own: when an epoch's filter says "maybe", only the
 # runs whose own filter agrees are read (a false positive of an epoch read all of its runs,
 # 160 of them per 8M ids). Small enough to stay in the CPU's cache; 1.2 bytes per id.
 RUN_FALSE_POSITIVES = 0.01
 FILTER_BUDGET = 64 * 1024 * 1024  # bytes of Bloom filters per process
+WARM_RUNS = 4  # a station's newest runs kept in RAM (about 2.5 MB each)
+WARM_BUDGET = 64 * 1024 * 1024  # bytes of warm runs per process
 GROWTH = 8  # a station's next filter has room for this many times the ids in its runs
 
 
@@ -91,6 +99,30 @@ class Epoch:
 
 
 @dataclass
+class Warm:
+    """A run's chunks as stored: each chunk's first id, its ids joined by newlines, their
+    positions and store times packed (see ``_chunk``)."""
+
+    first_ids: list[str]
+    chunks: list[tuple[bytes, bytes, bytes]]
+    nbytes: int
+
+    def find(self, msg_id: str) -> tuple[int, int] | None:
+        """``(seq, stored_at)`` of ``msg_id`` in this run, if it holds it."""
+        k = bisect_right(self.first_ids, msg_id) - 1
+        if k < 0:
+            return None
+        packed, seqs, ats = self.chunks[k]
+        i = _index(packed, msg_id.encode())
+        if i is None:
+            return None
+        return (
+            int.from_bytes(seqs[8 * i : 8 * i + 8], sys.byteorder, signed=True),
+            int.from_bytes(ats[8 * i : 8 * i + 8], sys.byteorder, signed=True),
+        )
+
+
+@dataclass
 class Block:
     """The ids one commit stored in one station, in the order they were stored."""
 
@@ -113,6 +145,7 @@ class StationRuns:
     blocks: deque[Block] = field(default_factory=deque)  # oldest first
     hot: int = 0  # ids in blocks (a re-stored id counts twice)
     last_run: int = 0  # run numbers are never reused while the process lives
+    warm: dict[int, Warm] = field(default_factory=dict)  # the newest runs, oldest first
 
 
 class IdRuns:
@@ -127,6 +160,7 @@ class IdRuns:
         self._stations: dict[int, StationRuns] = {}
         self._lock = threading.Lock()  # the writer thread and the filter builder
         self._filter_bytes = 0
+        self._warm_bytes = 0
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -274,13 +308,24 @@ class IdRuns:
                     ]
                     if runs:
                         probes.append((msg_id, runs))
-        if not probes:
-            return {}
-        cursor = batch.conn.connection.cursor()
-        try:
-            return _find(cursor, state.id, [(run, m) for m, runs in probes for run in runs])
-        finally:
-            cursor.close()
+            found: dict[str, tuple[int, int]] = {}
+            cold: list[tuple[int, str]] = []
+            warm = station.warm
+            for msg_id, runs in probes:
+                for run in runs:
+                    in_ram = warm.get(run)
+                    if in_ram is None:
+                        cold.append((run, msg_id))
+                    elif (hit := in_ram.find(msg_id)) is not None:
+                        _newest(found, msg_id, hit)
+        if cold:
+            cursor = batch.conn.connection.cursor()
+            try:
+                for msg_id, hit in _find(cursor, state.id, cold).items():
+                    _newest(found, msg_id, hit)
+            finally:
+                cursor.close()
+        return found
 
     # -- storing and spilling -----------------------------------------------------------------
 
@@ -367,15 +412,15 @@ class IdRuns:
         ats = [b.stored_at for b in moving]
         run = Run(last + 1, len(seq_of), min(ats), max(ats))
         ids = sorted(seq_of)
+        chunks = [
+            _chunk(ids[k : k + RUN_CHUNK], seq_of, at_of) for k in range(0, len(ids), RUN_CHUNK)
+        ]
         cursor = batch.conn.connection.cursor()
         try:
             cursor.executemany(
                 "INSERT INTO id_run_chunks (stream_id, run, first_id, ids, msg_ids, seqs, "
                 "stored_ats) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (stream_id, run.run, *_chunk(some, seq_of, at_of))
-                    for some in (ids[k : k + RUN_CHUNK] for k in range(0, len(ids), RUN_CHUNK))
-                ],
+                [(stream_id, run.run, *chunk) for chunk in chunks],
             )
             cursor.execute(
                 "INSERT INTO id_runs (stream_id, run, ids, oldest, newest) VALUES (?, ?, ?, ?, ?)",
@@ -388,7 +433,7 @@ class IdRuns:
         finally:
             cursor.close()
         # The batch's lookups are over; the next batch's must see the run, not the blocks.
-        batch.after_commit.append(lambda: self._add_run(stream_id, run, ids))
+        batch.after_commit.append(lambda: self._add_run(stream_id, run, ids, chunks))
         batch.after_commit.append(lambda: self._drop_blocks(station, moving))
 
     @staticmethod
@@ -403,14 +448,26 @@ class IdRuns:
                 if hot.get(msg_id) == seq:
                     del hot[msg_id]
 
-    def _add_run(self, stream_id: int, run: Run, ids: list[str]) -> None:
+    def _add_run(
+        self,
+        stream_id: int,
+        run: Run,
+        ids: list[str],
+        chunks: list[tuple[str, int, bytes, bytes, bytes]],
+    ) -> None:
         own = self._new_bloom(max(len(ids), 1), RUN_FALSE_POSITIVES)
         if own is not None:
             own.update(ids)
+        warm = Warm(
+            [c[0] for c in chunks],
+            [(c[2], c[3], c[4]) for c in chunks],
+            sum(len(c[2]) + len(c[3]) + len(c[4]) for c in chunks),
+        )
         with self._lock:
             station = self._stations.setdefault(stream_id, StationRuns())
             if own is not None:
                 station.run_filters[run.run] = own
+            self._warm_up(station, run.run, warm)
             station.runs[run.run] = run
             station.last_run = max(station.last_run, run.run)
             epoch = next((e for e in reversed(station.epochs) if e.open), None)
@@ -474,12 +531,37 @@ class IdRuns:
         batch.after_commit.append(lambda: self._drop_runs(state.id, {r.run for r in gone}))
         return sum(r.ids for r in gone)
 
+    def _warm_up(self, station: StationRuns, run: int, warm: Warm) -> None:
+        """Keep ``run`` in RAM, the station's oldest warm run leaving (under the lock)."""
+        while station.warm and (
+            len(station.warm) >= WARM_RUNS or self._warm_bytes + warm.nbytes > WARM_BUDGET
+        ):
+            self._cool(station, next(iter(station.warm)))
+        if self._warm_bytes + warm.nbytes <= WARM_BUDGET:
+            station.warm[run] = warm
+            self._warm_bytes += warm.nbytes
+
+    def _cool(self, station: StationRuns, run: int) -> None:
+        gone = station.warm.pop(run, None)
+        if gone is not None:
+            self._warm_bytes -= gone.nbytes
+
+    def cool(self, stream_id: int) -> None:
+        """Drop the station's runs from RAM: their entries are about to change in the database
+        (``forget_before``), and the database's copy is the one that counts."""
+        with self._lock:
+            station = self._stations.get(stream_id)
+            if station is not None:
+                for run in list(station.warm):
+                    self._cool(station, run)
+
     def _drop_runs(self, stream_id: int, runs: set[int]) -> None:
         with self._lock:
             station = self._stations.get(stream_id)
             if station is None:
                 return
             for run in runs:
+                self._cool(station, run)
                 station.runs.pop(run, None)
                 own = station.run_filters.pop(run, None)
                 if own is not None:
@@ -495,6 +577,7 @@ class IdRuns:
         with self._lock:
             station = self._stations.pop(stream_id, None)
             if station is not None:
+                self._warm_bytes -= sum(w.nbytes for w in station.warm.values())
                 self._filter_bytes -= sum(e.nbytes for e in station.epochs)
                 self._filter_bytes -= sum(map(_nbytes, station.run_filters.values()))
 
@@ -544,9 +627,14 @@ def _find(cursor: Any, stream_id: int, pairs: list[tuple[int, str]]) -> dict[str
         if k is not None:
             seq = int.from_bytes(seqs[8 * k : 8 * k + 8], sys.byteorder, signed=True)
             at = int.from_bytes(ats[8 * k : 8 * k + 8], sys.byteorder, signed=True)
-            if msg_id not in found or at > found[msg_id][1]:
-                found[msg_id] = (seq, at)
+            _newest(found, msg_id, (seq, at))
     return found
+
+
+def _newest(found: dict[str, tuple[int, int]], msg_id: str, hit: tuple[int, int]) -> None:
+    """Keep the newest copy of an id (one stored again after it expired is in two runs)."""
+    if msg_id not in found or hit[1] > found[msg_id][1]:
+        found[msg_id] = hit
 
 
 def _index(packed: bytes, needle: bytes) -> int | None:
