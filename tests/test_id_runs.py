@@ -312,6 +312,26 @@ def test_the_newest_runs_answer_from_ram(tmp_path: Path) -> None:
         engine.dispose()
 
 
+def test_warm_runs_are_always_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the budget a new run pushes out the station's oldest warm runs; when it cannot be
+    kept, none of the station's runs stays warm (a warm hit stops a lookup: no run it skips
+    may be newer)."""
+    runs = idruns.IdRuns()
+    station = idruns.StationRuns()
+
+    def warm(nbytes: int) -> idruns.Warm:
+        return idruns.Warm([], [], nbytes)
+
+    monkeypatch.setattr(idruns, "WARM_BUDGET", 250)
+    for run in (1, 2, 3):
+        runs._warm_up(station, run, warm(100))
+    assert list(station.warm) == [2, 3] and runs._warm_bytes == 200
+    runs._warm_up(station, 4, warm(300))  # does not fit even alone
+    assert station.warm == {} and runs._warm_bytes == 0
+    runs._warm_up(station, 5, warm(100))
+    assert list(station.warm) == [5]
+
+
 def _state(stream_id: int) -> Any:
     from types import SimpleNamespace
 

@@ -291,33 +291,40 @@ class IdRuns:
             station = self._stations.get(state.id)
             if station is None or not station.runs:
                 return {}
-            # (id, the runs that may hold it): an epoch's "maybe" narrowed by its runs' own
-            # filters; runs without a filter are always read.
-            probes: list[tuple[str, list[int]]] = []
+            # The newest runs are in RAM (``warm``, newest first): an id found there needs no
+            # other run, as every other run is older (the warm runs are always the station's
+            # newest) and the newest copy is the one that counts.
+            warm = [w for _, w in sorted(station.warm.items(), reverse=True)]
+            found: dict[str, tuple[int, int]] = {}
+            searched: set[str] = set()
+
+            def in_warm(msg_id: str) -> bool:
+                if msg_id not in searched:
+                    searched.add(msg_id)
+                    for run in warm:
+                        if (hit := run.find(msg_id)) is not None:
+                            found[msg_id] = hit
+                            break
+                return msg_id in found
+
+            # (run, id) pairs to read from the database: an epoch's "maybe" narrowed by its
+            # runs' own filters; runs without a filter are read for every id.
+            cold: list[tuple[int, str]] = []
             if station.unfiltered:
-                everywhere = sorted(station.unfiltered)
-                probes += [(msg_id, everywhere) for msg_id in wanted]
+                everywhere = sorted(station.unfiltered - station.warm.keys())
+                cold += [(run, m) for m in wanted if not in_warm(m) for run in everywhere]
             own = station.run_filters
             for epoch in station.epochs:
                 contains = epoch.bloom.__contains__
                 for msg_id in [msg_id for msg_id in wanted if contains(msg_id)]:
-                    runs = [
-                        run
+                    if in_warm(msg_id):
+                        continue
+                    cold += [
+                        (run, msg_id)
                         for run in epoch.runs
-                        if (bloom := own.get(run)) is None or msg_id in bloom
+                        if run not in station.warm
+                        and ((bloom := own.get(run)) is None or msg_id in bloom)
                     ]
-                    if runs:
-                        probes.append((msg_id, runs))
-            found: dict[str, tuple[int, int]] = {}
-            cold: list[tuple[int, str]] = []
-            warm = station.warm
-            for msg_id, runs in probes:
-                for run in runs:
-                    in_ram = warm.get(run)
-                    if in_ram is None:
-                        cold.append((run, msg_id))
-                    elif (hit := in_ram.find(msg_id)) is not None:
-                        _newest(found, msg_id, hit)
         if cold:
             cursor = batch.conn.connection.cursor()
             try:
@@ -532,11 +539,13 @@ class IdRuns:
         return sum(r.ids for r in gone)
 
     def _warm_up(self, station: StationRuns, run: int, warm: Warm) -> None:
-        """Keep ``run`` in RAM, the station's oldest warm run leaving (under the lock)."""
+        """Keep the new ``run`` in RAM, the station's oldest warm run leaving (under the lock).
+        The warm runs are always the station's newest (``lookup`` relies on it): if the new
+        one does not fit in the budget, none of the station's stays."""
         while station.warm and (
             len(station.warm) >= WARM_RUNS or self._warm_bytes + warm.nbytes > WARM_BUDGET
         ):
-            self._cool(station, next(iter(station.warm)))
+            self._cool(station, min(station.warm))
         if self._warm_bytes + warm.nbytes <= WARM_BUDGET:
             station.warm[run] = warm
             self._warm_bytes += warm.nbytes
