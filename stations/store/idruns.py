@@ -64,8 +64,10 @@ SPILL_CHUNK = 50_000  # ids moved per run
 RUN_CHUNK = 64  # ids per id_run_chunks row: a lookup reads one such row per run it probes
 # Ids per Bloom filter, at most. Every new id is looked up in every filter of its station (a
 # cache miss or two each, ~0.3-0.9 us under load): 10M ids take three filters of up to 8M (0.4M,
-# 3.6M, 8M: 21.6 MB) where filters of up to 4M took four of the same total size.
-EPOCH_IDS = 4_000_000
+# 3.6M, 8M: 21.6 MB) where filters of up to 4M took four of the same total size. (A filter's
+# "maybe" is narrowed by the filters of its runs, more of them in a larger filter; that costs
+# little since an id found in a warm run, as most retries are, skips them.)
+EPOCH_IDS = 8_000_000
 FALSE_POSITIVES = 0.001
 # Each run also has a small filter of its own: when an epoch's filter says "maybe", only the
 # runs whose own filter agrees are read (a false positive of an epoch read all of its runs,
@@ -405,23 +407,15 @@ class IdRuns:
                 break
             moving.append(block)
             n += len(block.ids)
-        # The newest copy of each id (one stored again after it expired is in two blocks).
-        seq_of: dict[str, int] = {}
-        at_of: dict[str, int] = {}
-        for block in moving:
-            seq_of.update(zip(block.ids, block.seqs, strict=True))
-            at_of.update(zip(block.ids, repeat(block.stored_at)))
+        ids, seqs, stored = _sorted_newest(moving)
         last = batch.conn.exec_driver_sql(
             "SELECT max(run) FROM id_runs WHERE stream_id = ?", (stream_id,)
         ).scalar()
         with self._lock:
             last = max(last or 0, station.last_run)
         ats = [b.stored_at for b in moving]
-        run = Run(last + 1, len(seq_of), min(ats), max(ats))
-        ids = sorted(seq_of)
-        chunks = [
-            _chunk(ids[k : k + RUN_CHUNK], seq_of, at_of) for k in range(0, len(ids), RUN_CHUNK)
-        ]
+        run = Run(last + 1, len(ids), min(ats), max(ats))
+        chunks = _chunks(ids, seqs, stored)
         cursor = batch.conn.connection.cursor()
         try:
             cursor.executemany(
@@ -451,6 +445,10 @@ class IdRuns:
         while station.blocks and id(station.blocks[0]) in leaving:
             block = station.blocks.popleft()
             station.hot -= len(block.ids)
+            if list(map(hot.get, block.ids)) == list(block.seqs):
+                # The usual case, every id's copy in RAM this block's: no loop in Python.
+                deque(map(hot.__delitem__, block.ids), maxlen=0)
+                continue
             for msg_id, seq in zip(block.ids, block.seqs, strict=True):
                 if hot.get(msg_id) == seq:
                     del hot[msg_id]
@@ -595,17 +593,50 @@ def _nbytes(bloom: Bloom) -> int:
     return int(bloom.size_in_bits // 8)
 
 
-def _chunk(
-    ids: list[str], seq_of: dict[str, int], at_of: dict[str, int]
-) -> tuple[str, int, bytes, bytes, bytes]:
-    """An ``id_run_chunks`` row's values after (stream_id, run), for sorted ``ids``."""
+def _sorted_newest(blocks: list[Block]) -> tuple[list[str], array[int], array[int]]:
+    """The blocks' ids sorted, each with its position and store time; of an id stored again
+    after it expired (in two blocks, oldest first) only the newest copy."""
+    ids: list[str] = []
+    seqs: array[int] = array("q")
+    ats: array[int] = array("q")
+    for block in blocks:
+        ids += block.ids
+        seqs.extend(block.seqs)
+        ats.extend(repeat(block.stored_at, len(block.ids)))
+    # Sorting positions, not (id, seq, at) tuples: the ids compare as strings, in C.
+    order = sorted(range(len(ids)), key=ids.__getitem__)  # stable: older copies first
+    ordered = list(map(ids.__getitem__, order))
+    if any(map(str.__eq__, ordered, ordered[1:])):
+        last = [k + 1 == len(ordered) or ordered[k] != ordered[k + 1] for k in range(len(order))]
+        order = [i for i, keep in zip(order, last, strict=True) if keep]
+        ordered = list(map(ids.__getitem__, order))
     return (
-        ids[0],
-        len(ids),
-        "\n".join(ids).encode(),
-        array("q", map(seq_of.__getitem__, ids)).tobytes(),
-        array("q", map(at_of.__getitem__, ids)).tobytes(),
+        ordered,
+        array("q", map(seqs.__getitem__, order)),
+        array("q", map(ats.__getitem__, order)),
     )
+
+
+def _chunks(
+    ids: list[str], seqs: array[int], ats: array[int]
+) -> list[tuple[str, int, bytes, bytes, bytes]]:
+    """``id_run_chunks`` rows' values after (stream_id, run): sorted ``ids`` and their
+    positions and store times, ``RUN_CHUNK`` at a time."""
+    seq_bytes, at_bytes = seqs.tobytes(), ats.tobytes()
+    rows = []
+    for k in range(0, len(ids), RUN_CHUNK):
+        some = ids[k : k + RUN_CHUNK]
+        end = 8 * (k + len(some))
+        rows.append(
+            (
+                some[0],
+                len(some),
+                "\n".join(some).encode(),
+                seq_bytes[8 * k : end],
+                at_bytes[8 * k : end],
+            )
+        )
+    return rows
 
 
 def _unpack(packed: bytes, seqs: bytes, ats: bytes) -> tuple[list[str], array[int], array[int]]:
@@ -689,11 +720,11 @@ def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
                     (
                         stream_id,
                         run,
-                        *_chunk(
+                        *_chunks(
                             rest,
-                            dict(zip(rest, (s[k] for k in keep), strict=True)),
-                            dict(zip(rest, (a[k] for k in keep), strict=True)),
-                        ),
+                            array("q", (s[k] for k in keep)),
+                            array("q", (a[k] for k in keep)),
+                        )[0],
                     ),
                 )
     finally:
