@@ -100,13 +100,15 @@ class Checkpoints:
         return max(0, frames - copied)
 
     def committed(self) -> None:
-        """After each commit (whichever thread ran it): start a checkpoint when one is due."""
-        if self._running or self.tail_wanted:
+        """After each commit (whichever thread ran it): start a checkpoint when one is due.
+        Commits run on the event loop's thread (small ones on an idle server) never copy the
+        tail, so the thread is woken whether or not a tail is wanted."""
+        if self._running:
             return
         waiting = self.waiting()
         if waiting >= self.every * BEHIND:
             self.tail_wanted = True
-        elif waiting >= self.every:
+        if waiting >= self.every:
             self._running = True
             self._wake.set()
 

@@ -268,9 +268,12 @@ class Writer:
         self._inbox.put(staged)
 
     def _inline(self, staged: list[_Pending]) -> bool:
-        """Whether these ops run on the event loop's thread (see ``INLINE_OPS``)."""
+        """Whether these ops run on the event loop's thread (see ``INLINE_OPS``). Not while
+        the WAL's last frames wait to be copied: the writer's thread copies them first (a
+        checkpoint waits for the disk), or the WAL could never start over."""
         return (
             not self._pg
+            and not (self._checkpoints is not None and self._checkpoints.tail_wanted)
             and len(staged) <= INLINE_OPS
             and all(p.small for p in staged)
             and not (self._fsync and not all(p.relaxed for p in staged))
