@@ -36,8 +36,8 @@ from sqlalchemy.exc import OperationalError as OperationalError
 DEFAULT_DATA_DIR = "stations-data"
 # SQLite writer connection only (readers keep SQLite's defaults: 2 MiB cache each).
 WRITER_CACHE_KIB = 32 * 1024  # its page cache: the upper levels of big indexes stay in it
-# Checkpoint at ~40 MB of WAL instead of SQLite's ~4 MB (by a thread of its own: see
-# stations.store.checkpoints; in the writer's commits only should that thread be unavailable).
+# Checkpoint at ~40 MB of WAL instead of SQLite's ~4 MB: by a thread of its own (see
+# stations.store.checkpoints), or by SQLite inside the writer's commits if that cannot start.
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 # PostgreSQL: what the planner charges for a random page read, against 1.0 for a sequential
 # one. The default (4.0) models cold spinning disks; the store's hot key ranges (recent ids,

@@ -190,7 +190,8 @@ class Writer:
         checkpoints: Checkpoints | None = None,
     ) -> None:
         self._engine = engine
-        # SQLite: the WAL is copied into the database by this thread, not in our commits.
+        # SQLite: the WAL is copied into the database file by a thread of its own, not in
+        # our commits (we copy only its last frames, between two transactions).
         self._checkpoints = checkpoints
         self._fsync = fsync  # a strict commit waits for the disk (--durability fsync)
         self._on_commit = on_commit
