@@ -133,7 +133,10 @@ class Checkpoints:
                     self.passes += 1
                     if self._stopping or self.waiting() <= TAIL_FRAMES:
                         break
-                self.tail_wanted = self.waiting() > 0
+                # Even when this pass copied every frame: a transaction that began during it
+                # read the WAL as it was and cannot start it over; the writer's short pass before
+                # its next transaction lets that one.
+                self.tail_wanted = True
             except Exception:  # the frames stay in the WAL; the next checkpoint copies them
                 log.exception("background checkpoint failed")
             finally:
