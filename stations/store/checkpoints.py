@@ -56,7 +56,7 @@ class Checkpoints:
         self._stopping = False
         self._running = False  # the thread is copying (read and written under the GIL)
         self.tail_wanted = False  # the writer copies the last frames before its next transaction
-        self.passes = 0  # background passes run (monitoring, tests)
+        self.passes = 0  # background passes run (for tests)
         self._thread = threading.Thread(
             target=self._serve, name="stations-checkpoints", daemon=True
         )

@@ -103,7 +103,7 @@ class Epoch:
 @dataclass
 class Warm:
     """A run's chunks as stored: each chunk's first id, its ids joined by newlines, their
-    positions and store times packed (see ``_chunk``)."""
+    positions and store times packed (see ``_chunks``)."""
 
     first_ids: list[str]
     chunks: list[tuple[bytes, bytes, bytes]]
@@ -112,16 +112,7 @@ class Warm:
     def find(self, msg_id: str) -> tuple[int, int] | None:
         """``(seq, stored_at)`` of ``msg_id`` in this run, if it holds it."""
         k = bisect_right(self.first_ids, msg_id) - 1
-        if k < 0:
-            return None
-        packed, seqs, ats = self.chunks[k]
-        i = _index(packed, msg_id.encode())
-        if i is None:
-            return None
-        return (
-            int.from_bytes(seqs[8 * i : 8 * i + 8], sys.byteorder, signed=True),
-            int.from_bytes(ats[8 * i : 8 * i + 8], sys.byteorder, signed=True),
-        )
+        return _entry(*self.chunks[k], msg_id) if k >= 0 else None
 
 
 @dataclass
@@ -663,12 +654,20 @@ def _find(cursor: Any, stream_id: int, pairs: list[tuple[int, str]]) -> dict[str
     found: dict[str, tuple[int, int]] = {}
     for key, packed, seqs, ats in cursor.fetchall():
         msg_id = pairs[key][1]
-        k = _index(packed, msg_id.encode())
-        if k is not None:
-            seq = int.from_bytes(seqs[8 * k : 8 * k + 8], sys.byteorder, signed=True)
-            at = int.from_bytes(ats[8 * k : 8 * k + 8], sys.byteorder, signed=True)
-            _newest(found, msg_id, (seq, at))
+        if (hit := _entry(packed, seqs, ats, msg_id)) is not None:
+            _newest(found, msg_id, hit)
     return found
+
+
+def _entry(packed: bytes, seqs: bytes, ats: bytes, msg_id: str) -> tuple[int, int] | None:
+    """``(seq, stored_at)`` of ``msg_id`` in one stored chunk, if it holds it."""
+    k = _index(packed, msg_id.encode())
+    if k is None:
+        return None
+    return (
+        int.from_bytes(seqs[8 * k : 8 * k + 8], sys.byteorder, signed=True),
+        int.from_bytes(ats[8 * k : 8 * k + 8], sys.byteorder, signed=True),
+    )
 
 
 def _newest(found: dict[str, tuple[int, int]], msg_id: str, hit: tuple[int, int]) -> None:
