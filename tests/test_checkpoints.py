@@ -51,6 +51,10 @@ def test_the_wal_is_copied_by_the_checkpoint_thread_and_stays_bounded(
                 await svc.append(AppendRequest("s", "application/json", [body]))
                 largest = max(largest, _wal_bytes(path))
             assert cp.passes > 0, "the checkpoint thread never ran"
+            # The writer copied each pass's tail: that is what lets SQLite start the WAL over.
+            figures = svc.wal()
+            assert figures is not None and figures.passes == cp.passes
+            assert figures.tail_copies > 0
             # 600 commits of a few pages each: several MB of frames went through a WAL that
             # SQLite started over again and again (4 KB pages: 64 frames are ~260 KB).
             assert largest < 1_000_000, f"the WAL grew to {largest} bytes"

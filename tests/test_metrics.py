@@ -106,6 +106,17 @@ def test_figures_after_known_traffic(srv: Server, http: httpx.Client, tmp_path: 
     assert value(samples, "stations_writer_commit_seconds_count") == writes
     assert value(samples, "stations_writer_commit_seconds_sum") > 0
     assert 1 <= value(samples, "stations_writer_relaxed_commits_total") < writes  # the fetches
+    # SQLite's WAL: the commits above left their pages in it (a checkpoint copies them once
+    # thousands wait); PostgreSQL has no such series.
+    wal = ("stations_wal_frames_waiting", ())
+    if srv.db_url.startswith("sqlite"):
+        wal_file = Path(srv.db_url.removeprefix("sqlite:///") + "-wal")
+        # Each frame is a page (4 KB) plus its 24-byte header, after the file's 32-byte one.
+        assert 1 <= samples[wal] <= (wal_file.stat().st_size - 32) // (4096 + 24)
+        for by in ("thread", "writer"):
+            assert value(samples, "stations_wal_checkpoints_total", by=by) == 0
+    else:
+        assert wal not in samples
     created = {"method": "POST", "route": "/api/stations", "status": "201"}
     assert value(samples, "stations_http_requests_total", **created) == 2
     assert value(samples, "process_resident_memory_bytes") > 0

@@ -74,7 +74,8 @@ async def openapi(_request: web.Request) -> web.FileResponse:
 
 
 class _ReadCollector:
-    """Read transactions, waiting readers and the read-memory budget, read at scrape time."""
+    """Read transactions, waiting readers, the read-memory budget and SQLite's WAL, read at
+    scrape time."""
 
     def __init__(self, service: Service, readers: ReaderSlots) -> None:
         self.service, self.readers = service, readers
@@ -96,7 +97,24 @@ class _ReadCollector:
             "stations_read_budget_used_bytes", "bytes of read pages held in memory"
         )
         held.add_metric([], self.service.budget.used)
-        return [reads, relaxed, waiting, held]
+        families: list[Metric] = [reads, relaxed, waiting, held]
+        wal = self.service.wal()
+        if wal is not None:  # an SQLite file whose WAL this process checkpoints
+            frames = GaugeMetricFamily(
+                "stations_wal_frames_waiting",
+                "pages in SQLite's WAL not yet copied into the database file",
+            )
+            frames.add_metric([], wal.frames_waiting)
+            runs = CounterMetricFamily(
+                "stations_wal_checkpoints",
+                "WAL checkpoints, by the checkpoint thread or by the writer between two of "
+                "its transactions",
+                labels=["by"],
+            )
+            runs.add_metric(["thread"], wal.passes)
+            runs.add_metric(["writer"], wal.tail_copies)
+            families += [frames, runs]
+        return families
 
 
 def make_app(

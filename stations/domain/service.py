@@ -36,6 +36,7 @@ from stations.domain.notify import Notifier
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
 from stations.domain.streams import StreamState
+from stations.store.checkpoints import WalFigures
 from stations.store.database import Database
 from stations.store.db import Tx
 from stations.store.idruns import SPILL_AT, IdRuns
@@ -178,6 +179,10 @@ class Service:
     def relaxed_commits(self) -> int:
         """Commits that did not wait for the disk: batches of lease-only ops (monitoring)."""
         return self.db.writer.relaxed_commits
+
+    def wal(self) -> WalFigures | None:
+        """SQLite's WAL and its checkpoints (monitoring); None on PostgreSQL."""
+        return self.db.wal()
 
     async def refresh_statistics(self) -> None:
         await self.db.refresh_statistics()

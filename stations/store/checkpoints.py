@@ -23,6 +23,7 @@ import logging
 import mmap
 import struct
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("stations.store.checkpoints")
@@ -38,6 +39,15 @@ MAX_PASSES = 4
 # Should the thread fall this far behind (a reader holding an old snapshot, a slow disk), the
 # writer copies before its next transaction itself, as SQLite would have: the WAL stays bounded.
 BEHIND = 4
+
+
+@dataclass(frozen=True)
+class WalFigures:
+    """What an operator watches of the WAL (exported as metrics)."""
+
+    frames_waiting: int  # pages in the WAL not yet copied into the database file
+    passes: int  # checkpoints run by the thread
+    tail_copies: int  # checkpoints run by the writer, between two of its transactions
 
 
 class Checkpoints:
@@ -56,7 +66,8 @@ class Checkpoints:
         self._stopping = False
         self._running = False  # the thread is copying (read and written under the GIL)
         self.tail_wanted = False  # the writer copies the last frames before its next transaction
-        self.passes = 0  # background passes run (for tests)
+        self.passes = 0  # checkpoints run by the thread
+        self.tail_copies = 0  # checkpoints run by the writer (copy_tail)
         self._thread = threading.Thread(
             target=self._serve, name="stations-checkpoints", daemon=True
         )
@@ -99,6 +110,9 @@ class Checkpoints:
         copied: int = _MX_FRAME.unpack_from(index, _BACKFILL_AT)[0]
         return max(0, frames - copied)
 
+    def figures(self) -> WalFigures:
+        return WalFigures(self.waiting(), self.passes, self.tail_copies)
+
     def committed(self) -> None:
         """After each commit (whichever thread ran it): start a checkpoint when one is due.
         Commits run on the event loop's thread (small ones on an idle server) never copy the
@@ -118,6 +132,7 @@ class Checkpoints:
         self.tail_wanted = False
         try:
             _checkpoint(dbapi_conn)
+            self.tail_copies += 1
         except Exception:  # the frames stay in the WAL; the next checkpoint copies them
             log.exception("checkpoint by the writer failed")
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from stations.store import db
-from stations.store.checkpoints import Checkpoints
+from stations.store.checkpoints import Checkpoints, WalFigures
 from stations.store.db import Tx
 from stations.store.idruns import IdRuns
 from stations.store.pgnotify import Listener
@@ -88,6 +88,10 @@ class Database:
         self._readers.shutdown(wait=True)
         self.write_engine.dispose()
         self.read_engine.dispose()
+
+    def wal(self) -> WalFigures | None:
+        """The WAL's figures when this process checkpoints it (an SQLite file), else None."""
+        return self.checkpoints.figures() if self.checkpoints is not None else None
 
     def enqueue(
         self,
