@@ -107,19 +107,19 @@ def _policy(request: web.Request) -> CorsPolicy:
 
 def _decorate(request: web.Request, response: web.StreamResponse) -> None:
     h = response.headers
+    policy = _policy(request)
+    # Any origin may read: a grant without an Origin too, and embedding from other sites.
+    anyone = policy.any_origin or "*" in policy.origins
     origin = request.headers.get("Origin")
     if origin is None:
-        if _policy(request).any_origin or "*" in _policy(request).origins:
+        if anyone:
             h.setdefault("Access-Control-Allow-Origin", "*")
-    elif _policy(request).grants(origin):
+    elif policy.grants(origin):
         h.setdefault("Access-Control-Allow-Origin", origin)
     h.setdefault("Access-Control-Expose-Headers", EXPOSE_HEADERS)
     h.setdefault("X-Content-Type-Options", "nosniff")
-    # Embedding from other sites (no-cors) only where any origin may read anyway.
-    policy = _policy(request)
-    embeddable = policy.any_origin or "*" in policy.origins
-    h.setdefault("Cross-Origin-Resource-Policy", "cross-origin" if embeddable else "same-origin")
-    if "Origin" in request.headers:
+    h.setdefault("Cross-Origin-Resource-Policy", "cross-origin" if anyone else "same-origin")
+    if origin is not None:
         h.setdefault("Vary", "Origin")
 
 

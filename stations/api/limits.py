@@ -129,20 +129,27 @@ class GuardedHandler(RequestHandler):
         return bool(getattr(self, "_request_in_progress", False) or self._messages)
 
     def data_received(self, data: bytes) -> None:
+        # Called for every read of a body too (aiohttp resumes its parser with b""): the
+        # common case, nothing new and a request in progress, does no more than it must.
         idle = not self._busy()
-        before = len(self._messages)
+        messages = self._messages
+        before = len(messages)
         super().data_received(data)
-        loop = asyncio.get_running_loop()
         # Every request whose head is in gets a deadline for its body.
-        for _message, payload in list(self._messages)[before:]:
+        for i in range(before, len(messages)):
+            payload = messages[i][1]
             if not payload.is_eof():
-                timer = loop.call_later(self._limits.body_timeout_s, self._body_timeout, payload)
+                timer = asyncio.get_running_loop().call_later(
+                    self._limits.body_timeout_s, self._body_timeout, payload
+                )
                 payload.on_eof(timer.cancel)
-        if self._messages:
+        if messages:
             self._cancel_head_timer()
         elif idle and self._head_timer is None:
             # The first bytes of a request head: it must be complete in time.
-            self._head_timer = loop.call_later(self._limits.head_timeout_s, self._head_timeout)
+            self._head_timer = asyncio.get_running_loop().call_later(
+                self._limits.head_timeout_s, self._head_timeout
+            )
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
