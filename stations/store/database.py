@@ -82,12 +82,14 @@ class Database:
             await self._listener.stop()
             self._listener = None
         await self.writer.stop()
-        if self.checkpoints is not None:
-            self.checkpoints.stop()
-            self.checkpoints = None
+        checkpoints, self.checkpoints = self.checkpoints, None
+        if checkpoints is not None:
+            checkpoints.stop()
         self._readers.shutdown(wait=True)
         self.write_engine.dispose()
         self.read_engine.dispose()
+        if checkpoints is not None:
+            checkpoints.release()  # after the last connection: see Checkpoints.start
 
     def wal(self) -> WalFigures | None:
         """The WAL's figures when this process checkpoints it (an SQLite file), else None."""

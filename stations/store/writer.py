@@ -319,11 +319,13 @@ class Writer:
             taken, waiting = waiting[:MAX_BATCH], waiting[MAX_BATCH:]
             batch = _in_producer_order([p for p in taken if not p.future.cancelled()])
             checkpoints = self._checkpoints
-            if batch and checkpoints is not None and checkpoints.tail_wanted:
-                checkpoints.copy_tail(self._connection().connection.dbapi_connection)
             started = time.perf_counter()
             outcome: Any = ([], set(), [])
             try:
+                # Inside the try: should reconnecting fail, this batch hears it and the thread
+                # lives on to serve the next.
+                if batch and checkpoints is not None and checkpoints.tail_wanted:
+                    checkpoints.copy_tail(self._connection().connection.dbapi_connection)
                 if batch:
                     outcome = self._execute([p.op for p in batch], _strict(batch))
             except Exception as exc:  # the database itself failed: every request hears it
