@@ -147,8 +147,8 @@ class Checkpoints:
         the thread left, so the next transaction can start the WAL over."""
         self.tail_wanted = False
         try:
-            _checkpoint(dbapi_conn)
-            self.tail_copies += 1
+            if _checkpoint(dbapi_conn):
+                self.tail_copies += 1
         except Exception:  # the frames stay in the WAL; the next checkpoint copies them
             log.exception("checkpoint by the writer failed")
 
@@ -160,8 +160,8 @@ class Checkpoints:
                 return
             try:
                 for _ in range(MAX_PASSES):
-                    _checkpoint(self._conn)
-                    self.passes += 1
+                    if _checkpoint(self._conn):
+                        self.passes += 1
                     if self._stopping or self.waiting() <= TAIL_FRAMES:
                         break
                 # Even when this pass copied every frame: a transaction that began during it
@@ -174,10 +174,12 @@ class Checkpoints:
                 self._running = False
 
 
-def _checkpoint(dbapi_conn: Any) -> None:
+def _checkpoint(dbapi_conn: Any) -> bool:
+    """A PASSIVE checkpoint: copies what it can without waiting for readers or the writer.
+    False when another checkpoint was running (SQLite runs one at a time): nothing copied."""
     cursor = dbapi_conn.cursor()
     try:
-        # PASSIVE: copies what it can without waiting for readers or the writer.
-        cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        busy, _frames, _copied = cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     finally:
         cursor.close()
+    return not busy
