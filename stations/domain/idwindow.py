@@ -163,10 +163,20 @@ class IdWindow:
         # after the commit.
         batch.after_commit.append(partial(cache.fill, stored, now))
 
-    def forget_station(self, stream_id: int) -> None:
-        self._caches.pop(stream_id, None)
-        if self.runs is not None:
-            self.runs.forget_station(stream_id)
+    def forget_station(self, batch: Batch, stream_id: int) -> None:
+        """The station is deleted in this batch: its ids leave RAM at once (a station created
+        later in the batch may be given the same id), and come back should the batch roll
+        back (the station is still there then, and its ids in its window)."""
+        cache = self._caches.pop(stream_id, None)
+        restore_runs = self.runs.forget_station(stream_id) if self.runs is not None else None
+
+        def restore() -> None:
+            if cache is not None:
+                self._caches[stream_id] = cache
+            if restore_runs is not None:
+                restore_runs()
+
+        batch.undo.append(restore)
 
     def forget_older(self, batch: Batch, state: StreamState) -> None:
         """The station's window just shrank to ``state.window_ms``: forget, for good, the ids it

@@ -28,12 +28,13 @@ _failing: set[tuple[str, str]] = set()
 @contextmanager
 def per_station(batch: Batch, job: str, station: str) -> Iterator[None]:
     key = (job, station)
-    hooks = len(batch.after_commit)
+    hooks, undone = len(batch.after_commit), len(batch.undo)
     try:
         with batch.savepoint():
             yield
     except Exception:
         del batch.after_commit[hooks:]  # what the rolled-back share meant to do after commit
+        batch.undo_since(undone)  # and what it did in RAM at once
         if key in _failing:
             logger.debug("%s still fails for station %s", job, station, exc_info=True)
         else:
@@ -55,7 +56,7 @@ def each_station(
     """``work(item)`` for every item: all under one savepoint first, and only if that fails,
     again one savepoint per item, so that only the failing station's share is lost."""
     items = list(items)
-    hooks = len(batch.after_commit)
+    hooks, undone = len(batch.after_commit), len(batch.undo)
     try:
         with batch.savepoint():
             for item in items:
@@ -63,6 +64,7 @@ def each_station(
         return
     except Exception:
         del batch.after_commit[hooks:]
+        batch.undo_since(undone)
     for item in items:
         with per_station(batch, job, name(item)):
             work(item)

@@ -215,7 +215,7 @@ def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
     for hook in purge_hooks:
         hook(batch, state)
     rows.delete_row(tx, state.id)
-    window.forget_station(state.id)
+    window.forget_station(batch, state.id)
     # Cascade: a soft-deleted source whose last fork just went goes too.
     if state.fork_of is not None:
         source = load_by_id(tx, state.fork_of)

@@ -42,7 +42,7 @@ import threading
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -191,27 +191,31 @@ class IdRuns:
     def _build(self, engine: Engine) -> None:
         try:
             with self._lock:
-                todo = {sid: sorted(s.unfiltered) for sid, s in self._stations.items()}
+                # Each station as it is now: should it be deleted meanwhile and a new one
+                # given its id (SQLite reuses the highest), its runs are not the new one's.
+                todo = {sid: (s, sorted(s.unfiltered)) for sid, s in self._stations.items()}
                 sizes = {
                     (sid, r.run): r.ids
                     for sid, s in self._stations.items()
                     for r in s.runs.values()
                 }
-            for stream_id, runs in todo.items():
+            for stream_id, (station, runs) in todo.items():
                 group: list[int] = []
                 ids = 0
                 for run in runs:
                     if group and ids + sizes.get((stream_id, run), 0) > self.epoch_ids:
-                        self._build_epoch(engine, stream_id, group, ids)
+                        self._build_epoch(engine, stream_id, station, group, ids)
                         group, ids = [], 0
                     group.append(run)
                     ids += sizes.get((stream_id, run), 0)
                 if group:
-                    self._build_epoch(engine, stream_id, group, ids)
+                    self._build_epoch(engine, stream_id, station, group, ids)
         except Exception:  # the runs stay unfiltered: lookups stay exact, only slower
             log.exception("rebuilding the message-id filters failed")
 
-    def _build_epoch(self, engine: Engine, stream_id: int, runs: list[int], size: int) -> None:
+    def _build_epoch(
+        self, engine: Engine, stream_id: int, station: StationRuns, runs: list[int], size: int
+    ) -> None:
         bloom = self._new_bloom(max(size, 1))
         if bloom is None:
             return
@@ -236,10 +240,11 @@ class IdRuns:
                 run_bloom.update(found)
                 own[run] = run_bloom
         with self._lock:
-            station = self._stations.get(stream_id)
-            live = {r for r in runs if station is not None and r in station.runs}
+            # Only runs of the same station that are still there and still unfiltered.
+            same = self._stations.get(stream_id) is station
+            live = {r for r in runs if same and r in station.runs and r in station.unfiltered}
             self._filter_bytes -= sum(_nbytes(b) for r, b in own.items() if r not in live)
-            if station is None or not live:
+            if not live:
                 self._filter_bytes -= _nbytes(bloom)
                 return
             station.epochs.append(Epoch(bloom, max(size, 1), live, ids, open=False))
@@ -391,13 +396,20 @@ class IdRuns:
         least ``chunk`` ids), into a new run."""
         station = self._stations[stream_id]
         target = max(self.chunk, station.hot - (self.spill_at - self.chunk))
+        # Blocks a sweep of this batch deleted are still in RAM until the commit: their ids
+        # left the window for good (a shrunk window must not bring them back).
+        swept = batch.swept_blocks.get(stream_id)
         moving: list[Block] = []
         n = 0
         for block in station.blocks:
             if n >= target:
                 break
+            if swept is not None and block.seq0 <= swept:
+                continue
             moving.append(block)
             n += len(block.ids)
+        if not moving:
+            return
         ids, seqs, stored = _sorted_newest(moving)
         last = batch.conn.exec_driver_sql(
             "SELECT max(run) FROM id_runs WHERE stream_id = ?", (stream_id,)
@@ -506,6 +518,8 @@ class IdRuns:
                 "DELETE FROM id_blocks WHERE stream_id = ? AND seq0 <= ?",
                 (state.id, expired[-1].seq0),
             )
+            swept = batch.swept_blocks
+            swept[state.id] = max(swept.get(state.id, expired[-1].seq0), expired[-1].seq0)
             batch.after_commit.append(lambda: self._drop_blocks(station, expired))
         return hot_gone + self._sweep_runs(batch, state, cutoff)
 
@@ -571,13 +585,32 @@ class IdRuns:
                     station.epochs.remove(epoch)
                     self._filter_bytes -= epoch.nbytes
 
-    def forget_station(self, stream_id: int) -> None:
+    def forget_station(self, stream_id: int) -> Callable[[], None]:
+        """Drop the station's ids from RAM; returns what puts them back (its deletion rolled
+        back)."""
         with self._lock:
             station = self._stations.pop(stream_id, None)
             if station is not None:
-                self._warm_bytes -= sum(w.nbytes for w in station.warm.values())
-                self._filter_bytes -= sum(e.nbytes for e in station.epochs)
-                self._filter_bytes -= sum(map(_nbytes, station.run_filters.values()))
+                self._account(station, -1)
+
+        def restore() -> None:
+            if station is None:
+                return
+            with self._lock:
+                # A station created later in the rolled-back batch (given the same id) left
+                # only an empty entry: what it stored joins RAM after a commit.
+                current = self._stations.get(stream_id)
+                if current is not None:
+                    self._account(current, -1)
+                self._stations[stream_id] = station
+                self._account(station, 1)
+
+        return restore
+
+    def _account(self, station: StationRuns, sign: int) -> None:
+        self._warm_bytes += sign * sum(w.nbytes for w in station.warm.values())
+        self._filter_bytes += sign * sum(e.nbytes for e in station.epochs)
+        self._filter_bytes += sign * sum(map(_nbytes, station.run_filters.values()))
 
 
 def _nbytes(bloom: Bloom) -> int:

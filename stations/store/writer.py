@@ -75,8 +75,14 @@ class Batch:
     # SQLite: the ids of this batch per station, written as one id_blocks row each at flush.
     id_blocks: dict[int, Any] = field(default_factory=dict)
     block_writer: Callable[[Batch], None] | None = None
+    # SQLite: per station, the newest id block a sweep of this batch deleted (they leave RAM
+    # after the commit; a spill in the batch must not move them into a run).
+    swept_blocks: dict[int, int] = field(default_factory=dict)
     changed: set[str] = field(default_factory=set)  # stream names whose readers must wake
     after_commit: list[Callable[[], None]] = field(default_factory=list)
+    # RAM changes an op had to make at once (the rest of the batch must see them), undone in
+    # reverse order should the transaction, or the savepoint they were made in, roll back.
+    undo: list[Callable[[], None]] = field(default_factory=list)
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
 
@@ -128,6 +134,12 @@ class Batch:
             )
         self.dirty_sessions.clear()
 
+    def undo_since(self, mark: int) -> None:
+        """Undo the RAM changes recorded since ``len(self.undo)`` was ``mark``, newest first:
+        the transaction, or the savepoint they were made in, rolled back."""
+        while len(self.undo) > mark:
+            self.undo.pop()()
+
     def savepoint(self) -> contextlib.AbstractContextManager[Any]:
         """A nested transaction: what runs inside it is rolled back alone if it raises."""
         return self.conn.begin_nested()
@@ -147,6 +159,11 @@ class _Pending:
     relaxed: bool = False
     small: bool = False
     first: bool = False
+
+
+def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+    for hook in hooks:
+        hook()
 
 
 def _in_producer_order(batch: list[_Pending]) -> list[_Pending]:
@@ -287,7 +304,7 @@ class Writer:
         started = time.perf_counter()
         outcome: Any
         try:
-            outcome = self._execute([p.op for p in batch], _strict(batch))
+            outcome = self._execute([p.op for p in batch], _strict(batch), _run_hooks)
         except Exception as exc:  # the database itself failed: every request hears it
             log.exception("write batch failed")
             outcome = exc
@@ -327,7 +344,9 @@ class Writer:
                 if batch and checkpoints is not None and checkpoints.tail_wanted:
                     checkpoints.copy_tail(self._connection().connection.dbapi_connection)
                 if batch:
-                    outcome = self._execute([p.op for p in batch], _strict(batch))
+                    outcome = self._execute(
+                        [p.op for p in batch], _strict(batch), self._hooks_on_loop
+                    )
             except Exception as exc:  # the database itself failed: every request hears it
                 log.exception("write batch failed")
                 outcome = exc
@@ -396,9 +415,28 @@ class Writer:
                 self.backend_pid = info.backend_pid
         return self._conn
 
+    def _hooks_on_loop(self, hooks: list[Callable[[], None]]) -> None:
+        """From the writer's thread: run ``hooks`` on the event loop, and wait for them."""
+        assert self._loop is not None
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                _run_hooks(hooks)
+            finally:
+                done.set()
+
+        try:
+            self._loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the event loop is closed: no one is waiting any more
+            return
+        done.wait()
+
     def _execute(
-        self, ops: list[Op], strict: bool
+        self, ops: list[Op], strict: bool, run_hooks: Callable[[list[Callable[[], None]]], None]
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+        """``run_hooks``: runs after-commit hooks on the event loop's thread, from the thread
+        this runs on."""
         if not strict:
             self.relaxed_commits += 1
         try:
@@ -411,26 +449,28 @@ class Writer:
             log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
             outcomes: list[tuple[bool, Any]] = []
             changed: set[str] = set()
-            hooks: list[Any] = []
             for op in ops:
                 try:
-                    (outcome,), ch, hk = self._transaction([op], strict)
+                    (outcome,), ch, hooks = self._transaction([op], strict)
                 except Exception as exc:
                     outcome = (False, exc)
-                    ch, hk = set(), []
+                    ch, hooks = set(), []
+                # Before the next op's transaction: what this one committed must be in RAM
+                # for it (SQLite's recent message ids are only there), or a retry of the same
+                # id in the next op would be stored a second time.
+                run_hooks(hooks)
                 outcomes.append(outcome)
                 changed |= ch
-                hooks.extend(hk)
-            return outcomes, changed, hooks
+            return outcomes, changed, []
 
     def _transaction(
         self, ops: list[Op], strict: bool = True
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
+        batch = Batch(conn, now_ms(), durable=strict)
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
-                batch = Batch(conn, now_ms(), durable=strict)
                 for op in ops:
                     try:
                         outcomes.append((True, op(batch)))
@@ -441,8 +481,9 @@ class Writer:
                     hook(batch)
                 if self._pg and batch.changed:  # one pipelined round trip for all
                     sql.execute(conn, NOTIFY, [(CHANNEL, name) for name in batch.changed])
-        except DBAPIError:
-            if conn.invalidated:
+        except BaseException as exc:
+            batch.undo_since(0)
+            if isinstance(exc, DBAPIError) and conn.invalidated:
                 self._conn = None
             raise
         return outcomes, batch.changed, batch.after_commit
