@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from stations.domain import lifecycle
+from stations.domain import catalog, lifecycle, messages
 from stations.domain.service import Service
 from stations.store import db, idruns
 from stations.store.writer import Batch
@@ -164,3 +164,30 @@ def test_filters_rebuilt_after_a_restart_never_go_to_a_new_station_with_the_old_
         assert sorted(found) == wanted
     finally:
         engine.dispose()
+
+
+def test_a_station_recreated_in_the_batch_that_deleted_it_starts_with_no_ids(
+    tmp_path: Path,
+) -> None:
+    """Delete and create in one batch: SQLite gives the new station the old one's id, and the
+    ids the old one stored earlier in the batch (not in RAM yet) are not the new one's."""
+
+    async def run() -> None:
+        svc = _service(tmp_path)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "st"})
+            enqueue = svc.db.enqueue
+            answers = await asyncio.gather(
+                enqueue(lambda b: messages.produce(b, svc.ids, "st", ONE_X)),
+                enqueue(lambda b: lifecycle.remove(b, svc.ids, "st")),
+                enqueue(lambda b: catalog.create_station(b, svc.ids, {"name": "st"})),
+                enqueue(lambda b: messages.produce(b, svc.ids, "st", ONE_X)),
+            )
+            assert answers[0][1].id == answers[2].state.id  # the id was given again
+            assert answers[3][0].results == [(0, False)]
+            assert (await svc.station("st"))["stats"]["messages"] == 1
+        finally:
+            await svc.close()
+
+    asyncio.run(run())

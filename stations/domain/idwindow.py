@@ -168,11 +168,15 @@ class IdWindow:
         later in the batch may be given the same id), and come back should the batch roll
         back (the station is still there then, and its ids in its window)."""
         cache = self._caches.pop(stream_id, None)
+        # Ids stored earlier in this batch, not in RAM yet: not the new station's either.
+        pending = batch.pending_ids.pop(stream_id, None)
         restore_runs = self.runs.forget_station(stream_id) if self.runs is not None else None
 
         def restore() -> None:
             if cache is not None:
                 self._caches[stream_id] = cache
+            if pending is not None:
+                batch.pending_ids[stream_id] = pending
             if restore_runs is not None:
                 restore_runs()
 
