@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from stations.domain import dls, reads
+from stations.domain import dls, isolate, reads
 from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
@@ -240,6 +240,12 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
         counts_of = dict(expired)
         due = sorted(due + [(seq, counts_of[seq]) for seq in released])[:max_count]
     picked: dict[int, int] = {seq: abs(count) for seq, count in due}
+    # Retention dropped these while they waited: nothing to deliver, room for others.
+    dropped = [seq for seq in picked if seq <= state.head]
+    if dropped:
+        store.forget(batch.conn, group.id, dropped)
+        for seq in dropped:
+            del picked[seq]
     start = max(group.cursor, state.head)
     last = min(state.tail, start + max_count - len(picked))
     new = range(start + 1, last + 1)
@@ -333,11 +339,13 @@ def expire_all(batch: Batch, since: int) -> int | None:
         state = batch.stream(station)
         if state is None:
             continue
-        try:
-            group = _load(batch, state, name, lock=True)
-        except NotFound:  # deleted by another process since the query above
-            continue
-        _settle_expired(batch, state, group)
+        # One group's failure must not stop the others' expiry (nor the DLS redrives).
+        with isolate.per_station(batch, "lease expiry", f"{station} (group {name})"):
+            try:
+                group = _load(batch, state, name, lock=True)
+            except NotFound:  # deleted by another process since the query above
+                continue
+            _settle_expired(batch, state, group)
     batch.changed |= store.due_stations(batch.conn, since, batch.now)
     due = [t for t in (store.next_due(batch.conn, batch.now), dls.redrive_due(batch)) if t]
     return min(due) if due else None

@@ -134,7 +134,12 @@ def pieces_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Piece]:
     """``messages_at`` as plain tuples: a consumer fetch takes hundreds at a time."""
     out: list[Piece] = []
     for lo, hi in _runs(sorted(set(positions))):
-        for row, first, last in stored.rows(tx, state, max(lo - 1, state.head)):
+        lo = max(lo, state.head + 1)  # retention dropped the positions up to the head
+        if lo > hi:
+            continue
+        for row, first, last in stored.rows(tx, state, lo - 1):
+            if first >= hi:  # past the run: never another position's message
+                break
             seq, span, data, msg_id, headers, stored_at = row
             start = seq - span  # the position before the row's first message
             take_to = min(last, hi)

@@ -313,8 +313,13 @@ def postpone(conn: Connection, group_id: int, seqs: list[int], due: int) -> None
 
 def requeue(conn: Connection, group_id: int, seq: int, due: int, redrives: int = 0) -> None:
     """A DLS entry back in its group's queue, not delivered yet, due at ``due``, carrying how
-    often it was redriven."""
+    often it was redriven. Not when the message is after the group's cursor (a seek went back
+    past it): the log delivers it anyway, and a row beside the lease the log gives it would be
+    a second copy that outlives the ack of the first."""
     forget(conn, group_id, [seq])
+    cursor = conn.execute(select(groups.c.cursor).where(groups.c.id == group_id)).scalar()
+    if cursor is None or seq > cursor:
+        return
     conn.execute(
         insert(deliveries).values(
             group_id=group_id,
