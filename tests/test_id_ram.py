@@ -191,3 +191,30 @@ def test_a_station_recreated_in_the_batch_that_deleted_it_starts_with_no_ids(
             await svc.close()
 
     asyncio.run(run())
+
+
+def test_a_window_shrunk_by_another_process_forgets_the_ids_this_one_cached(
+    pg_url: str,
+) -> None:
+    """PostgreSQL, two processes (here: two services) on one database: A caches id X; B's
+    PATCH shrinks the window (X is forgotten for good, CONTRACT.md §4) and grows it again.
+    A's cache must not answer the next X as a duplicate: only B's cache was cleared."""
+
+    async def run() -> None:
+        a, b = Service(pg_url), Service(pg_url)
+        await a.start()
+        await b.start()
+        try:
+            await a.create_station({"name": "st", "idempotencyWindowMs": 60_000})
+            assert (await a.produce("st", ONE_X))[0].results == [(0, False)]
+            assert (await a.produce("st", ONE_X))[0].results == [(0, True)]  # A caches X
+            await asyncio.sleep(0.3)  # X is older than the shrunk window will be
+            await b.patch_station("st", {"idempotencyWindowMs": 100})
+            await b.patch_station("st", {"idempotencyWindowMs": 60_000})
+            assert (await a.produce("st", ONE_X))[0].results == [(1, False)]
+            assert (await a.station("st"))["stats"]["messages"] == 2
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(run())

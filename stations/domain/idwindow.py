@@ -95,10 +95,13 @@ class IdWindow:
         misses = wanted
         if cache is not None:
             misses = []
+            # Stored after this and within the window: a PATCH that shrank the window (in
+            # any process) forgot the ids stored up to ``ids_forgotten_at`` for good.
+            since = max(now - window, state.ids_forgotten_at or 0)
             new, old = cache.new, cache.old  # cache.get inlined: this runs once per id
             for msg_id in wanted:
                 hit = new.get(msg_id) or old.get(msg_id)
-                if hit is not None and now < hit[1] + window:
+                if hit is not None and hit[1] > since:
                     found[msg_id] = hit[0]
                 else:
                     misses.append(msg_id)
@@ -188,6 +191,8 @@ class IdWindow:
         them back. Done in the PATCH's own transaction, whatever the sweep has reached."""
         cutoff = batch.now - state.window_ms
         self._caches.pop(state.id, None)  # cached ids would answer by the grown window
+        # ... and so would other processes' caches (PostgreSQL): the row tells them.
+        state.ids_forgotten_at = cutoff
         if self.runs is None:
             while idtable.sweep(batch.conn, state.id, cutoff, SWEEP_CHUNK) >= SWEEP_CHUNK:
                 pass

@@ -56,6 +56,9 @@ streams = Table(
     Column("max_messages", BigInteger),
     Column("max_bytes", BigInteger),
     Column("upkeep_at", BigInteger),
+    # When a shrunk window last forgot ids for good: an id stored at or before it is gone,
+    # whatever a process's cache of ids remembers (PostgreSQL: several processes, one table).
+    Column("ids_forgotten_at", BigInteger),
 )
 Index("ix_streams_upkeep_at", streams.c.upkeep_at)
 Index("ix_streams_max_messages", streams.c.max_messages)

@@ -30,6 +30,7 @@ STREAM_UPDATES = (
     "closer_seq",
     "stream_seq",
     "config",
+    "ids_forgotten_at",
 )
 
 
