@@ -10,15 +10,13 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from stations.domain.log import AppendRequest
 from stations.domain.service import Service
-from stations.store import checkpoints, db
-from stations.store.writer import Writer
+from stations.store import checkpoints
 
 
 def _wal_bytes(path: Path) -> int:
@@ -131,49 +129,3 @@ def test_reading_the_wal_index_keeps_sqlites_locks_on_it(tmp_path: Path) -> None
             await svc.close()
 
     asyncio.run(check())
-
-
-class _TailWanted:
-    """Checkpoints that want the WAL's tail copied before every batch."""
-
-    tail_wanted = True
-
-    def committed(self) -> None:
-        self.tail_wanted = True
-
-    def copy_tail(self, dbapi_conn: object) -> None:
-        self.tail_wanted = False
-
-
-def test_a_failed_reconnect_before_a_tail_copy_fails_one_batch_not_the_writer(
-    tmp_path: Path,
-) -> None:
-    """The writer reconnects (its connection was invalidated) to copy the WAL's tail; should
-    that fail once, that batch hears the error and later writes are served (the thread died
-    before: every later write waited for ever)."""
-
-    async def run() -> None:
-        engine = db.make_engine(f"sqlite:///{tmp_path / 'w.db'}", writer=True)
-        writer = Writer(engine, lambda changed: None, checkpoints=_TailWanted())  # type: ignore[arg-type]
-        writer.start()
-        try:
-            assert await writer.submit(lambda batch: "first") == "first"
-            assert writer._conn is not None
-            writer._conn.invalidate()
-            connect, calls = engine.connect, []
-
-            def flaky() -> Any:
-                calls.append(1)
-                if len(calls) == 1:
-                    raise sqlite3.OperationalError("unable to open database file")
-                return connect()
-
-            engine.connect = flaky  # type: ignore[method-assign]
-            with pytest.raises(sqlite3.OperationalError):
-                await asyncio.wait_for(writer.submit(lambda batch: "lost"), 10)
-            assert await asyncio.wait_for(writer.submit(lambda batch: "served"), 10) == "served"
-        finally:
-            await writer.stop()
-            engine.dispose()
-
-    asyncio.run(run())

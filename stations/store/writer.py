@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from stations.domain.errors import StationsError
+from stations.domain.errors import StationsError, Unavailable
 from stations.domain.streams import StreamState
 from stations.store import db, sql
 from stations.store.checkpoints import Checkpoints
@@ -225,6 +225,7 @@ class Writer:
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
         self.backend_pid: int | None = None
         self.relaxed_commits = 0  # commits that did not wait for the disk (monitoring)
+        self._stopped = False  # ops handed over from now on are refused
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -234,6 +235,9 @@ class Writer:
         if not self._thread.is_alive():
             return
         self._hand_over()
+        # Later ops are refused: on the event loop's thread one would race the writer's
+        # thread closing the connection, and in the queue behind the end none would run.
+        self._stopped = True
         self._inbox.put(None)
         await asyncio.to_thread(self._thread.join)
 
@@ -278,6 +282,11 @@ class Writer:
     def _hand_over(self) -> None:
         staged, self._staged = self._staged, []
         if not staged:
+            return
+        if self._stopped:
+            for p in staged:
+                if not p.future.done():
+                    p.future.set_exception(Unavailable("the server is shutting down"))
             return
         if self._unsettled == 0 and self._inline(staged):
             self._run_here(staged)
