@@ -58,6 +58,28 @@ class Token:
         return any(fnmatch.fnmatchcase(station, pattern) for pattern in self.stations)
 
 
+_WILDCARDS = "*?["
+
+
+def covers_pattern(stations: list[str], pattern: str) -> bool:
+    """Whether every stream a subscription's glob ``pattern`` may match (``*`` within a
+    segment, ``**`` any number of segments, none included) is a station the token's patterns
+    name. Decided on a sufficient rule: a pattern without wildcards by ``covers``; else by its
+    literal prefix, which every stream it matches starts with, under a token pattern of the
+    form ``<literal>*`` (fnmatch's ``*`` takes any characters, ``/`` included). Anything else
+    is refused (a token pattern ``orders-v?`` does not cover the glob ``orders-v*``)."""
+    first = min((pattern.index(c) for c in _WILDCARDS if c in pattern), default=None)
+    if first is None:
+        return any(fnmatch.fnmatchcase(pattern, p) for p in stations)
+    prefix = pattern[:first]
+    if pattern[first:].split("/", 1)[0] == "**" and prefix.endswith("/"):
+        prefix = prefix[:-1]  # ``a/**`` matches ``a`` itself
+    return any(
+        p.endswith("*") and not any(c in p[:-1] for c in _WILDCARDS) and prefix.startswith(p[:-1])
+        for p in stations
+    )
+
+
 def load_tokens(path: str) -> list[Token]:
     try:
         raw = json.loads(Path(path).read_text())

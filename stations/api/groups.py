@@ -52,6 +52,8 @@ async def _require_forward_scope(request: web.Request, station: str) -> None:
 @needs("consume")
 async def put_group(request: web.Request) -> web.Response:
     body = await json_body(request) if request.can_read_body else {}
+    # A group's limits decide when the lease timer dead-letters (and so forwards) a message.
+    await _require_forward_scope(request, station_name(request))
     view, created = await service(request).ensure_group(
         station_name(request), _group(request), body
     )

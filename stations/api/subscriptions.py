@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from stations.api.auth import needs
+from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle
 from stations.domain import subscriptions as subs
@@ -68,22 +68,32 @@ def _bearer(request: web.Request) -> str:
     return token.strip()
 
 
-def _scope(request: web.Request, paths: Sequence[str | None]) -> None:
-    """A token limited to some stations reaches only subscriptions over those stations."""
+def _scope(
+    request: web.Request, paths: Sequence[str | None], pattern: str | None = None
+) -> None:
+    """A token limited to some stations reaches only subscriptions over those stations: the
+    streams named, and every stream the pattern may match."""
     token = request.get("token")
     if token is None or not token.stations:
         return
     for path in paths:
         if path is not None and not token.covers(path):
             raise Forbidden(f"this token does not cover stream {path}", "streams")
+    if pattern is not None and not covers_pattern(token.stations, pattern):
+        raise Forbidden(f"this token does not cover every stream {pattern} matches", "pattern")
 
 
 async def _scope_of(request: web.Request, sub_id: str) -> None:
+    """One outside the token's scope is answered as one that does not exist (its id tells
+    nothing)."""
     token = request.get("token")
     if token is None or not token.stations:
         return
     row, links = await request.app["service"].read_db(subs.read_view, sub_id)
-    _scope(request, [row["pattern"], row["wake_stream"], *[link.path for link in links]])
+    try:
+        _scope(request, [row["wake_stream"], *[link.path for link in links]], row["pattern"])
+    except Forbidden:
+        raise subs.SubscriptionNotFound(f"subscription {sub_id} not found", "id") from None
 
 
 def _id(request: web.Request) -> str:
@@ -108,12 +118,14 @@ async def jwks(request: web.Request) -> web.Response:
 async def put_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
     spec = subs.parse_spec(await _json(request))
-    _scope(request, [spec.pattern, spec.wake_stream, *spec.streams])
+    _scope(request, [spec.wake_stream, *spec.streams], spec.pattern)
     engine = _engine(request)
     if spec.webhook_url is not None:
         await resolve_refusal(spec.webhook_url, request.app["webhooks_allow_loopback"])
     service = request.app["service"]
     _, created = await service.write(subs.create_or_confirm, sub_id, spec, _base_url(request))
+    if not created:  # the one that exists may link more streams since (``/streams``)
+        await _scope_of(request, sub_id)
     await engine.refresh({sub_id})
     return web.json_response(await _view(request, sub_id), status=201 if created else 200)
 
