@@ -22,6 +22,7 @@ from stations.domain.streams import (
     same_content_type,
     upkeep_columns,
 )
+from stations.store import cursors as reader_cursors
 from stations.store import streams as rows
 from stations.store.db import Tx
 from stations.store.streams import load, load_by_id
@@ -94,7 +95,8 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
     existing = load(tx, req.name, lock=True)
     if existing is not None and not existing.deleted and existing.expired(now):
         purge(batch, window, existing)
-        existing = None
+        # Still there when forks read it (soft-deleted): answered below as such.
+        existing = load(tx, req.name, lock=True)
     if existing is not None:
         if existing.deleted:
             raise Conflict(f"stream {req.name} was deleted and still has forks", "name")
@@ -212,6 +214,8 @@ def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
         return
     rows.delete_data(tx, state.id)
     idwindow.purge(tx, state.id)
+    # Reader cursors go too: a station created later may be given this id (SQLite).
+    reader_cursors.remove(tx, state.id)
     for hook in purge_hooks:
         hook(batch, state)
     rows.delete_row(tx, state.id)

@@ -34,25 +34,30 @@ def _new_head(batch: Batch, state: StreamState) -> int:
             head = max(head, newest_old)
     max_bytes = rules.get("maxBytes")
     if max_bytes is not None and state.byte_count > max_bytes:
+        # Its own head, counted from the stored head: ``byte_count`` covers every message
+        # after it, those the rules above drop included (counted from their head, it dropped
+        # their bytes a second time).
         excess = state.byte_count - max_bytes
         dropped = 0
-        for seq, span, size in messages.sizes(batch.conn, state.id, head):
+        by_size = state.head
+        for seq, span, size in messages.sizes(batch.conn, state.id, state.head):
             if dropped >= excess:
                 break
             first = seq - span  # the position before the row's first message
-            if span == 1 or (first >= head and dropped + size <= excess):
+            if span == 1 or (first >= by_size and dropped + size <= excess):
                 dropped += size
-                head = max(head, seq)
+                by_size = max(by_size, seq)
                 continue
             # A row of several messages (one produce with ids, say) that the limit cuts
             # through, or that an earlier drop did: message by message.
             for position, n in enumerate(messages.message_sizes(batch.conn, state.id, seq)):
-                if first + position + 1 <= head:
+                if first + position + 1 <= by_size:
                     continue
                 if dropped >= excess:
                     break
                 dropped += n
-                head = first + position + 1
+                by_size = first + position + 1
+        head = max(head, by_size)
     return min(head, state.tail)
 
 
