@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stations.domain import cursors, lifecycle, reads, retention
-from stations.domain.errors import Conflict
+from stations.domain.errors import Conflict, Gone
 from stations.domain.idwindow import IdWindow
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, append
@@ -101,3 +101,22 @@ def test_recreating_an_expired_stream_that_forks_still_read_is_a_conflict(engine
     with engine.connect() as conn:
         state = load(conn, "src")
         assert state is not None and not state.deleted  # the failed create rolled back
+
+
+def test_a_fork_answers_gone_for_what_its_sources_retention_dropped(engine: Any) -> None:
+    """A fork reads its source up to the fork offset: what the source's retention dropped there
+    is gone for the fork too (410, as the source answers), not skipped in silence."""
+    _write(engine, T0, _station("src", retention={"maxMessages": 1}))
+    for k in range(3):
+        _write(engine, T0, _append("src", k))
+    fork = CreateRequest("fork", "application/json", {}, fork_from="src", fork_offset=2)
+    _write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), fork))
+    _write(engine, T0, _append("fork", 7))
+    _write(engine, T0 + 1, retention.enforce)  # the source keeps only its third message
+    for name in ("src", "fork"):
+        with engine.connect() as conn, conn.begin(), pytest.raises(Gone):
+            reads.read(conn, name, 1, now=T0 + 1, max_bytes=1 << 20)
+    with engine.connect() as conn, conn.begin():
+        # From the beginning: what is left, the fork's own message.
+        page = reads.read(conn, "fork", 0, now=T0 + 1, max_bytes=1 << 20)
+        assert page.parts == [b'{"k":00007}']

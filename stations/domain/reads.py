@@ -17,7 +17,7 @@ from stations.domain.streams import StreamState
 from stations.store import messages as stored
 from stations.store.db import Tx
 from stations.store.messages import Row
-from stations.store.streams import load
+from stations.store.streams import inherited_head, load
 
 SEP = b"\n"  # between the messages of a multi-message JSON row
 
@@ -50,7 +50,11 @@ class ReadResult:
 
 
 def open_stream(tx: Tx, name: str, now: int) -> StreamState:
-    return live_stream(load(tx, name), name, now)
+    """The stream as a read sees it: a fork starts where its sources' retention left it."""
+    state = live_stream(load(tx, name), name, now)
+    if state.fork_of is not None:
+        state.head = inherited_head(tx, state)  # this copy is read, never written back
+    return state
 
 
 def _split(row: Row) -> list[bytes]:

@@ -72,6 +72,22 @@ def segments(tx: Tx, state: StreamState) -> list[Segment]:
     return chain
 
 
+def inherited_head(tx: Tx, state: StreamState) -> int:
+    """A fork's head with its sources': positions it reads from a source that the source's
+    retention dropped are gone for the fork too."""
+    head = state.head
+    upper = state.fork_offset
+    current = state
+    while current.fork_of is not None and upper is not None:
+        source = load_by_id(tx, current.fork_of)
+        if source is None:
+            break
+        head = max(head, min(source.head, upper))
+        upper = min(upper, source.fork_offset) if source.fork_offset is not None else upper
+        current = source
+    return head
+
+
 def lock_name(tx: Tx, name: str) -> None:
     """Until the commit, creates of ``name`` in other processes wait for this one."""
     db.lock_name(db.conn_of(tx), name)
