@@ -3,6 +3,7 @@ found by a review and failed on the code before its fix."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from stations.domain.idwindow import IdWindow
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, append
 from stations.domain.offsets import encode
+from stations.domain.service import Service
 from stations.domain.station import parse_config
 from stations.store import db
 from stations.store.streams import load
@@ -120,3 +122,28 @@ def test_a_fork_answers_gone_for_what_its_sources_retention_dropped(engine: Any)
         # From the beginning: what is left, the fork's own message.
         page = reads.read(conn, "fork", 0, now=T0 + 1, max_bytes=1 << 20)
         assert page.parts == [b'{"k":00007}']
+
+
+def test_a_waiting_reader_is_not_carried_into_a_stream_created_again(tmp_path: Path) -> None:
+    """A long-poll waits at offset 3 when the stream is deleted and created again (with five
+    messages) in one commit: the offset is not one of the new stream's, so 410, not its
+    messages 4 and 5."""
+
+    async def run() -> None:
+        svc = Service(f"sqlite:///{tmp_path / 'r.db'}")
+        await svc.start()
+        try:
+            await svc.create(CreateRequest("x", "application/json", {}))
+            old = [b'{"old":%d}' % k for k in range(1, 4)]
+            await svc.append(AppendRequest("x", "application/json", old))
+            waiter = asyncio.create_task(svc.read_or_wait("x", 3, 5.0, max_bytes=1 << 20))
+            await asyncio.sleep(0.2)
+            new = [b'{"new":%d}' % k for k in range(1, 6)]
+            again = CreateRequest("x", "application/json", {}, initial=new)
+            await asyncio.gather(svc.delete("x"), svc.create(again))
+            with pytest.raises(Gone):
+                await waiter
+        finally:
+            await svc.close()
+
+    asyncio.run(run())

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from stations.api import reading
 from stations.api.reading import MAX_READ_BYTES, cursor
+from stations.domain.errors import Gone
 from stations.domain.offsets import encode
 from stations.domain.streams import is_json_type
 
@@ -71,7 +72,16 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            result = await svc.read_or_wait(name, position, remaining, max_bytes=MAX_READ_BYTES)
+            try:
+                result = await svc.read_or_wait(
+                    name,
+                    position,
+                    remaining,
+                    max_bytes=MAX_READ_BYTES,
+                    stream=(state.id, state.created_at),
+                )
+            except Gone:  # deleted and created again: this event stream ends
+                break
             state = result.state
     except (ConnectionError, asyncio.CancelledError) as exc:
         reading.forget(exc)

@@ -27,7 +27,7 @@ from stations.domain import (
     transactions,
 )
 from stations.domain.budget import ByteBudget
-from stations.domain.errors import StationsError, Unavailable
+from stations.domain.errors import Gone, StationsError, Unavailable
 from stations.domain.groups import Fetched, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
@@ -268,7 +268,13 @@ class Service:
         return result
 
     async def read_or_wait(
-        self, name: str, position: int | None, timeout: float, *, max_bytes: int
+        self,
+        name: str,
+        position: int | None,
+        timeout: float,
+        *,
+        max_bytes: int,
+        stream: tuple[int, int] | None = None,
     ) -> ReadResult:
         """Long-poll: return at once if there is data (or EOF), else wait up to ``timeout``.
 
@@ -276,6 +282,10 @@ class Service:
         cost one read together, and a reader arriving at the tail such a read saw costs none.
         With many readers on the station, an answer that reached the tail is held for the
         station's next release and read again (``Notifier.pace``); ``timeout`` 0 never waits.
+        ``stream``: the stream the reader's offsets belong to, as ``(id, created_at)`` (SQLite
+        gives a new stream the id of one deleted; by default, the first read's); should the
+        name come to be another stream's (deleted and created again while the reader waited),
+        the offset is not one of it: 410.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -290,6 +300,15 @@ class Service:
                         read = functools.partial(self.read, name, position, max_bytes=max_bytes)
                         result = await self.notifier.shared(
                             name, (position, max_bytes), read, _tail_state
+                        )
+                    seen = (result.state.id, result.state.created_at)
+                    if stream is None:
+                        stream = seen
+                    elif seen != stream:
+                        raise Gone(
+                            f"stream {name} was deleted and created again: the offset is not "
+                            "one of the new stream",
+                            "offset",
                         )
                     if position is None:
                         position = result.start
