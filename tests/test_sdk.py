@@ -858,3 +858,29 @@ def test_sync_facade(stations: Server) -> None:
         assert [g.pending for g in station.groups()] == [len(items) - 50]
         with pytest.raises(StationNotFound):
             client.get_station(unique("nothing"))
+
+
+async def test_a_nack_whose_answer_was_lost_is_not_sent_again(client: Client) -> None:
+    """The server nacked and the answer was lost: sent again, the nack could hit the lease
+    another consumer took meanwhile (a review saw that consumer's work thrown away, and the
+    message dead-lettered). It fails instead; the message comes again all the same."""
+    name = unique("nack-once")
+    await client.create_station(name)
+    station = client.station(name)
+    await station.produce({"n": 1})
+    async with (
+        FaultProxy(client.url) as proxy,
+        Client(proxy.url) as via_proxy,
+        via_proxy.station(name).consumer(
+            "g", consumer="a", batch_size=1, max_msg_deliveries=5, ack_interval_ms=30
+        ) as consumer,
+    ):
+        msg = await anext(consumer)
+        nacks = [p for m, p in proxy.requests if p.endswith("/nack")]
+        proxy.drop_after = {proxy.posts + 1}  # the nack is carried out, its answer lost
+        with pytest.raises(ConnectionFailed):
+            await msg.nack()
+        sent = [p for m, p in proxy.requests if p.endswith("/nack")]
+        assert len(sent) == len(nacks) + 1
+    (group,) = await station.groups()
+    assert group.pending == 1 and group.in_flight == 0  # the nack took: it waits again

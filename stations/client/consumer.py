@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stations.client.errors import StationsError, error_for
+from stations.client.errors import StationsError, error_for, may_have_acted
 from stations.client.handle import StationHandle
 from stations.client.models import GroupInfo, _time, message_data
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
@@ -169,6 +169,12 @@ class Consumer:
                     reply.status, reply.headers, reply.body, what=f"{action} on group {self.group}"
                 )
             except StationsError as exc:
+                # A nack or dead-letter the server may have carried out is not sent again: by
+                # then the message may be another consumer's lease, which it would take away
+                # (an ack by offset has no such effect). The lease expires; the message comes
+                # again.
+                if action in ("nack", "dead-letter") and may_have_acted(exc):
+                    raise
                 await backoff.wait(exc)
 
     # -- settling ---------------------------------------------------------------------------------

@@ -37,7 +37,13 @@ class StationsError(Exception):
 
 
 class ConnectionFailed(StationsError):
-    """No HTTP answer: the connection was refused, dropped or timed out."""
+    """No HTTP answer: the connection was refused, dropped or timed out. ``sent``: False only
+    when no connection was made, so the server surely did nothing; else it may have acted on
+    the request (its answer was lost)."""
+
+    def __init__(self, message: str, *, sent: bool = True, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.sent = sent
 
 
 class BadRequest(StationsError):
@@ -219,6 +225,15 @@ def error_for(
     if status >= 500:
         return ServerError(message, retry_after=retry_after(headers), **common)
     return _BY_STATUS.get(status, StationsError)(message, **common)
+
+
+def may_have_acted(exc: BaseException) -> bool:
+    """Whether the server may have carried out the request that failed so: its answer was
+    lost, or it failed (5xx) other than by refusing it untouched (503: overloaded, or the
+    database unavailable, nothing decided)."""
+    if isinstance(exc, ConnectionFailed):
+        return exc.sent
+    return isinstance(exc, ServerError) and exc.status != 503
 
 
 def is_retryable(exc: BaseException) -> bool:

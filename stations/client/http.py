@@ -105,6 +105,9 @@ class Http(BaseHttp):
                 params=params,
                 timeout=timeout,
             )
+        except aiohttp.ClientConnectorError as exc:  # no connection: nothing was sent
+            message = f"{method} {url}: {type(exc).__name__}: {exc}"
+            raise ConnectionFailed(message, sent=False) from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ConnectionFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
 
