@@ -107,7 +107,8 @@ def load_tokens(path: str) -> list[Token]:
 
 def find(tokens: list[Token], presented: str) -> Token | None:
     """Compare against every token, always all of them, in constant time per comparison."""
-    given = presented.encode()
+    # A header that is not UTF-8 comes decoded with surrogate escapes: it matches no token.
+    given = presented.encode("utf-8", "surrogateescape")
     match = None
     for token in tokens:
         if hmac.compare_digest(token.secret, given):

@@ -48,15 +48,25 @@ def _time_ms(raw: str | None) -> int:
     """``time``: milliseconds since the epoch, or an ISO 8601 time with a zone."""
     if raw is None:
         raise BadRequest("time is required (milliseconds since the epoch or ISO 8601)", "time")
-    if raw.isdigit() and len(raw) <= 15:
-        return int(raw)
-    try:
-        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadRequest("time must be milliseconds since the epoch or ISO 8601", "time") from None
-    if when.tzinfo is None:
-        raise BadRequest("time needs a zone (e.g. Z or +00:00)", "time")
-    return int(when.timestamp() * 1000)
+    if raw.isascii() and raw.isdigit() and len(raw) <= 15:  # not "²": int() refuses it
+        ms = int(raw)
+    else:
+        try:
+            when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            raise BadRequest(
+                "time must be milliseconds since the epoch or ISO 8601", "time"
+            ) from None
+        if when.tzinfo is None:
+            raise BadRequest("time needs a zone (e.g. Z or +00:00)", "time")
+        ms = int(when.timestamp() * 1000)
+    # Times are answered in ISO 8601 too: years 1970 to 9999.
+    if not 0 <= ms <= MAX_TIME_MS:
+        raise BadRequest("time must be from 1970 to the end of 9999 (UTC)", "time")
+    return ms
+
+
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 @needs("read")

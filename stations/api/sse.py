@@ -11,7 +11,7 @@ from aiohttp import web
 
 from stations.api import reading
 from stations.api.reading import MAX_READ_BYTES, cursor
-from stations.domain.errors import Gone
+from stations.domain.errors import StationsError
 from stations.domain.offsets import encode
 from stations.domain.streams import is_json_type
 
@@ -80,7 +80,7 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
                     max_bytes=MAX_READ_BYTES,
                     stream=(state.id, state.created_at),
                 )
-            except Gone:  # deleted and created again: this event stream ends
+            except StationsError:  # the stream went (deleted, expired, created again): it ends
                 break
             state = result.state
     except (ConnectionError, asyncio.CancelledError) as exc:

@@ -35,6 +35,8 @@ async def json_body(request: web.Request) -> Any:
     raw = await request.read()
     try:
         return messages.loads_body(raw)
+    except messages.LoneSurrogate as exc:
+        raise BadRequest(str(exc), exc.field or None) from None
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8", None) from None
     except RecursionError:

@@ -8,7 +8,6 @@ service token; the JWKS is public; everything else follows the token roles (each
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -17,7 +16,7 @@ from aiohttp import web
 
 from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
-from stations.domain import lifecycle
+from stations.domain import lifecycle, messages
 from stations.domain import subscriptions as subs
 from stations.domain.errors import Forbidden, StationsError
 from stations.domain.subscriptions_engine import SubscriptionEngine
@@ -55,9 +54,15 @@ def _handler(fn: Any) -> Any:
 
 async def _json(request: web.Request) -> Any:
     raw = await request.read()
+    if not raw:
+        return {}
     try:
-        return json.loads(raw) if raw else {}
-    except ValueError:
+        return messages.loads_body(raw)
+    except messages.LoneSurrogate as exc:
+        raise subs.InvalidRequest(str(exc), exc.field or "body") from None
+    except RecursionError:
+        raise subs.InvalidRequest("the body is nested too deeply", "body") from None
+    except ValueError:  # UnicodeDecodeError included
         raise subs.InvalidRequest("the body is not valid JSON", "body") from None
 
 
@@ -68,9 +73,7 @@ def _bearer(request: web.Request) -> str:
     return token.strip()
 
 
-def _scope(
-    request: web.Request, paths: Sequence[str | None], pattern: str | None = None
-) -> None:
+def _scope(request: web.Request, paths: Sequence[str | None], pattern: str | None = None) -> None:
     """A token limited to some stations reaches only subscriptions over those stations: the
     streams named, and every stream the pattern may match."""
     token = request.get("token")

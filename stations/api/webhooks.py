@@ -50,6 +50,8 @@ async def resolve_refusal(url: str, allow_loopback: bool) -> None:
     resolver = DefaultResolver()
     try:
         results = await resolver.resolve(host, 0, socket.AF_UNSPEC)
+    except UnicodeError:  # IDNA refuses it (an empty label, one over 63 characters)
+        raise UrlRejected("webhook.url: the host name is not a valid name", "webhook.url") from None
     except OSError:
         return
     finally:

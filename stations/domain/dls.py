@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from typing import Any
 
@@ -111,7 +112,10 @@ def add(
 
 
 def redrive_delay(policy: dict[str, Any], redrives: int) -> int:
-    delay = policy["delayMs"] * float(policy["backoff"]) ** redrives
+    try:
+        delay = policy["delayMs"] * float(policy["backoff"]) ** redrives
+    except OverflowError:  # a large backoff after hundreds of redrives: past any cap
+        delay = math.inf
     return int(min(delay, policy["maxDelayMs"]))
 
 

@@ -74,6 +74,42 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
+class LoneSurrogate(ValueError):
+    """A string of the body holds half of a UTF-16 surrogate pair (``"\\ud800"``): valid JSON,
+    not text; no name, reason or message can be stored so. ``field``: where, dotted."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(f"{field or 'the body'} holds a lone UTF-16 surrogate escape")
+        self.field = field
+
+
+# A \uD800-\uDFFF escape: only then is a string looked at (orjson refuses lone ones, so this is
+# the slow path already).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _find_lone_surrogate(value: Any, path: str = "") -> str | None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items: Any = ()
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, item in items:
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and _find_lone_surrogate(key) is not None:
+            return where
+        found = _find_lone_surrogate(item, where)
+        if found is not None:
+            return found
+    return None
+
+
 def loads_body(raw: bytes) -> Any:
     """``loads_strict`` of a request body as it arrived: orjson reads the bytes (checking
     UTF-8 itself), so the body is neither decoded nor encoded again first. Raises ValueError,
@@ -89,7 +125,12 @@ def loads_body(raw: bytes) -> Any:
         # the slow exact parser.
         if framing.exact_ints(raw) or not _NUMBER_OF_20.search(raw):
             return value
-    return loads_strict(raw.decode("utf-8"))
+    value = loads_strict(raw.decode("utf-8"))
+    if _SURROGATE_ESCAPE.search(raw):
+        found = _find_lone_surrogate(value)
+        if found is not None:
+            raise LoneSurrogate(found)
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -132,17 +132,19 @@ def valid_id(sub_id: str) -> str:
 
 def glob_match(pattern: str, path: str) -> bool:
     """``*`` (or any fnmatch wildcard inside a segment) matches within one segment, ``**``
-    matches zero or more whole segments (PROTOCOL.md §6.2)."""
-    return _match(pattern.split("/"), path.split("/"))
-
-
-def _match(pats: list[str], segs: list[str]) -> bool:
-    if not pats:
-        return not segs
-    head = pats[0]
-    if head == "**":
-        return any(_match(pats[1:], segs[i:]) for i in range(len(segs) + 1))
-    return bool(segs) and fnmatchcase(segs[0], head) and _match(pats[1:], segs[1:])
+    matches zero or more whole segments (PROTOCOL.md §6.2). By dynamic programming over
+    (pattern segment, path segment): backtracking took exponential time on stacked ``**``
+    (seconds per append for ``**/**/**/**/**/**/**/zz``, the event loop stalled)."""
+    pats, segs = pattern.split("/"), path.split("/")
+    # can[j]: the pattern's segments from i on match the path's from j on (i going down).
+    can = [False] * len(segs) + [True]
+    for head in reversed(pats):
+        if head == "**":
+            for j in range(len(segs) - 1, -1, -1):
+                can[j] = can[j] or can[j + 1]
+        else:
+            can = [fnmatchcase(segs[j], head) and can[j + 1] for j in range(len(segs))] + [False]
+    return can[0]
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,8 @@ def check_webhook_url(url: str, allow_loopback: bool) -> tuple[str, bool]:
         raise UrlRejected("webhook.url is not a valid URL", "webhook.url") from None
     if parts.scheme not in ("http", "https") or not host:
         raise UrlRejected("webhook.url must be an http(s) URL with a host", "webhook.url")
+    if any(ord(c) < 0x21 or c == "\x7f" for c in host):
+        raise UrlRejected("webhook.url: the host name holds control characters", "webhook.url")
     if parts.username or parts.password:
         raise UrlRejected("webhook.url must not carry credentials", "webhook.url")
     try:
