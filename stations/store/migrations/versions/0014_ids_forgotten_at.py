@@ -1,5 +1,7 @@
-"""When a shrunk id window last forgot ids for good, in the station's row: a process's cache of
-ids answers no retry with an id another process's PATCH forgot (PostgreSQL).
+"""When a shrunk id window last forgot ids for good, in the station's row.
+
+A process's cache of ids then answers no retry with an id that another process's PATCH forgot
+(PostgreSQL).
 
 Revision ID: 0014
 Revises: 0013
