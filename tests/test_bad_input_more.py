@@ -133,3 +133,11 @@ def test_stacked_double_stars_match_in_polynomial_steps(monkeypatch: pytest.Monk
     assert glob_match("/".join(pats), "/".join([*segs, "zz"]))
     assert len(calls) <= 2 * len(pats) * (len(segs) + 1)
     assert glob_match("a/**/c", "a/c") and glob_match("a/**", "a") and not glob_match("a/*", "a")
+
+
+@pytest.mark.parametrize("name", ["x%0A", "%2E", "%2E%2E"])
+def test_cursor_names_are_whole_names(client: httpx.Client, name: str) -> None:
+    """``x\\n`` passed a ``^...$`` match; ``.`` and ``..`` could never be reached by URL."""
+    station = _station(client)
+    answer = client.put(f"/api/stations/{station}/cursors/{name}", json={"offset": "-1"})
+    _refused(answer, "cursor")

@@ -23,9 +23,12 @@ _NAME = re.compile(r"^[A-Za-z0-9._:@-]{1,256}$")
 
 
 def validate_name(name: str) -> str:
-    if not _NAME.match(name):
+    # fullmatch: ``$`` also matches before a final newline. "." and ".." are path segments
+    # URL clients resolve away: such a cursor could be made by a raw request, never reached.
+    if not _NAME.fullmatch(name) or name in (".", ".."):
         raise BadRequest(
-            "a cursor name is 1 to 256 letters, digits or . _ : @ - characters", "cursor"
+            "a cursor name is 1 to 256 letters, digits or . _ : @ - characters, not . or ..",
+            "cursor",
         )
     return name
 
