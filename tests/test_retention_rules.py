@@ -16,10 +16,9 @@ from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, append
 from stations.domain.offsets import encode
 from stations.domain.service import Service
-from stations.domain.station import parse_config
 from stations.store import db
 from stations.store.streams import load
-from stations.store.writer import Batch
+from tests.test_upkeep import station, write
 
 T0 = 1_000_000_000
 
@@ -30,21 +29,6 @@ def engine(tmp_path: Path) -> Any:
     db.upgrade(engine)
     yield engine
     engine.dispose()
-
-
-def _write(engine: Any, now: int, *ops: Any) -> list[Any]:
-    with engine.connect() as conn, conn.begin():
-        batch = Batch(conn, now)
-        out = [op(batch) for op in ops]
-        batch.flush()
-        return out
-
-
-def _station(name: str, **config: Any) -> Any:
-    request = CreateRequest(
-        name, "application/json", parse_config({"name": name, **config}), compare_config=True
-    )
-    return lambda batch: lifecycle.create(batch, IdWindow(), request)
 
 
 def _append(name: str, k: int) -> Any:
@@ -69,22 +53,22 @@ def test_two_rules_together_keep_what_each_keeps(
 ) -> None:
     """Five messages of 11 bytes: either rule alone keeps the last three (33 bytes); the size
     rule counted from where the other left off dropped two more."""
-    _write(engine, T0, _station("a", retention=rules))
+    write(engine, T0, station("a", retention=rules))
     for k, at in enumerate(times):
-        _write(engine, at, _append("a", k))
-    _write(engine, T0 + 1500, retention.enforce)
+        write(engine, at, _append("a", k))
+    write(engine, T0 + 1500, retention.enforce)
     assert _kept(engine, "a", T0 + 1500) == [b'{"k":00002}', b'{"k":00003}', b'{"k":00004}']
 
 
 def test_a_deleted_stations_reader_cursors_go_with_it(engine: Any) -> None:
     """A station created later may be given the deleted one's id (SQLite)."""
-    _write(engine, T0, _station("a"))
+    write(engine, T0, station("a"))
     for k in range(5):
-        _write(engine, T0, _append("a", k))
+        write(engine, T0, _append("a", k))
     offset = encode(4)
-    _write(engine, T0, lambda b: cursors.commit(b, "a", "spark", {"offset": offset}))
-    _write(engine, T0, lambda b: lifecycle.remove(b, IdWindow(), "a"))
-    _write(engine, T0, _station("a"))
+    write(engine, T0, lambda b: cursors.commit(b, "a", "spark", {"offset": offset}))
+    write(engine, T0, lambda b: lifecycle.remove(b, IdWindow(), "a"))
+    write(engine, T0, station("a"))
     with engine.connect() as conn:
         assert cursors.views(conn, "a", T0) == []
 
@@ -93,13 +77,13 @@ def test_recreating_an_expired_stream_that_forks_still_read_is_a_conflict(engine
     """The expired source stays (soft-deleted) while a fork reads it: a create of its name is
     refused with 409, as once the sweeper got to it (it failed with a 500)."""
     source = CreateRequest("src", "application/json", {}, ttl_seconds=1)
-    _write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), source))
-    _write(engine, T0, _append("src", 0))
+    write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), source))
+    write(engine, T0, _append("src", 0))
     fork = CreateRequest("fork", "application/json", {}, fork_from="src", fork_offset=1)
-    _write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), fork))
+    write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), fork))
     again = CreateRequest("src", "application/json", {})
     with pytest.raises(Conflict):
-        _write(engine, T0 + 5000, lambda b: lifecycle.create(b, IdWindow(), again))
+        write(engine, T0 + 5000, lambda b: lifecycle.create(b, IdWindow(), again))
     with engine.connect() as conn:
         state = load(conn, "src")
         assert state is not None and not state.deleted  # the failed create rolled back
@@ -108,13 +92,13 @@ def test_recreating_an_expired_stream_that_forks_still_read_is_a_conflict(engine
 def test_a_fork_answers_gone_for_what_its_sources_retention_dropped(engine: Any) -> None:
     """A fork reads its source up to the fork offset: what the source's retention dropped there
     is gone for the fork too (410, as the source answers), not skipped in silence."""
-    _write(engine, T0, _station("src", retention={"maxMessages": 1}))
+    write(engine, T0, station("src", retention={"maxMessages": 1}))
     for k in range(3):
-        _write(engine, T0, _append("src", k))
+        write(engine, T0, _append("src", k))
     fork = CreateRequest("fork", "application/json", {}, fork_from="src", fork_offset=2)
-    _write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), fork))
-    _write(engine, T0, _append("fork", 7))
-    _write(engine, T0 + 1, retention.enforce)  # the source keeps only its third message
+    write(engine, T0, lambda b: lifecycle.create(b, IdWindow(), fork))
+    write(engine, T0, _append("fork", 7))
+    write(engine, T0 + 1, retention.enforce)  # the source keeps only its third message
     for name in ("src", "fork"):
         with engine.connect() as conn, conn.begin(), pytest.raises(Gone):
             reads.read(conn, name, 1, now=T0 + 1, max_bytes=1 << 20)
