@@ -125,9 +125,14 @@ def _path(value: Any, field_name: str) -> str:
 
 
 def valid_id(sub_id: str) -> str:
-    if not sub_id or len(sub_id) > MAX_ID or any(ord(c) < 0x21 or c == "\x7f" for c in sub_id):
+    if not sub_id or len(sub_id) > MAX_ID or not _visible(sub_id):
         raise InvalidRequest(f"the subscription id must be 1 to {MAX_ID} visible characters", "id")
     return sub_id
+
+
+def _visible(text: str) -> bool:
+    """No control characters, no spaces."""
+    return not any(ord(c) < 0x21 or c == "\x7f" for c in text)
 
 
 def glob_match(pattern: str, path: str) -> bool:
@@ -268,8 +273,10 @@ def check_webhook_url(url: str, allow_loopback: bool) -> tuple[str, bool]:
         raise UrlRejected("webhook.url is not a valid URL", "webhook.url") from None
     if parts.scheme not in ("http", "https") or not host:
         raise UrlRejected("webhook.url must be an http(s) URL with a host", "webhook.url")
-    if any(ord(c) < 0x21 or c == "\x7f" for c in host):
-        raise UrlRejected("webhook.url: the host name holds control characters", "webhook.url")
+    if not _visible(host):
+        raise UrlRejected(
+            "webhook.url: the host name holds control characters or spaces", "webhook.url"
+        )
     if parts.username or parts.password:
         raise UrlRejected("webhook.url must not carry credentials", "webhook.url")
     try:

@@ -55,9 +55,9 @@ def expiring(tx: Tx, now: int) -> list[StreamState]:
 Segment = tuple[int, int, int | None]  # (stream id, from position exclusive, to inclusive)
 
 
-def segments(tx: Tx, state: StreamState) -> list[Segment]:
-    """Where a stream's positions live: a fork reads its source up to the fork offset."""
-    chain: list[Segment] = [(state.id, state.fork_offset or 0, None)]
+def _sources(tx: Tx, state: StreamState) -> list[tuple[StreamState, int]]:
+    """A fork's sources, nearest first, each with the last position the fork reads from it."""
+    found: list[tuple[StreamState, int]] = []
     upper = state.fork_offset
     current = state
     while current.fork_of is not None:
@@ -65,9 +65,16 @@ def segments(tx: Tx, state: StreamState) -> list[Segment]:
         if source is None:
             break
         assert upper is not None
-        chain.append((source.id, source.fork_offset or 0, upper))
+        found.append((source, upper))
         upper = min(upper, source.fork_offset) if source.fork_offset is not None else upper
         current = source
+    return found
+
+
+def segments(tx: Tx, state: StreamState) -> list[Segment]:
+    """Where a stream's positions live: a fork reads its source up to the fork offset."""
+    chain: list[Segment] = [(state.id, state.fork_offset or 0, None)]
+    chain += [(s.id, s.fork_offset or 0, upper) for s, upper in _sources(tx, state)]
     chain.reverse()
     return chain
 
@@ -75,17 +82,7 @@ def segments(tx: Tx, state: StreamState) -> list[Segment]:
 def inherited_head(tx: Tx, state: StreamState) -> int:
     """A fork's head with its sources': positions it reads from a source that the source's
     retention dropped are gone for the fork too."""
-    head = state.head
-    upper = state.fork_offset
-    current = state
-    while current.fork_of is not None and upper is not None:
-        source = load_by_id(tx, current.fork_of)
-        if source is None:
-            break
-        head = max(head, min(source.head, upper))
-        upper = min(upper, source.fork_offset) if source.fork_offset is not None else upper
-        current = source
-    return head
+    return max([state.head] + [min(s.head, upper) for s, upper in _sources(tx, state)])
 
 
 def lock_name(tx: Tx, name: str) -> None:
