@@ -24,6 +24,7 @@ from stations.client import (
     Client,
     Conflict,
     ConnectionFailed,
+    EpochInUse,
     Forbidden,
     GroupNotFound,
     IdempotentProducer,
@@ -516,6 +517,40 @@ async def test_producer_fenced_by_newer_epoch(client: Client) -> None:
     await claimer.close()
     assert claimer.epoch == 6
     assert await read_all(station.url) == ["a", "b", *range(20), "u", *range(20, 60)]
+
+
+async def test_producer_restarted_in_the_same_epoch_is_not_silently_dropped(
+    client: Client,
+) -> None:
+    """A second run under the same producer id and epoch starts again at seq 0: the server
+    answers its first batches 204 (it has those seqs from the first run). Taken as success,
+    they would be lost; the producer must stop (or, with auto_claim, move to a new epoch)."""
+    name = unique("rerun")
+    await client.create_station(name)
+    station = client.station(name)
+    first = station.producer("job", epoch=3)
+    for value in ("a", "b", "c"):
+        first.append(value)
+        await first.flush()
+    await first.detach()
+
+    errors: list[StationsError] = []
+    rerun = station.producer("job", epoch=3, on_error=errors.append)
+    rerun.append("d")
+    with pytest.raises(EpochInUse) as in_use:
+        await rerun.flush()
+    assert isinstance(in_use.value, ProducerFenced) and in_use.value.current_epoch == 3
+    assert errors == [in_use.value]
+    await rerun.detach()
+    assert await read_all(station.url) == ["a", "b", "c"]
+
+    claimer = station.producer("job", epoch=3, auto_claim=True, max_batch_bytes=8)
+    for i in range(10):
+        claimer.append(i)
+    await claimer.flush()
+    assert claimer.epoch == 4
+    await claimer.detach()
+    assert await read_all(station.url) == ["a", "b", "c", *range(10)]
 
 
 async def test_back_pressure(client: Client) -> None:

@@ -28,6 +28,9 @@ class Batch:
     epoch: int = 0
     seq: int = 0
     settled: bool = False
+    # A request for (epoch, seq) may have reached the server without a definite refusal: only
+    # then is a 204 "duplicate" our own earlier attempt; before that it is another instance's.
+    maybe_stored: bool = False
 
 
 def batch_body(batch: Batch, is_json: bool, content_type: str | None) -> bytes:

@@ -72,6 +72,14 @@ class ProducerFenced(Forbidden):
         self.current_epoch = current_epoch
 
 
+class EpochInUse(ProducerFenced):
+    """The server already held a (producer id, epoch, seq) before this producer first sent it:
+    another instance (an earlier run, or a twin) used the same producer id and epoch, so the
+    batch's 204 "duplicate" would silently drop new data. Start each run with a higher epoch,
+    or let ``auto_claim`` move on to the next one. ``current_epoch`` is the epoch in use;
+    ``status`` is a fence's 403, though the server's answer was a 204."""
+
+
 class NotFound(StationsError):
     status = 404
 

@@ -26,6 +26,8 @@ from typing import Any
 from stations.client.batching import OBJ, RAW, TEXT, Batch, batch_body, json_bytes
 from stations.client.errors import (
     BufferFull,
+    ConnectionFailed,
+    EpochInUse,
     ProducerClosed,
     ProducerFenced,
     SequenceGap,
@@ -336,11 +338,20 @@ class IdempotentProducer:
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
             except StationsError as exc:
+                if not isinstance(exc, ConnectionFailed) or exc.sent:
+                    batch.maybe_stored = True
                 await backoff.wait(exc)  # same (epoch, seq) again: the server deduplicates
                 continue
+            if reply.status == 204 and not batch.maybe_stored:
+                # Nothing of ours can have been stored under this (epoch, seq): another
+                # instance used it, and taking the 204 as success would drop this batch.
+                self._fenced(batch, self._epoch_in_use(batch))
+                return
             if reply.status in (200, 204):
                 self._stored(batch, reply)
                 return
+            if reply.status >= 500:
+                batch.maybe_stored = True  # it may have failed after its commit
             error = self._session.error(reply, batch.epoch, batch.seq)
             if isinstance(error, ProducerFenced):
                 self._fenced(batch, error)
@@ -366,6 +377,14 @@ class IdempotentProducer:
                         raise error from None
                 continue
             await backoff.wait(error)  # raises unless retryable (429, 5xx)
+
+    def _epoch_in_use(self, batch: Batch) -> EpochInUse:
+        return EpochInUse(
+            f"producer {self.producer_id} epoch {batch.epoch} seq {batch.seq} was already "
+            "stored before this producer sent it: another instance used this producer id and "
+            "epoch (start each run with a higher epoch, or set auto_claim=True)",
+            current_epoch=batch.epoch,
+        )
 
     def _earlier_settled(self, batch: Batch) -> bool:
         return not self._unsettled or self._unsettled[0] is batch
@@ -437,6 +456,7 @@ class IdempotentProducer:
             pending = sorted(self._queue, key=lambda b: b.order)
             for batch in pending:
                 batch.epoch, batch.seq = self._session.take_seq()
+                batch.maybe_stored = False
             self._queue = deque(pending)
             logger.info("producer %s claimed epoch %d", self.producer_id, self._session.epoch)
         self._notify()
