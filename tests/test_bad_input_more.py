@@ -141,3 +141,14 @@ def test_cursor_names_are_whole_names(client: httpx.Client, name: str) -> None:
     station = _station(client)
     answer = client.put(f"/api/stations/{station}/cursors/{name}", json={"offset": "-1"})
     _refused(answer, "cursor")
+
+
+@pytest.mark.parametrize("body", [b"null", b"[]", b'"x"', b"1"])
+def test_a_group_body_that_is_not_an_object_is_refused(client: httpx.Client, body: bytes) -> None:
+    name = _station(client)
+    answer = client.put(
+        f"/api/stations/{name}/groups/g", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert answer.status_code == 400, answer.text
+    assert "JSON object" in answer.json()["error"]["message"]
+    assert client.get(f"/api/stations/{name}/groups").json()["groups"] == []

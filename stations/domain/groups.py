@@ -112,9 +112,7 @@ def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock
 def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool]:
     """PUT a group: create it, or update the limits of a standing one."""
     validate_name(name)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict):  # a JSON null too: no body at all is the API's {}
         raise BadRequest("the body must be a JSON object", None)
     unknown = set(raw) - {"maxAckTimeMs", "maxMsgDeliveries", "startFrom"}
     if unknown:
