@@ -159,6 +159,37 @@ def test_window_patch_applies_to_ids_in_runs(server: Server) -> None:
         assert all(r["duplicate"] for r in produce(client, name, old))
 
 
+def test_a_window_shrunk_and_grown_again_counts_only_the_ids_left(server: Server) -> None:
+    """A shrink forgets run entries stored before the new window; runs holding ids from both
+    sides keep the younger ones, and their rows must count only those: growing the window
+    again made ``idsInWindow`` count the forgotten ids too (390 of 330 here)."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        name = station(client)
+        fill(client, name, 330, per=30, prefix="old-")
+        time.sleep(0.6)
+        new = fill(client, name, 330, per=30, prefix="new-")
+        for window in (400, 600_000):
+            r = client.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": window})
+            assert r.status_code == 200, r.text
+        assert stats(client, name)["idsInWindow"] == 330
+        sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
+        (in_rows,) = query(
+            server,
+            "SELECT (SELECT coalesce(sum(ids), 0) FROM id_runs WHERE stream_id = ?) + "
+            "(SELECT coalesce(sum(ids), 0) FROM id_blocks WHERE stream_id = ?)",
+            sid,
+            sid,
+        )[0]
+        assert in_rows == 330
+        assert_all_duplicates(client, name, new)
+    server.restart(hard=True)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert stats(client, name)["idsInWindow"] == 330
+        assert_all_duplicates(client, name, new)
+        again = produce(client, name, [f"old-{name}-{k}" for k in range(0, 330, 33)])
+        assert not any(r["duplicate"] for r in again)
+
+
 def test_station_delete_takes_its_runs(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         name = station(client)

@@ -19,7 +19,7 @@ from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from stations.store import idruns, idtable
+from stations.store import idtable
 from stations.store.idruns import IdRuns
 
 if TYPE_CHECKING:
@@ -201,8 +201,7 @@ class IdWindow:
         # cutoff (and their ids from RAM after the commit); runs that straddle it keep
         # younger ids, so their older entries go one by one.
         self.runs.sweep(batch, state)
-        self.runs.cool(state.id)
-        idruns.forget_before(batch.conn, state.id, cutoff)
+        self.runs.forget_before(batch, state.id, cutoff)
 
     def sweep(self, batch: Batch, state: StreamState) -> int:
         """Delete (a chunk of) the expired ids of a station; returns how many went."""

@@ -567,6 +567,23 @@ class IdRuns:
                 for run in list(station.warm):
                     self._cool(station, run)
 
+    def forget_before(self, batch: Batch, stream_id: int, cutoff: int) -> None:
+        """A shrunk window forgets the station's run entries stored at or before ``cutoff``
+        for good (``IdWindow.forget_older``); RAM follows the rows once they are committed."""
+        self.cool(stream_id)
+        left = forget_before(batch.conn, stream_id, cutoff)
+
+        def follow() -> None:
+            with self._lock:
+                station = self._stations.get(stream_id)
+                for run, (n, oldest, newest) in left.items():
+                    known = station.runs.get(run) if station is not None else None
+                    if known is not None and n:
+                        known.ids, known.oldest, known.newest = n, oldest, newest
+            self._drop_runs(stream_id, {run for run, (n, _, _) in left.items() if not n})
+
+        batch.after_commit.append(follow)
+
     def _drop_runs(self, stream_id: int, runs: set[int]) -> None:
         with self._lock:
             station = self._stations.get(stream_id)
@@ -722,10 +739,11 @@ def _index(packed: bytes, needle: bytes) -> int | None:
     return packed.count(b"\n", 0, at + 1)
 
 
-def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
+def forget_before(conn: Connection, stream_id: int, cutoff: int) -> dict[int, list[int]]:
     """Delete the station's run entries stored at or before ``cutoff``: a shrunk window
     forgets them for good (``IdWindow.forget_older``). Chunks holding some are written again
-    with the rest."""
+    with the rest, and each run's row keeps counting what is left (``count`` takes a run younger
+    than its cutoff at its row's word: a window grown again must not count forgotten ids)."""
     cursor = conn.connection.cursor()
     try:
         cursor.execute(
@@ -735,9 +753,18 @@ def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
             (stream_id, cutoff),
         )
         chunks = cursor.fetchall()
+        left: dict[int, list[int]] = {}  # run -> [ids kept, oldest kept, newest kept]
         for run, first_id, packed, seqs, ats in chunks:
             ids, s, a = _unpack(packed, seqs, ats)
             keep = [k for k, at in enumerate(a) if at > cutoff]
+            if keep:
+                kept_ats = [a[k] for k in keep]
+                figures = left.setdefault(run, [0, min(kept_ats), max(kept_ats)])
+                figures[0] += len(keep)
+                figures[1] = min(figures[1], *kept_ats)
+                figures[2] = max(figures[2], *kept_ats)
+            else:
+                left.setdefault(run, [0, 0, 0])
             if len(keep) == len(ids):
                 continue
             cursor.execute(
@@ -759,8 +786,20 @@ def forget_before(conn: Connection, stream_id: int, cutoff: int) -> None:
                         )[0],
                     ),
                 )
+        for run, (n, oldest, newest) in left.items():
+            if n:
+                cursor.execute(
+                    "UPDATE id_runs SET ids = ?, oldest = ?, newest = ? "
+                    "WHERE stream_id = ? AND run = ?",
+                    (n, oldest, newest, stream_id, run),
+                )
+            else:
+                cursor.execute(
+                    "DELETE FROM id_runs WHERE stream_id = ? AND run = ?", (stream_id, run)
+                )
     finally:
         cursor.close()
+    return left
 
 
 def purge(conn: Connection, stream_id: int) -> None:
