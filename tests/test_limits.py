@@ -227,6 +227,30 @@ async def test_slowloris_head_body_and_idle_connections_are_closed(
 # -- the connection cap and the waiting-reader cap ------------------------------------------------
 
 
+async def test_malformed_request_heads_get_a_json_400_and_no_traceback(spawn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """aiohttp refuses what it cannot parse before any handler runs: the answer was plain text
+    and each one logged a traceback at ERROR, which any client could fill the log with."""
+    server = spawn(sqlite_url(tmp_path), "--log-level", "info")
+    heads = [
+        b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+        b"GET /livez HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n",
+        b"POST /v1/stream/x HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    ]
+    for head in heads:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(head)
+        closed, got = await closed_within(reader, 5)
+        writer.close()
+        assert closed, got
+        status_line, _, body = got.partition(b"\r\n\r\n")
+        assert b" 400 " in status_line.split(b"\r\n")[0], got
+        assert b"application/json" in status_line, got
+        assert json.loads(body)["error"]["code"] == "bad_request"
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log
+    assert log.count("refused a malformed request") == len(heads)
+
+
 async def test_connection_cap_answers_503_and_readers_leave_room(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from stations.api.errors import error_response
 from stations.domain.budget import Overloaded
@@ -150,6 +152,29 @@ class GuardedHandler(RequestHandler):
             self._head_timer = asyncio.get_running_loop().call_later(
                 self._limits.head_timeout_s, self._head_timeout
             )
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse (an over-long header line, a malformed head) is
+        the client's error: a JSON 400 like every refusal, logged as one line at INFO, not a
+        traceback at ERROR that any client could fill the log with."""
+        if status >= 500 or not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer was started; the malformed request ends it")
+        if isinstance(exc, LineTooLong):
+            text = "the request line or a header is too long (at most 8190 bytes each)"
+        else:
+            text = "malformed request: " + " ".join(exc.message.split())[:300]
+        logger.info("refused a malformed request from %s: %s", request.remote, exc.message[:200])
+        response = error_response(status, "bad_request", text)
+        response.force_close()
+        return response
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
