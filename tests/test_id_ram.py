@@ -129,7 +129,7 @@ def test_filters_rebuilt_after_a_restart_never_go_to_a_new_station_with_the_old_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a restart a thread rebuilds the runs' filters. Should the station be deleted
-    meanwhile and a new one get its id (SQLite reuses the highest) and spill its own run 1,
+    meanwhile and a new one get its id (SQLite reused the highest before 0015) and spill its own run 1,
     the old run 1's filter must not be installed for it: its ids would never be looked for."""
     engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
     db.upgrade(engine)
@@ -169,8 +169,9 @@ def test_filters_rebuilt_after_a_restart_never_go_to_a_new_station_with_the_old_
 def test_a_station_recreated_in_the_batch_that_deleted_it_starts_with_no_ids(
     tmp_path: Path,
 ) -> None:
-    """Delete and create in one batch: SQLite gives the new station the old one's id, and the
-    ids the old one stored earlier in the batch (not in RAM yet) are not the new one's."""
+    """Delete and create in one batch: the ids the old station stored earlier in the batch
+    (not in RAM yet) are not the new one's. Before migration 0015 SQLite gave the new station
+    the old one's id, which is how they became its; now the id is a new one as well."""
 
     async def run() -> None:
         svc = _service(tmp_path)
@@ -184,7 +185,7 @@ def test_a_station_recreated_in_the_batch_that_deleted_it_starts_with_no_ids(
                 enqueue(lambda b: catalog.create_station(b, svc.ids, {"name": "st"})),
                 enqueue(lambda b: messages.produce(b, svc.ids, "st", ONE_X)),
             )
-            assert answers[0][1].id == answers[2].state.id  # the id was given again
+            assert answers[0][1].id != answers[2].state.id  # ids are not given again
             assert answers[3][0].results == [(0, False)]
             assert (await svc.station("st"))["stats"]["messages"] == 1
         finally:

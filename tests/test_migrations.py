@@ -117,3 +117,46 @@ def test_run_entries_become_chunks_and_back(db_url: str) -> None:
         command.upgrade(_config(url), "head")
     finally:
         engine.dispose()
+
+
+def test_station_and_group_ids_are_never_reused(tmp_path: Path) -> None:
+    """SQLite hands out max(id) + 1 unless a table has AUTOINCREMENT: a station (or group)
+    created after the newest one was deleted took its id. 0015 rebuilds both tables with
+    AUTOINCREMENT, keeping their rows and ids."""
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'ids.db'}"
+    command.upgrade(_config(url), "0014")
+    engine = create_engine(url)
+    stream = (
+        "INSERT INTO streams (name, content_type, created_at, accessed_at, closed, tail, head, "
+        "deleted, msg_count, byte_count, config) VALUES "
+        "(:name, 'application/json', 0, 0, false, 0, 0, false, 0, 0, '{}')"
+    )
+    group = (
+        "INSERT INTO groups (stream_id, name, max_ack_time_ms, max_msg_deliveries, cursor, "
+        "created_at) VALUES (1, :name, 30000, 2, 0, 0)"
+    )
+    try:
+        with engine.begin() as conn:
+            for name in ("a", "b"):
+                conn.execute(text(stream), {"name": name})
+                conn.execute(text(group), {"name": name})
+        command.upgrade(_config(url), "head")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT id, name FROM streams ORDER BY id")).all() == [
+                (1, "a"),
+                (2, "b"),
+            ]
+            assert conn.execute(text("SELECT id, name FROM groups ORDER BY id")).all() == [
+                (1, "a"),
+                (2, "b"),
+            ]
+            conn.execute(text("DELETE FROM streams WHERE id = 2"))
+            conn.execute(text("DELETE FROM groups WHERE id = 2"))
+            conn.execute(text(stream), {"name": "c"})
+            conn.execute(text(group), {"name": "c"})
+            assert conn.execute(text("SELECT id FROM streams WHERE name = 'c'")).scalar() == 3
+            assert conn.execute(text("SELECT id FROM groups WHERE name = 'c'")).scalar() == 3
+    finally:
+        engine.dispose()

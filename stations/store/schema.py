@@ -59,6 +59,9 @@ streams = Table(
     # When a shrunk window last forgot ids for good: an id stored at or before it is gone,
     # whatever a process's cache of ids remembers (PostgreSQL: several processes, one table).
     Column("ids_forgotten_at", BigInteger),
+    # A deleted station's id names it for ever (RAM state and other tables key by it): on
+    # SQLite that needs AUTOINCREMENT, or the newest id deleted would be handed out again.
+    sqlite_autoincrement=True,
 )
 Index("ix_streams_upkeep_at", streams.c.upkeep_at)
 Index("ix_streams_max_messages", streams.c.max_messages)
@@ -156,6 +159,7 @@ groups = Table(
     Column("max_msg_deliveries", Integer, nullable=False),
     Column("cursor", BigInteger, nullable=False),
     Column("created_at", BigInteger, nullable=False),
+    sqlite_autoincrement=True,  # as streams: a deleted group's id is not handed out again
 )
 Index("ux_groups_stream_name", groups.c.stream_id, groups.c.name, unique=True)
 
