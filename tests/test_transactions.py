@@ -166,6 +166,9 @@ async def test_duplicates_inside_a_transaction(api: Api) -> None:
     assert produced[1]["offset"] == produced[0]["offset"]
     assert produced[2]["offset"] == before[0]
     assert [m["data"] for m in await api.browse(out)] == [{"old": True}, 1, 4]
+    # The metric of duplicates by message id counts a transaction's like any produce's.
+    metrics = (await api.c.get("/metrics")).text
+    assert f'stations_station_duplicates_total{{station="{out}"}} 2.0' in metrics
 
 
 async def test_bad_input_names_the_field(api: Api) -> None:
@@ -317,6 +320,11 @@ def test_auth_roles_and_scopes(secured: Server) -> None:
     assert call(CONSUMER, {"ack": [lease("in-fwd", "g", fwd[0])]}).json()["acked"] == 1
     # Admin may do both at once.
     assert call(ADMIN, {"ack": leases[1:], "produce": produce}).json()["acked"] == 3
+    # An unknown station is named by its item's field, scoped token or not.
+    gone = {"nack": [{"station": "in-nope", "group": "g", "offset": leases[0]["offset"]}]}
+    for token in (CONSUMER, ADMIN):
+        r = call(token, gone)
+        assert r.status_code == 404 and r.json()["error"]["field"] == "nack.0.station", r.text
     admin.close()
 
 

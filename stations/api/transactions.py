@@ -15,7 +15,7 @@ from aiohttp import web
 from stations.api.auth import ALLOWED, Token, needs
 from stations.api.stations import json_body, service
 from stations.domain import transactions
-from stations.domain.errors import Forbidden
+from stations.domain.errors import Forbidden, NotFound
 from stations.domain.offsets import encode
 
 
@@ -35,7 +35,10 @@ async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
     # dls.forwardTo: the token must cover that station too (CONTRACT.md §5).
     risky = {s.station: s.field for s in req.settles if s.verb != "ack"}
     for station, field in sorted(risky.items()):
-        config = (await service(request).stream(station)).config
+        try:
+            config = (await service(request).stream(station)).config
+        except NotFound as exc:  # named like the unscoped answer names it
+            raise NotFound(exc.message, f"{field}.station") from None
         target = (config.get("dls") or {}).get("forwardTo")
         if target and not token.covers(target):
             raise Forbidden(

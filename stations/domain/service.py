@@ -496,6 +496,12 @@ class Service:
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""
         result: transactions.TxResult = await self.write(transactions.run, self.ids, req)
+        # Produced messages count like any produce's (duplicates by message id, per station).
+        by_station: dict[str, list[tuple[int | None, bool]]] = {}
+        for station, offset, duplicate in result.produced:
+            by_station.setdefault(station, []).append((offset, duplicate))
+        for station, results in by_station.items():
+            self.tally.appended(station, results, False)
         if result.nack_due is not None or result.dead_lettered:
             self.leases.arm(result.nack_due or now_ms())
         return result
