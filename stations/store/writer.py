@@ -45,6 +45,13 @@ MAX_BATCH = 512
 # (PostgreSQL).
 INLINE_OPS = 4
 NOTIFY = "SELECT pg_notify(%s, %s)"
+# PostgreSQL aborts one of two transactions that wait on each other's row locks (deadlock
+# detected) or that cannot be serialized; its documentation's answer is to run the aborted one
+# again. Several processes on one database meet this, e.g. a dead letter that locks its
+# station and then the station it forwards to, beside a transaction locking the two the other
+# way round. Nothing of an aborted transaction happened (its RAM effects are undone too).
+TRANSIENT_SQLSTATES = frozenset({"40P01", "40001"})
+TRANSIENT_TRIES = 5
 
 
 def now_ms() -> int:
@@ -225,6 +232,7 @@ class Writer:
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
         self.backend_pid: int | None = None
         self.relaxed_commits = 0  # commits that did not wait for the disk (monitoring)
+        self.transient_retries = 0  # transactions the database aborted and we ran again
         self._stopped = False  # ops handed over from now on are refused
 
     def start(self) -> None:
@@ -449,7 +457,7 @@ class Writer:
         if not strict:
             self.relaxed_commits += 1
         try:
-            return self._transaction(ops, strict)
+            return self._transaction_again_if_aborted(ops, strict)
         except Exception:
             if len(ops) == 1:
                 raise
@@ -460,7 +468,7 @@ class Writer:
             changed: set[str] = set()
             for op in ops:
                 try:
-                    (outcome,), ch, hooks = self._transaction([op], strict)
+                    (outcome,), ch, hooks = self._transaction_again_if_aborted([op], strict)
                 except Exception as exc:
                     outcome = (False, exc)
                     ch, hooks = set(), []
@@ -471,6 +479,20 @@ class Writer:
                 outcomes.append(outcome)
                 changed |= ch
             return outcomes, changed, []
+
+    def _transaction_again_if_aborted(
+        self, ops: list[Op], strict: bool
+    ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
+        for attempt in range(1, TRANSIENT_TRIES + 1):
+            try:
+                return self._transaction(ops, strict)
+            except DBAPIError as exc:
+                state = getattr(exc.orig, "sqlstate", None)
+                if state not in TRANSIENT_SQLSTATES or attempt == TRANSIENT_TRIES:
+                    raise
+                self.transient_retries += 1
+                log.info("transaction aborted by the database (%s); running it again", state)
+        raise AssertionError("unreachable")
 
     def _transaction(
         self, ops: list[Op], strict: bool = True
