@@ -290,7 +290,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
-    from stations.store.db import ArgumentError, OperationalError
+    from stations.store.db import ArgumentError, InUse, OperationalError, claim_file
 
     nofile = raise_nofile()
     max_connections = args.max_connections or default_max_connections(nofile)
@@ -325,6 +325,14 @@ async def _serve(args: argparse.Namespace) -> None:
             tokens = load_tokens(args.tokens)
         except TokensFileError as exc:
             _fail(str(exc))
+    try:
+        claim = claim_file(args.db)  # noqa: F841 - held until the process ends
+    except InUse as exc:
+        _fail(f"{exc}: SQLite is served by one process; use PostgreSQL for several")
+    except ArgumentError as exc:
+        _fail(f"--db is not a database URL: {exc}")
+    except OSError as exc:
+        _fail(f"--db: cannot lock the database file: {exc.strerror}")
     try:
         service = Service(
             args.db,

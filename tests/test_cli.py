@@ -159,3 +159,18 @@ def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
                 proc.wait()
     text = log.read_text()
     assert "Traceback" not in text and "Task was destroyed" not in text, text
+
+
+def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
+    """Each process keeps recent message ids in its own RAM: two on one SQLite file stored a
+    retried id twice (found by a review). The second is refused; after the first is killed
+    (-9: its lock goes with it) a new one starts."""
+    url = sqlite_url(tmp_path)
+    first = Server(url, tmp_path).start()
+    try:
+        proc = run_cli(["serve", "--port", str(free_port()), "--db", url], tmp_path)
+        assert_one_line_error(proc, "stations.db", "another process", f"pid {first.proc.pid}")
+    finally:
+        first.kill()
+    again = Server(url, tmp_path).start()
+    again.kill()

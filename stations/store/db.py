@@ -230,6 +230,37 @@ def database_file(url: str) -> str | None:
     return os.path.abspath(parsed.database)
 
 
+class InUse(Exception):
+    """Another process serves this embedded database."""
+
+
+def claim_file(url: str) -> Any:
+    """Make this process the only server of an embedded database: an exclusive lock on a file
+    beside it, held until the returned file is closed (or the process ends, ``kill -9``
+    included). Each process keeps recent message ids in its own RAM, so a second process on
+    one SQLite file would store a retried id again. None for a server database (PostgreSQL
+    serves many processes); raises ``InUse`` naming the holder's pid."""
+    import fcntl
+
+    path = database_file(url or default_url())
+    if path is None:
+        return None
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    lock = open(path + ".lock", "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise InUse(f"{path} is served by another process (pid {holder})") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 def checkpoint_in_commits(conn: Connection, pages: int) -> None:
     """SQLite: whether this connection's commits checkpoint the WAL once it holds ``pages``
     frames (0: never; another connection does, see stations.store.checkpoints)."""
