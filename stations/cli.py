@@ -357,7 +357,12 @@ async def _serve(args: argparse.Namespace) -> None:
             loopback_host_only=tokens is None and _is_loopback(args.host),
         ),
     )
-    runner = web.AppRunner(app, handle_signals=True, **args.access_logging)
+    # A client that leaves cancels its handler: a parked fetch then leases nothing nobody will
+    # get, and a waiting reader gives its slot back at once (aiohttp waits for the handler
+    # to end by itself unless told).
+    runner = web.AppRunner(
+        app, handle_signals=True, handler_cancellation=True, **args.access_logging
+    )
     try:
         await runner.setup()
     except OperationalError as exc:

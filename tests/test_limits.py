@@ -251,6 +251,40 @@ async def test_malformed_request_heads_get_a_json_400_and_no_traceback(spawn, tm
     assert log.count("refused a malformed request") == len(heads)
 
 
+async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothing(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """aiohttp does not cancel a handler whose client left unless told: a long-poll, SSE or
+    parked fetch kept its waiting-reader slot until its wait ran out (30 s, 60 s, up to 300 s),
+    and the fetch leased the next message for no one: with maxMsgDeliveries 1 it went to the
+    DLS never received (found by a review)."""
+    server = spawn(sqlite_url(tmp_path), "--max-waiting-readers", "3")
+    http = httpx.Client(base_url=server.url, timeout=10)
+    http.put("/v1/stream/s", headers=JSON)
+    tail = _tail(server.url, "s")
+    assert http.put("/api/stations/s/groups/g", json={"maxMsgDeliveries": 1}).status_code == 201
+    waits = [
+        ("GET", f"/v1/stream/s?offset={tail}&live=long-poll", b""),
+        ("GET", f"/v1/stream/s?offset={tail}&live=sse", b""),
+        ("POST", "/api/stations/s/groups/g/fetch", b'{"max": 1, "waitMs": 60000}'),
+    ]
+    for method, path, body in waits:
+        conn = await Conn.open(server.port)
+        extra = {"Content_Type": "application/json"} if body else {}
+        await conn.send(method, path, body, **extra)
+        await asyncio.sleep(0.3)
+        conn.close()
+    deadline = time.monotonic() + 3
+    while _metric(server.url, "stations_waiting_readers") != 0:
+        assert time.monotonic() < deadline, "the slots of clients that left are still taken"
+        await asyncio.sleep(0.05)
+    http.post("/api/stations/s/messages", json={"messages": [{"id": "m1", "data": 1}]})
+    got = http.post("/api/stations/s/groups/g/fetch", json={"max": 1}).json()["messages"]
+    assert [(m["id"], m["deliveryCount"]) for m in got] == [("m1", 1)]
+    assert http.get("/api/stations/s/dls").json()["entries"] == []
+    http.close()
+
+
 async def test_connection_cap_answers_503_and_readers_leave_room(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:
