@@ -222,6 +222,8 @@ async def test_slowloris_head_body_and_idle_connections_are_closed(
     assert time.monotonic() - started < 12
     # Nothing of the unfinished appends was stored.
     assert httpx.get(f"{server.url}/v1/stream/slow?offset=-1").json() == []
+    # Each timeout closes its connection cleanly (a head timeout logged an AttributeError).
+    assert "Traceback" not in server.log(), server.log()
 
 
 # -- the connection cap and the waiting-reader cap ------------------------------------------------
@@ -283,6 +285,29 @@ async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothi
     assert [(m["id"], m["deliveryCount"]) for m in got] == [("m1", 1)]
     assert http.get("/api/stations/s/dls").json()["entries"] == []
     http.close()
+
+
+async def test_a_read_refused_for_want_of_read_budget_is_a_503(tmp_path: Path) -> None:
+    """A read that waited in vain for room in the read budget (pages other readers hold, here
+    the budget's count set as they would leave it) is refused with 503 and Retry-After: it was
+    a 500 "internal", the error middleware catching the refusal before the middleware that
+    answers it (found by a review)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from stations.api import make_app
+    from stations.domain.service import Service
+
+    svc = Service(sqlite_url(tmp_path), read_budget_bytes=1 << 20)
+    async with TestClient(TestServer(make_app(svc))) as client:
+        r = await client.put("/v1/stream/s", data=b"x", headers={"Content-Type": "text/plain"})
+        assert r.status == 201
+        svc.budget.wait_s = 0.2
+        svc.budget.used = svc.budget.limit  # held by readers that do not read
+        r = await client.get("/v1/stream/s", params={"offset": "-1"})
+        assert r.status == 503, await r.text()
+        assert r.headers["Retry-After"] == "1"
+        assert (await r.json())["error"]["code"] == "overloaded"
+        svc.budget.used = 0
 
 
 async def test_connection_cap_answers_503_and_readers_leave_room(

@@ -8,6 +8,7 @@ import logging
 from aiohttp import web
 
 from stations.domain import errors
+from stations.domain.budget import Overloaded
 from stations.domain.log import SequenceGap, StreamClosed
 from stations.domain.offsets import encode
 
@@ -76,6 +77,8 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
             "client %s disconnected during %s %s", request.remote, request.method, request.path
         )
         return error_response(400, "disconnected", "the client closed the connection")
+    except Overloaded:
+        raise  # the overload middleware, outside this one, answers 503 with Retry-After
     except Exception:
         # A bug: logged with its traceback, answered in the same JSON shape as every error.
         logger.exception("unexpected error on %s %s", request.method, request.path)

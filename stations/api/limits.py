@@ -186,9 +186,10 @@ class GuardedHandler(RequestHandler):
         if self._busy() or self.transport is None:
             return
         logger.info("closing a connection whose request head did not arrive in time")
-        self.transport.write(HEAD_TIMEOUT)
+        transport = self.transport  # force_close() lets go of it
+        transport.write(HEAD_TIMEOUT)
         self.force_close()
-        self.transport.close()
+        transport.close()
 
     def _body_timeout(self, payload: Any) -> None:
         if payload.is_eof():
