@@ -310,6 +310,27 @@ async def test_a_read_refused_for_want_of_read_budget_is_a_503(tmp_path: Path) -
         svc.budget.used = 0
 
 
+async def test_an_idle_sse_reader_holds_no_page_of_the_read_budget(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """A caught-up SSE reader waits for minutes: its last page (and the events built from it)
+    stayed charged to the read budget for the whole SSE lifetime, so a few idle readers of
+    big streams left no budget for anyone (found by a review)."""
+    server = spawn(sqlite_url(tmp_path), "--read-budget-mb", "16")
+    headers = {"Content-Type": "text/plain"}
+    r = httpx.put(f"{server.url}/v1/stream/big", content=b"y" * (3 << 20), headers=headers)
+    assert r.status_code == 201
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /v1/stream/big?offset=-1&live=sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    got = b""
+    while b'"upToDate":true' not in got:
+        got += await asyncio.wait_for(reader.read(1 << 20), 10)
+    await asyncio.sleep(0.3)
+    assert _metric(server.url, "stations_waiting_readers") == 1  # still there, waiting
+    assert _metric(server.url, "stations_read_budget_used_bytes") == 0
+    writer.close()
+
+
 async def test_connection_cap_answers_503_and_readers_leave_room(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:

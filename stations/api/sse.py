@@ -4,6 +4,7 @@ event; the server ends the connection after ``sse_lifetime_s`` so CDNs can colla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 
@@ -69,6 +70,9 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
             if result.closed:
                 break
             position = result.next
+            # Caught up, an SSE reader may wait for minutes: its last page must not stay held
+            # (and counted in the read budget) all that time.
+            del result
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -85,7 +89,8 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
             state = result.state
     except (ConnectionError, asyncio.CancelledError) as exc:
         reading.forget(exc)
-        del result  # this frame outlives the call in the exception's cycle
+        with contextlib.suppress(NameError):  # unless it was let go while waiting
+            del result  # this frame outlives the call in the exception's cycle
         return response
     await response.write_eof()
     return response
