@@ -331,6 +331,28 @@ async def test_an_idle_sse_reader_holds_no_page_of_the_read_budget(
     writer.close()
 
 
+@pytest.mark.parametrize("live", ["long-poll", "sse"])
+async def test_a_stream_with_a_live_reader_does_not_expire(
+    spawn: Callable[..., Server], tmp_path: Path, live: str
+) -> None:
+    """PROTOCOL.md §5.1: a live read resets the TTL when it begins, so a stream with active
+    live readers does not expire. The TTL was reset only when the wait ended: a 2 s stream
+    expired under a 4 s long-poll, which then answered 404 (found by a review)."""
+    server = spawn(
+        sqlite_url(tmp_path), "--long-poll-timeout-ms", "4000", "--sse-lifetime-ms", "4000"
+    )
+    url = f"{server.url}/v1/stream/short"
+    assert httpx.put(url, headers={**JSON, "Stream-TTL": "2"}).status_code == 201
+    tail = _tail(server.url, "short")
+    began = time.monotonic()
+    r = await asyncio.to_thread(
+        httpx.get, url, params={"offset": tail, "live": live}, timeout=15
+    )
+    assert r.status_code in (200, 204), r.text
+    assert time.monotonic() - began >= 3.5  # it waited out its whole time
+    assert httpx.head(url).status_code == 200  # and the stream lives on
+
+
 async def test_connection_cap_answers_503_and_readers_leave_room(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:

@@ -322,7 +322,16 @@ class Service:
                         del result  # its page is not held (nor budgeted) while it waits
                         await release
                         continue  # read again: the answer takes what came meanwhile
-                    if not await self.notifier.wait(woken, deadline - loop.time()):
+                    wait_s = deadline - loop.time()
+                    ttl = result.state.ttl_seconds
+                    if ttl is not None and wait_s > 0:
+                        # A stream with a live reader does not expire (PROTOCOL.md §5.1): its
+                        # TTL starts again when the wait does, and again every half TTL.
+                        await self.touch(result.state)
+                        wait_s = min(wait_s, max(ttl / 2, 0.5))
+                    if not await self.notifier.wait(woken, wait_s):
+                        if loop.time() < deadline:
+                            continue
                         return result
                 finally:
                     self.notifier.unsubscribe(name, woken)
