@@ -370,3 +370,19 @@ def test_auth_and_connection_exit_codes(srv: Server) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     failed(cli(None, "station", "ls", "--url", nobody), 6, f"cannot reach {nobody}")
     failed(cli(None, "station", "frobnicate"), 2, "frobnicate")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("--url", "http://127.0.0.1:99999", "--url"),
+        ("--url", "http://[::1", "--url"),
+        ("--url", "notaurl", "--url"),
+        ("--token", "abc\ndef", "--token"),  # read from a file with its line end
+        ("--token", "h\u00e9llo", "--token"),
+        ("--timeout", "-1", "--timeout"),
+    ],
+)
+def test_bad_connection_options_are_usage_errors(option: str, value: str, fragment: str) -> None:
+    """Each was a Python traceback (exit 1) or "cannot reach" (exit 6) before (review)."""
+    failed(cli(None, "station", "ls", option, value), 2, fragment)

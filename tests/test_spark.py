@@ -599,3 +599,21 @@ def test_spark_failures_become_one_line_with_the_fix() -> None:
     line = one_line(refused, "http://127.0.0.1:4437")
     assert line is not None and line.startswith("Spark executors cannot reach")
     assert "not 127.0.0.1 when executors run elsewhere" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"timeout": "abc"}, "option timeout"),
+        ({"timeout": "-5"}, "option timeout"),
+        ({"url": "http://127.0.0.1:99999"}, "option url"),
+        ({"url": "notaurl"}, "option url"),
+        ({"token": "a\nb"}, "option token"),
+        ({"producerIdPrefix": "p" * 300}, "option producerIdPrefix"),
+    ],
+)
+def test_connection_options_are_checked_and_named(options: dict[str, str], named: str) -> None:
+    """Found by a review: these failed deep inside (a float() or the transport), or only at the
+    server on the first write, without naming the option."""
+    with pytest.raises(ValueError, match=named):
+        Config.parse({"station": "s", **options})

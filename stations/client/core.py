@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from stations.client.errors import NotFound, StationNotFound, error_for
 
@@ -44,6 +44,25 @@ class Reply:
     def flag(self, name: str) -> bool:
         """A protocol boolean header: present only when exactly ``true`` (any case)."""
         return (self.headers.get(name) or "").lower() == "true"
+
+
+def check_server(url: str, token: str | None, timeout: float) -> None:
+    """What a connection needs, checked before any is made, so that a mistyped URL, a token
+    read with its line end, or a nonsense timeout is one clear ``ValueError`` naming what is
+    wrong, not an error from deep inside a transport."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a port out of range
+    except ValueError as exc:
+        raise ValueError(f"url {url!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url {url!r} must be http:// or https:// and name a host")
+    if port == 0:
+        raise ValueError(f"url {url!r} has port 0")
+    if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+        raise ValueError("token must be visible ASCII characters (no spaces or line ends)")
+    if not timeout > 0 or timeout == float("inf"):
+        raise ValueError(f"timeout must be a positive number of seconds (got {timeout})")
 
 
 def path_segment(name: str) -> str:

@@ -64,6 +64,13 @@ def is_management(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Run a management command; every failure is one ``stations: error: ...`` line."""
+    from stations.client.core import check_server
+
+    try:
+        check_server(args.url, args.token, args.timeout)
+    except ValueError as exc:
+        print(f"stations: error: --{exc}", file=sys.stderr)
+        return exit_code(Usage(str(exc)))
     try:
         return asyncio.run(_run(args))
     except Usage as exc:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stations.client.blocking import BlockingHttp
-from stations.client.core import DEFAULT_URL, path_segment, stream_path
+from stations.client.core import DEFAULT_URL, check_server, path_segment, stream_path
 from stations.client.errors import ConnectionFailed, StationNotFound
 from stations.client.retry import RetryPolicy
 from stations.spark.offsets import position
@@ -17,6 +17,8 @@ from stations.spark.offsets import position
 NAME = "stations"
 MAX_PAGE = 1000  # the server's limit for one browse / DLS page
 MAX_MESSAGES_PER_POST = 10_000  # the server's limit for one produce request
+# A producer id is the prefix, the query and the partition: the server takes 256 characters.
+MAX_PRODUCER_PREFIX = 128
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -95,11 +97,26 @@ class Config:
                     position(value)
                 except ValueError as exc:
                     raise ValueError(f"option {name}: {exc}") from None
+        url = (opts.get("url") or os.environ.get("STATIONS_URL") or DEFAULT_URL).rstrip("/")
+        token = opts.get("token") or os.environ.get("STATIONS_TOKEN") or None
+        try:
+            timeout = float(opts.get("timeout", "60"))
+        except ValueError:
+            raise ValueError(f"option timeout must be a number (got {opts['timeout']!r})") from None
+        try:
+            check_server(url, token, timeout)
+        except ValueError as exc:
+            raise ValueError(f"option {exc}") from None
+        prefix = opts.get("produceridprefix", "spark")
+        if not 1 <= len(prefix) <= MAX_PRODUCER_PREFIX:
+            raise ValueError(
+                f"option producerIdPrefix must be 1 to {MAX_PRODUCER_PREFIX} characters"
+            )
         return cls(
-            url=(opts.get("url") or os.environ.get("STATIONS_URL") or DEFAULT_URL).rstrip("/"),
+            url=url,
             station=station,
-            token=opts.get("token") or os.environ.get("STATIONS_TOKEN") or None,
-            timeout=float(opts.get("timeout", "60")),
+            token=token,
+            timeout=timeout,
             starting=starting,
             ending=ending,
             num_partitions=_int(opts, "numpartitions", 4, 1, 100_000),
@@ -113,7 +130,7 @@ class Config:
             data_column=opts.get("datacolumn", "data"),
             headers_column=opts.get("headerscolumn", "headers"),
             chunk_size=_int(opts, "chunksize", 1000, 1, MAX_MESSAGES_PER_POST),
-            producer_prefix=opts.get("produceridprefix", "spark"),
+            producer_prefix=prefix,
             report_path=opts.get("reportpath") or None,
             cursor=opts.get("cursor") or None,
         )

@@ -286,7 +286,10 @@ def _check_station(args: argparse.Namespace, *, create: bool) -> None:
     when an existing station's window is shorter than asked."""
     from stations.spark.options import Config
 
-    cfg = Config.parse(_options(args, args.station))
+    try:
+        cfg = Config.parse(_options(args, args.station))
+    except ValueError as exc:
+        raise PipelineError(str(exc).replace("option ", "--", 1)) from None
     try:
         with cfg.http() as http:
             try:
