@@ -363,6 +363,45 @@ def test_pipeline_ingest_of_parquet_with_repeated_ids(
     assert stats(api, name)["messages"] == unique
 
 
+def test_pipeline_ingest_reads_ids_as_the_text_they_are(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    """Re-running an ingest over a directory that grew stores only the new rows: with the id
+    column's type inferred, CSV ids 001-003 were read as numbers (1-3) in the first run and as
+    text once a file with A04 came, JSON ids 1 and 2 as 1.0 and 2.0 once 2.5 came, and every
+    old row was stored again (found by a review)."""
+    for fmt, first, more, second in (
+        ("csv", "order_id,total\n001,10\n002,20\n003,30\n", "order_id,total\nA04,40\n", 4),
+        ("json", '{"order_id": 1, "t": 1}\n{"order_id": 2, "t": 2}\n', '{"order_id": 2.5}\n', 3),
+    ):
+        folder = tmp_path / fmt
+        folder.mkdir()
+        (folder / f"a.{fmt}").write_text(first)
+        name = f"ingest-{uuid.uuid4().hex[:8]}"
+        args = ["ingest", "--from", str(folder), "--format", fmt, "--station", name]
+        args += ["--msg-id-column", "order_id", "--url", srv.url]
+        with redirect_stdout(io.StringIO()):
+            assert pipeline.main(args, spark=spark) == 0
+        (folder / f"b.{fmt}").write_text(more)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert pipeline.main(args, spark=spark) == 0
+        assert f"{second} rows read, 1 stored, {second - 1} duplicates" in out.getvalue()
+        ids = sorted(m["id"] for m in all_messages(api, name))
+        assert ids == (["001", "002", "003", "A04"] if fmt == "csv" else ["1", "2", "2.5"])
+
+
+def test_pipeline_ingest_of_nothing_readable_is_one_line(
+    spark: SparkSession, srv: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    args = ["ingest", "--from", str(tmp_path / "empty"), "--format", "parquet"]
+    args += ["--station", f"ingest-{uuid.uuid4().hex[:8]}", "--url", srv.url, "--allow-duplicates"]
+    assert pipeline.main(args, spark=spark) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Spark cannot read it" in err[0], err
+
+
 def test_pipeline_export_of_the_dls(
     spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
 ) -> None:

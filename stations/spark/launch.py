@@ -74,7 +74,14 @@ def spark_session(app: str, master: str, conf_items: list[str]) -> Iterator[Spar
     for key, value in confs.items():
         builder = builder.config(key, value)
     try:
-        session = builder.getOrCreate()
+        try:
+            session = builder.getOrCreate()
+        except Exception as exc:  # no Java, a bad --master, ...: Spark's own words, in one line
+            words = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise PipelineError(
+                f"Spark did not start (master {master}): {words}; it needs Java 17 or newer "
+                "(java on the PATH, or JAVA_HOME)"
+            ) from None
         session.sparkContext.setLogLevel("ERROR")
         try:
             yield session

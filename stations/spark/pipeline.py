@@ -34,7 +34,9 @@ from stations.spark.launch import PipelineError, run_spark, spark_session
 from stations.spark.progress import progress
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+
+    from stations.spark.options import Config
 
 FORMATS = ("parquet", "json", "csv")
 # The server's largest idempotencyWindowMs (24 h): how long a station remembers message ids.
@@ -282,35 +284,25 @@ def _partitions(spark: SparkSession, args: argparse.Namespace) -> int:
 
 def _check_station(args: argparse.Namespace, *, create: bool) -> None:
     """Fail early, in one line, when the server is unreachable or the station is missing;
-    with ``create``, make a missing station whose window covers re-runs (``--window``); warn
-    when an existing station's window is shorter than asked."""
-    from stations.spark.options import Config
-
+    with ``create``, a missing station is made once the source proved readable
+    (``_create_station``); warn when an existing station's window is shorter than asked."""
+    args.create_station = False
     try:
-        cfg = Config.parse(_options(args, args.station))
-    except ValueError as exc:
-        raise PipelineError(str(exc).replace("option ", "--", 1)) from None
-    try:
-        with cfg.http() as http:
+        with _config(args).http() as http:
             try:
-                view = http.call("GET", cfg.api_path, what=f"station {args.station}").json()
+                view = http.call("GET", _config(args).api_path, what=f"station {args.station}")
             except StationNotFound:
                 if not create:
                     raise PipelineError(
                         f"station {args.station} does not exist at {args.url}"
                     ) from None
-                body = {"name": args.station, "idempotencyWindowMs": args.window}
-                http.call("POST", "/api/stations", body, what=f"create station {args.station}")
-                print(
-                    f"created station {args.station} (ids remembered for {_duration(args.window)})",
-                    file=sys.stderr,
-                )
+                args.create_station = True
                 return
     except ConnectionFailed as exc:
         raise PipelineError(f"cannot reach {args.url}: {exc}") from None
     except StationsError as exc:
         raise PipelineError(str(exc)) from None
-    window = view.get("idempotencyWindowMs")
+    window = view.json().get("idempotencyWindowMs")
     if args.job == "ingest" and isinstance(window, int) and window < args.window:
         print(
             f"stations pipeline: warning: station {args.station} remembers message ids for "
@@ -321,16 +313,46 @@ def _check_station(args: argparse.Namespace, *, create: bool) -> None:
         )
 
 
+def _config(args: argparse.Namespace) -> Config:
+    from stations.spark.options import Config
+
+    try:
+        return Config.parse(_options(args, args.station))
+    except ValueError as exc:
+        raise PipelineError(str(exc).replace("option ", "--", 1)) from None
+
+
+def _create_station(args: argparse.Namespace) -> None:
+    """The station ``ingest`` makes when it is missing, with a window that covers re-runs
+    (``--window``)."""
+    body = {"name": args.station, "idempotencyWindowMs": args.window}
+    try:
+        with _config(args).http() as http:
+            http.call("POST", "/api/stations", body, what=f"create station {args.station}")
+    except ConnectionFailed as exc:
+        raise PipelineError(f"cannot reach {args.url}: {exc}") from None
+    except StationsError as exc:
+        raise PipelineError(str(exc)) from None
+    print(
+        f"created station {args.station} (ids remembered for {_duration(args.window)})",
+        file=sys.stderr,
+    )
+
+
 def _ingest(spark: SparkSession, args: argparse.Namespace) -> Summary:
     reader = spark.read.format(args.format)
     if args.format == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")
-    df = reader.load(args.source)
+    df = _load(reader, args.source)
     if args.msg_id_column and args.msg_id_column not in df.columns:
         raise PipelineError(
             f"--msg-id-column {args.msg_id_column} is not a column of {args.source} "
             f"(columns: {', '.join(df.columns)})"
         )
+    if args.msg_id_column and args.format in ("csv", "json"):
+        df = _ids_as_text(reader, df, args)
+    if getattr(args, "create_station", False):
+        _create_station(args)
     parts = _partitions(spark, args)
     with _conf(spark, "spark.sql.files.minPartitionNum", str(parts)):
         # Split the files themselves (no shuffle, file order kept within a task); a file that
@@ -338,6 +360,32 @@ def _ingest(spark: SparkSession, args: argparse.Namespace) -> Summary:
         if df.rdd.getNumPartitions() < parts:
             df = df.repartition(parts)
         return _ingest_job(spark, args, df)
+
+
+def _load(reader: DataFrameReader, source: str) -> DataFrame:
+    try:
+        return reader.load(source)
+    except Exception as exc:  # AnalysisException: nothing to read, no schema to infer, ...
+        if type(exc).__name__ != "AnalysisException":
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipelineError(f"--from {source}: Spark cannot read it: {first}") from None
+
+
+def _ids_as_text(reader: DataFrameReader, df: DataFrame, args: argparse.Namespace) -> DataFrame:
+    """The id column read as the text it is in the files. Inferred, its type follows every
+    file of the run: ``001`` read as the number 1 in one run and as the text ``001`` in the
+    next (a file with ``A04`` came), and ids stored once would be new ids again."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = df.schema
+    if isinstance(schema[args.msg_id_column].dataType, StringType):
+        return df
+    fields = [
+        StructField(f.name, StringType(), f.nullable) if f.name == args.msg_id_column else f
+        for f in schema.fields
+    ]
+    return _load(reader.schema(StructType(fields)), args.source)
 
 
 def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) -> Summary:
