@@ -656,3 +656,27 @@ def test_connection_options_are_checked_and_named(options: dict[str, str], named
     server on the first write, without naming the option."""
     with pytest.raises(ValueError, match=named):
         Config.parse({"station": "s", **options})
+
+
+def test_a_latest_start_is_the_same_each_time_spark_asks(srv: Server, api: httpx.Client) -> None:
+    """Spark asks for the initial offset when it plans batch 0 and again when it runs it (and
+    when a restart replays it). "latest" answered the tail of each moment, so messages
+    appended in between were never read (found by a review). With ``cursor`` the answer is
+    kept on the server and a new reader of the same query starts there too."""
+    from pyspark.sql.types import StructType
+
+    from stations.spark.stream_read import StationsStreamReader
+
+    name = new_station(api)
+    produce(api, name, [{"data": k} for k in range(3)])
+    for options in ({}, {"cursor": "q1"}):
+        cfg = Config.parse({"url": srv.url, "station": name, "startingOffset": "latest", **options})
+        reader = StationsStreamReader(cfg, StructType())
+        first = reader.initialOffset()
+        produce(api, name, [{"data": k} for k in range(5)])
+        assert reader.initialOffset() == first
+        restarted = StationsStreamReader(cfg, StructType())
+        if options:
+            assert restarted.initialOffset() == first
+        else:  # a reader without a cursor has nothing that outlives it
+            assert restarted.initialOffset() != first

@@ -19,9 +19,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from stations.client.core import path_segment
-from stations.client.errors import StationsError
+from stations.client.errors import NotFound, StationsError
 from stations.client.models import is_json_type
-from stations.spark.offsets import OffsetRange, offset_dict, position, split
+from stations.spark.offsets import OffsetRange, offset_dict, position, split, token
 from stations.spark.options import Config, station_view
 from stations.spark.read import first_position, message_batches, tail
 
@@ -29,7 +29,7 @@ logger = logging.getLogger("stations.spark")
 
 
 class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Nothing is kept here but the ``availableNow`` target."""
+    """Nothing is kept here but the ``availableNow`` target and the initial offset."""
 
     def __init__(self, cfg: Config, schema: StructType) -> None:
         if cfg.dls:
@@ -39,11 +39,31 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.is_json = is_json_type(station_view(cfg)["contentType"])
         self._target: int | None = None
         self._cursor_at: str | None = None
+        self._initial: dict[str, str] | None = None
 
     def initialOffset(self) -> dict[str, str]:
-        if self.cfg.starting == "latest":
-            return offset_dict(tail(self.cfg))
-        return offset_dict(position(self.cfg.starting))
+        # Spark asks again when it runs batch 0 (and when a restart replays it): "latest"
+        # must answer what it answered when the batch was planned, or the messages appended
+        # in between are never read. Kept here for this run; with ``cursor``, also on the
+        # server, so a query restarted before batch 0 committed starts where it first did.
+        if self._initial is None:
+            self._initial = offset_dict(self._initial_position())
+        return self._initial
+
+    def _initial_position(self) -> int:
+        if self.cfg.starting != "latest":
+            return position(self.cfg.starting)
+        if self.cfg.cursor is None:
+            return tail(self.cfg)
+        path = f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor)}"
+        with self.cfg.http() as http:
+            try:
+                return position(http.call("GET", path, what="the cursor").json()["offset"])
+            except NotFound:
+                at = tail(self.cfg)
+                http.call("PUT", path, {"offset": token(at)}, what="store the cursor")
+                self._cursor_at = token(at)
+                return at
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.cfg.max_per_trigger is not None:
