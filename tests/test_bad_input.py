@@ -196,6 +196,36 @@ def test_odd_cursor_is_not_an_error(client: httpx.Client, txt: str, cursor: str)
     assert len(r.headers["Stream-Cursor"]) <= 20
 
 
+def test_a_cursor_echoed_back_never_goes_backwards(client: httpx.Client, txt: str) -> None:
+    """Found by a review: an echoed 999999999999999990 came back with 19 digits, which the next
+    request ignored, and the answer after that was the current interval: backwards."""
+    tail = client.head(txt).headers["Stream-Next-Offset"]
+    echoed = "999999999999999990"
+    for _ in range(3):
+        r = client.get(txt, params={"offset": tail, "live": "long-poll", "cursor": echoed})
+        assert r.status_code == 204, r.text
+        assert int(r.headers["Stream-Cursor"]) >= int(echoed)
+        echoed = r.headers["Stream-Cursor"]
+
+
+@pytest.mark.parametrize(
+    "header", ["W/{etag}", '"x", {etag}', "*", 'W/{etag} , "y"'], ids=short_id
+)
+def test_if_none_match_compares_weakly_and_takes_lists(
+    client: httpx.Client, txt: str, header: str
+) -> None:
+    """RFC 9110 §13.1.2: only an exact single tag got its 304 before (found by a review)."""
+    client.post(txt, content=b"hello", headers={"Content-Type": "text/plain"})
+    first = client.get(txt, params={"offset": "-1"})
+    etag = first.headers["ETag"]
+    again = client.get(
+        txt, params={"offset": "-1"}, headers={"If-None-Match": header.format(etag=etag)}
+    )
+    assert again.status_code == 304, again.text
+    other = client.get(txt, params={"offset": "-1"}, headers={"If-None-Match": '"nope"'})
+    assert other.status_code == 200
+
+
 # -- create: TTL, Expires-At, content type, forks ---------------------------------------------
 
 BAD_TTLS = [

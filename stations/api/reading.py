@@ -28,6 +28,7 @@ CHUNK = 64 * 1024  # one write; aiohttp drains the transport after each 64 KiB w
 CURSOR_EPOCH = datetime(2024, 10, 9).timestamp()
 CURSOR_INTERVAL_S = 20
 _CURSOR = re.compile(r"^[0-9]{1,18}$")
+MAX_CURSOR = 10**18 - 1
 
 # Bodies built from a page, by (id of the page, kind); each lives exactly as long as its page.
 _built: dict[tuple[int, str], bytes] = {}
@@ -38,7 +39,10 @@ def cursor(client_cursor: str | None) -> str:
     current = int((time.time() - CURSOR_EPOCH) // CURSOR_INTERVAL_S)
     # A cursor is only an echo: anything but a plausible interval number is ignored.
     if client_cursor and _CURSOR.match(client_cursor) and int(client_cursor) >= current:
-        return str(int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S))
+        # Capped at the largest cursor taken back: one past it would be ignored when echoed,
+        # and the next answer would go back to the current interval.
+        ahead = int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S)
+        return str(min(ahead, MAX_CURSOR))
     return str(current)
 
 

@@ -299,6 +299,16 @@ def _etag(result: ReadResult) -> str:
     return f'"{tag}"'
 
 
+def _none_match(header: str | None, etag: str) -> bool:
+    """RFC 9110 §13.1.2: ``*`` or any listed tag equal to ours by weak comparison (a ``W/``
+    prefix does not count), so caches and clients that weaken or list tags get their 304."""
+    if not header:
+        return False
+    if header.strip() == "*":
+        return True
+    return any(t.strip().removeprefix("W/") == etag for t in header.split(","))
+
+
 def _read_headers(response: web.StreamResponse, result: ReadResult) -> None:
     _stream_headers(response, result.state)
     response.headers["Stream-Next-Offset"] = encode(result.next)
@@ -353,7 +363,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         response.headers["Cache-Control"] = "no-store"
         return response
     etag = _etag(result)
-    if request.headers.get("If-None-Match") == etag:
+    if _none_match(request.headers.get("If-None-Match"), etag):
         response = web.Response(status=304)
         response.headers["ETag"] = etag
         response.headers["Stream-Next-Offset"] = encode(result.next)
