@@ -36,6 +36,9 @@ from stations.store.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")
 MAX_FETCH = 1000
+# A fetch's answer carries at most about this much message data (a browse page's size), so
+# large messages cannot make one answer of a thousand of them.
+MAX_FETCH_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -246,17 +249,31 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
             del picked[seq]
     start = max(group.cursor, state.head)
     last = min(state.tail, start + max_count - len(picked))
+    wanted = sorted([*picked, *range(start + 1, last + 1)])
+    # The answer holds at most MAX_FETCH_BYTES of data (always one message): what does not
+    # fit is not leased, and waits for the next fetch.
+    pieces = reads.pieces_at(batch.conn, state, wanted)
+    size = 0
+    for k, piece in enumerate(pieces):
+        size += len(piece[1])
+        if size > MAX_FETCH_BYTES and k:
+            del pieces[k:]
+            wanted = [seq for seq in wanted if seq < piece[0]]
+            break
+    last = wanted[-1] if wanted and wanted[-1] > start else start
     new = range(start + 1, last + 1)
     deadline = batch.now + group.max_ack_time_ms
     if new:
         store.lease_new(batch.conn, group.id, start + 1, last, consumer, deadline)
         group.cursor = last
-    if picked:
-        store.lease_again(batch.conn, group.id, list(picked), consumer, deadline)
-    counts = {seq: count + 1 for seq, count in picked.items()} | dict.fromkeys(new, 1)
-    out = []
-    for seq, data, msg_id, headers, _ in reads.pieces_at(batch.conn, state, sorted(counts)):
-        out.append(Delivered(seq, msg_id, headers, data, counts[seq], deadline))
+    again = [seq for seq in wanted if seq in picked]
+    if again:
+        store.lease_again(batch.conn, group.id, again, consumer, deadline)
+    counts = {seq: picked[seq] + 1 for seq in again} | dict.fromkeys(new, 1)
+    out = [
+        Delivered(seq, msg_id, headers, data, counts[seq], deadline)
+        for seq, data, msg_id, headers, _ in pieces
+    ]
     if len(out) < len(counts):  # dropped by retention while waiting: nothing left to deliver
         found = {d.seq for d in out}
         store.forget(batch.conn, group.id, [s for s in counts if s not in found])
