@@ -386,3 +386,17 @@ def test_auth_and_connection_exit_codes(srv: Server) -> None:
 def test_bad_connection_options_are_usage_errors(option: str, value: str, fragment: str) -> None:
     """Each was a Python traceback (exit 1) or "cannot reach" (exit 6) before (review)."""
     failed(cli(None, "station", "ls", option, value), 2, fragment)
+
+
+def test_produce_failing_midway_says_what_was_stored(srv: Server, http: httpx.Client) -> None:
+    """Stdin goes out in batches: a bad line after some were stored printed only the error,
+    with exit 2 ("the server never saw it"), and a run again stored those again (review)."""
+    ok(cli(srv, "station", "create", "cli-partial"))
+    lines = "".join(f'{{"n": {k}}}\n' for k in range(549)) + "oops\n" + '{"n": 550}\n'
+    proc = cli(srv, "produce", "cli-partial", stdin=lines)
+    stored = http.get("/api/stations/cli-partial").json()["stats"]["messages"]
+    assert 0 < stored < 550
+    line = failed(proc, 1, "line 550", f"the {stored} messages before it were stored")
+    assert f"through offset {stored - 1:016d}_" in line
+    listed = table(proc.stdout)
+    assert listed[0] == ["OFFSET", "ID", "DUPLICATE"] and len(listed) == stored + 1

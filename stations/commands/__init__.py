@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from stations.commands import dls, group, produce, read, station
-from stations.commands.base import EXIT_CODES_HELP, Usage, exit_code
+from stations.commands.base import EXIT_CODES_HELP, Refused, Usage, exit_code
 
 if TYPE_CHECKING:
     from stations.client import Client
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return exit_code(Usage(str(exc)))
     try:
         return asyncio.run(_run(args))
-    except Usage as exc:
+    except (Usage, Refused) as exc:
         print(f"stations: error: {exc}", file=sys.stderr)
         return exit_code(exc)
     except KeyboardInterrupt:

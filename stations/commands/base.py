@@ -18,7 +18,8 @@ EXIT_AUTH = 5  # no token, an unknown one, or one that does not reach the statio
 EXIT_UNAVAILABLE = 6  # no answer, a server error (5xx) or overload (429)
 
 EXIT_CODES_HELP = (
-    "exit codes: 0 ok, 1 request refused (bad input), 2 usage error, 3 not found, "
+    "exit codes: 0 ok, 1 request refused (bad input; also input refused after part of it "
+    "was stored, which is listed), 2 usage error, 3 not found, "
     "4 conflict, 5 unauthorized or forbidden, 6 server error or unreachable"
 )
 
@@ -27,7 +28,14 @@ class Usage(Exception):
     """A command line the server never sees: exit code 2."""
 
 
+class Refused(Exception):
+    """Input refused after part of it was sent and stored: exit code 1, not 2 (the server
+    did see the command)."""
+
+
 def exit_code(exc: BaseException) -> int:
+    if isinstance(exc, Refused):
+        return EXIT_REFUSED
     if isinstance(exc, Usage):
         return EXIT_USAGE
     from stations.client import ConnectionFailed

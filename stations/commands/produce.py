@@ -10,7 +10,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from stations.commands.base import Usage, dumps, print_table
+from stations.client.errors import StationsError
+from stations.commands.base import Refused, Usage, dumps, print_table
 
 if TYPE_CHECKING:
     from stations.client import Client, NewMessage
@@ -135,16 +136,31 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
     messages = _messages(args, info.is_json, _payloads(args))
     if args.data:
         messages = iter(list(messages))
-    for message in messages:
-        batch.append(message)
-        if len(batch) >= BATCH:
+    try:
+        for message in messages:
+            batch.append(message)
+            if len(batch) >= BATCH:
+                await send()
+        if batch:
             await send()
-    if batch:
-        await send()
+    except (Usage, StationsError) as exc:
+        if not rows:
+            raise
+        # What was stored before the failure is said, so that a run again (without ids it
+        # would store those messages twice) can start after it.
+        _print_rows(args, rows)
+        raise Refused(
+            f"{exc}; the {len(rows)} messages before it were stored, through offset "
+            f"{rows[-1][0]}"
+        ) from None
     if not rows:
         raise Usage("no messages: give DATA arguments or lines on stdin")
+    _print_rows(args, rows)
+    return 0
+
+
+def _print_rows(args: argparse.Namespace, rows: list[tuple[str, str | None, bool]]) -> None:
     if not args.json:
         print_table(
             ["OFFSET", "ID", "DUPLICATE"], [[o, i, "yes" if d else "no"] for o, i, d in rows]
         )
-    return 0
