@@ -143,6 +143,49 @@ async def test_stale_lease_fails_everything(api: Api) -> None:
     assert ok["produced"][0]["duplicate"] is False
 
 
+async def test_a_message_delivered_again_after_a_seek_or_replay_is_another_lease(
+    api: Api,
+) -> None:
+    """A seek and a DLS replay deliver a message again from delivery count 1: station, group,
+    offset and count were the same as the first delivery's, and a transaction of the first
+    delivery committed (the current one's then failed). The fetch's ackDeadline tells them
+    apart (found by a review)."""
+    src, out = await api.station(), await api.station()
+    await api.produce(src, [{"n": 1}])
+
+    def held(m: dict[str, Any]) -> dict[str, Any]:
+        return {**lease(src, "g", m), "ackDeadline": m["ackDeadline"]}
+
+    await api.put_group(src, "g", maxAckTimeMs=300, maxMsgDeliveries=1)
+    first = await api.fetch(src, "g", max=1)
+    r = await api.c.post(f"/api/stations/{src}/groups/g/seek", json={"to": "earliest"})
+    assert r.status_code == 200, r.text
+    again = await api.fetch(src, "g", max=1)
+    assert (again[0]["offset"], again[0]["deliveryCount"]) == (first[0]["offset"], 1)
+    stale = {"ack": [held(first[0])], "produce": [{"station": out, "data": "stale"}]}
+    r = await api.c.post("/api/transactions", json=stale)
+    assert r.status_code == 409 and field_of(r) == "ack.0.offset", r.text
+    assert "another delivery" in r.json()["error"]["message"]
+    # The lease expires (its last delivery: to the DLS) and a replay delivers it again.
+    await until_past(again[0]["ackDeadline"])
+    deadline = time.monotonic() + 10
+    while not await api.dls_entries(src, "g"):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    assert await api.replay(src, {"all": True}) == 1
+    third = await api.fetch(src, "g", max=1)
+    assert (third[0]["offset"], third[0]["deliveryCount"]) == (first[0]["offset"], 1)
+    for old in (first[0], again[0]):
+        r = await api.c.post("/api/transactions", json={"ack": [held(old)]})
+        assert r.status_code == 409, r.text
+    answer = await tx(api, {"ack": [held(third[0])], "produce": [{"station": out, "data": 1}]})
+    assert answer["acked"] == 1
+    assert [m["data"] for m in await api.browse(out)] == [1]
+    bad = {"ack": [{**held(third[0]), "ackDeadline": "soon"}]}
+    r = await api.c.post("/api/transactions", json=bad)
+    assert r.status_code == 400 and field_of(r) == "ack.0.ackDeadline", r.text
+
+
 async def test_duplicates_inside_a_transaction(api: Api) -> None:
     src, out = await api.station(), await api.station()
     before = await api.produce(out, [{"old": True}], ids=["seen"])
@@ -371,6 +414,23 @@ async def test_sdk_transaction(shared: Server) -> None:
                 tx.ack(batch[3])
                 tx.produce(target, {"n": 3}, msg_id="t-0")  # a duplicate, reported
             assert tx.result is not None and tx.result.produced[0].duplicate
+            # After a seek the same message comes again as delivery 1: the SDK names the lease
+            # by its deadline too, so the earlier delivery's transaction is refused.
+            await source.produce_many([{"n": 4}])
+            (before,) = await consumer.fetch()
+            await consumer.seek(before.offset)
+            (after,) = await consumer.fetch()
+            assert (after.offset, after.delivery_count) == (before.offset, 1)
+            tx = consumer.transaction()
+            tx.ack(before)
+            try:
+                await tx.commit()
+                raise AssertionError("the earlier delivery's lease committed")
+            except Conflict as exc:
+                assert "another delivery" in str(exc)
+            async with consumer.transaction() as tx:
+                tx.ack(after)
+            assert tx.result is not None and tx.result.acked == 1
         page = await target.browse()
         assert [m.data for m in page.messages] == [{"n": 0}, "raw"]
         assert page.messages[0].msg_id == "t-0" and page.messages[0].headers == {"h": "1"}

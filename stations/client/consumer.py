@@ -42,6 +42,9 @@ class Message:
     delivery_count: int
     ack_deadline: datetime | None
     _consumer: Consumer = field(repr=False)
+    # The ackDeadline as the server wrote it: with the offset and count it names this lease
+    # (a seek or replay delivers the message again from count 1, with another deadline).
+    lease: str | None = field(default=None, repr=False)
 
     async def ack(self, *, wait: bool = False) -> bool | None:
         """Queue the ack (batched). With ``wait=True`` send it now-ish and return True when the
@@ -149,6 +152,7 @@ class Consumer:
             delivery_count=view.get("deliveryCount", 1),
             ack_deadline=_time(view.get("ackDeadline")),
             _consumer=self,
+            lease=view.get("ackDeadline"),
         )
 
     async def _call(

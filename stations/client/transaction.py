@@ -57,6 +57,9 @@ class _Message(Protocol):
     def delivery_count(self) -> int: ...
 
     @property
+    def lease(self) -> str | None: ...
+
+    @property
     def _consumer(self) -> _Consumer: ...
 
 
@@ -82,7 +85,7 @@ def _lease(msg: _Message) -> dict[str, Any]:
         "group": consumer.group,
         "offset": msg.offset,
         "deliveryCount": msg.delivery_count,
-    }
+    } | ({"ackDeadline": msg.lease} if msg.lease else {})
 
 
 class Transaction:

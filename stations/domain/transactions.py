@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from stations.domain import groups, messages
@@ -41,6 +42,7 @@ class Settle:
     group: str
     seq: int
     delivery_count: int | None = None
+    deadline: int | None = None  # the fetch's ackDeadline: tells this lease from later ones
     delay_ms: int = 0
     reason: str | None = None
 
@@ -145,7 +147,7 @@ def parse(raw: Any) -> TxRequest:
             item = _object(
                 value,
                 name,
-                {"station", "group", "offset", "deliveryCount", *extra},
+                {"station", "group", "offset", "deliveryCount", "ackDeadline", *extra},
                 {"station", "group", "offset"},
             )
             station = _station_name(item["station"], f"{name}.station", names)
@@ -167,6 +169,8 @@ def parse(raw: Any) -> TxRequest:
                 settle.delivery_count = _int(
                     item["deliveryCount"], f"{name}.deliveryCount", 1, 10**6
                 )
+            if "ackDeadline" in item:
+                settle.deadline = _deadline(item["ackDeadline"], f"{name}.ackDeadline")
             if verb == "nack":
                 settle.delay_ms = _int(item.get("delayMs", 0), f"{name}.delayMs", 0, MAX_DELAY_MS)
             if verb == "deadLetter":
@@ -247,9 +251,26 @@ def _check_leases(
                 raise _stale(s, "has expired")
             if s.delivery_count is not None and s.delivery_count != count:
                 raise _stale(s, f"moved on: it is now delivery {count}")
+            # A seek or a DLS replay delivers a message again from count 1: the deadline is
+            # what tells that lease from the one the request was given.
+            if s.deadline is not None and s.deadline != due:
+                raise _stale(s, "is another delivery of this message (a seek or replay)")
             if req.consumer is not None and consumer != req.consumer:
                 raise _stale(s, "moved to another consumer")
     return ids
+
+
+def _deadline(value: Any, field: str) -> int:
+    """An ``ackDeadline`` as a fetch answers it (ISO 8601, UTC, milliseconds): epoch ms."""
+    if not isinstance(value, str) or not value.isascii():
+        raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            raise BadRequest(f"{field} needs a time zone (the fetch answers one)", field)
+        return round(when.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field) from None
 
 
 def _appends(
