@@ -152,3 +152,35 @@ def test_a_group_body_that_is_not_an_object_is_refused(client: httpx.Client, bod
     assert answer.status_code == 400, answer.text
     assert "JSON object" in answer.json()["error"]["message"]
     assert client.get(f"/api/stations/{name}/groups").json()["groups"] == []
+
+
+def test_sse_on_text_keeps_a_character_split_between_appends(client: httpx.Client) -> None:
+    """A text stream takes bytes as they come: a character split between two appends was
+    written as two replacement characters when the halves fell in two SSE events (review)."""
+    name = f"fz-{uuid.uuid4().hex[:8]}"
+    path = f"/v1/stream/{name}"
+    assert client.put(path, headers={"Content-Type": "text/plain"}).status_code == 201
+    texts: list[str] = []
+    with client.stream("GET", path, params={"offset": "-1", "live": "sse"}) as r:
+        lines = r.iter_lines()
+
+        def next_event() -> tuple[str, str]:
+            kind, data = "", []
+            for line in lines:
+                if line.startswith("event:"):
+                    kind = line.split(":", 1)[1].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:])
+                elif not line and kind:
+                    return kind, "\n".join(data)
+            raise AssertionError("the SSE response ended")
+
+        assert next_event()[0] == "control"
+        for part in (b"price \xe2\x82", b"\xac 5"):
+            r2 = client.post(path, content=part, headers={"Content-Type": "text/plain"})
+            assert r2.status_code in (200, 204), r2.text
+            kind, data = next_event()
+            while kind != "control":
+                texts.append(data)
+                kind, data = next_event()
+    assert "".join(texts) == "price \u20ac 5", texts

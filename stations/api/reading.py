@@ -9,6 +9,7 @@ read holds at most a chunk or two in the transport beside the shared page.
 from __future__ import annotations
 
 import base64
+import codecs
 import random
 import re
 import time
@@ -75,6 +76,40 @@ def _cached(
 def sse_data(request: web.Request, result: ReadResult, event: Callable[[str, str], bytes]) -> bytes:
     """The ``data`` event of a page, built once per page."""
     return _cached("sse", request, result, lambda: event("data", sse_payload(result.state, result)))
+
+
+class TextCarry:
+    """A text stream's bytes are whatever was appended: a character may be split between two
+    appends, and so between two SSE events. Each SSE connection keeps the bytes of a character
+    its last event ended inside and puts them before the next page's, instead of writing the
+    halves as two replacement characters."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def data(
+        self, request: web.Request, result: ReadResult, event: Callable[[str, str], bytes]
+    ) -> bytes:
+        raw = b"".join(result.parts)
+        if not self.pending and _complete_utf8(raw):
+            return sse_data(request, result, event)  # the common case: shared with others
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(self.pending + raw)
+        self.pending = decoder.getstate()[0]
+        return event("data", text) if text else b""
+
+
+def _complete_utf8(raw: bytes) -> bool:
+    """Whether ``raw`` does not end inside a character (its last lead byte has its
+    continuation bytes)."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte < 0x80:
+            return True
+        if byte >= 0xC0:  # a lead byte: 2, 3 or 4 bytes long
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back >= need
+    return True
 
 
 def forget(exc: BaseException) -> None:

@@ -40,13 +40,19 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
         response.headers["Stream-SSE-Data-Encoding"] = "base64"
     await response.prepare(request)
     client_cursor = request.query.get("cursor")
+    carry = reading.TextCarry() if ct.startswith("text/") and not is_json_type(ct) else None
     result, opening = first, True
     del first  # a page is held (and counted in the memory budget) only while it is sent
     try:
         while True:
             # A data event and its control event go out back to back, with no await between
             # them when both are small; large data events go out in drained chunks.
-            data = reading.sse_data(request, result, _event) if result.count else b""
+            data = b""
+            if result.count:
+                if carry is not None:
+                    data = carry.data(request, result, _event)
+                else:
+                    data = reading.sse_data(request, result, _event)
             chunk = b""
             if result.count or opening or result.closed:
                 opening = False
