@@ -310,6 +310,42 @@ async def test_a_read_refused_for_want_of_read_budget_is_a_503(tmp_path: Path) -
         svc.budget.used = 0
 
 
+async def test_pages_of_messages_larger_than_a_grant_stay_within_the_read_budget(
+    tmp_path: Path,
+) -> None:
+    """A page holds at least one message, so one larger than the read's grant came in whole
+    and was charged past the budget: six readers not reading a 30 MiB message held 126 MB of
+    a 16 MiB budget (found by a review). Now the rest waits for room like any read; a message
+    larger than the whole budget is read only when nothing else is held."""
+    import gc
+
+    from stations.domain.budget import Overloaded
+    from stations.domain.log import AppendRequest
+    from stations.domain.service import Service
+
+    svc = Service(sqlite_url(tmp_path), read_budget_bytes=8 << 20)
+    await svc.start()
+    try:
+        await svc.create_station({"name": "s", "contentType": "text/plain"})
+        await svc.append(AppendRequest("s", "text/plain", [b"y" * (12 << 20)]))
+        svc.budget.wait_s = 0.3
+        # Two readers at once: both get a 4 MiB grant before either page is read.
+        tasks = [asyncio.ensure_future(svc.read("s", 0, max_bytes=4 << 20)) for _ in range(2)]
+        await asyncio.wait(tasks)
+        failed = [t.exception() for t in tasks if t.exception() is not None]
+        assert [type(e) for e in failed] == [Overloaded]
+        (page,) = [t.result() for t in tasks if t.exception() is None]
+        assert sum(map(len, page.parts)) == 12 << 20
+        assert svc.budget.used == 12 << 20  # alone: allowed past the budget, once
+        del page, tasks, failed
+        gc.collect()
+        assert svc.budget.used == 0
+        again = await svc.read("s", 0, max_bytes=4 << 20)
+        assert sum(map(len, again.parts)) == 12 << 20
+    finally:
+        await svc.close()
+
+
 async def test_an_idle_sse_reader_holds_no_page_of_the_read_budget(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:

@@ -30,41 +30,48 @@ class ByteBudget:
         self.limit = limit
         self.used = 0
         self.wait_s = wait_s
-        self._waiters: deque[tuple[int, asyncio.Future[None], Callable[[], bool]]] = deque()
+        # (room needed, bytes wanted, whole, the waiter's future: its grant, alive)
+        self._waiters: deque[
+            tuple[int, int, bool, asyncio.Future[int], Callable[[], bool]]
+        ] = deque()
 
     @property
     def free(self) -> int:
         return self.limit - self.used
 
-    async def take(self, want: int, alive: Callable[[], bool] = lambda: True) -> int:
+    async def take(
+        self, want: int, alive: Callable[[], bool] = lambda: True, *, whole: bool = False
+    ) -> int:
         """Reserve up to ``want`` bytes; returns the grant (less when the budget is short).
+        ``whole``: all of ``want``, waiting for that much room (for more than the whole budget:
+        until nothing else is held).
 
         ``alive()`` False (the client left while waiting) ends the wait with ConnectionError.
         """
-        need = min(want, MIN_GRANT, self.limit)
+        need = min(want, self.limit) if whole else min(want, MIN_GRANT, self.limit)
         if not self._waiters and self.free >= need:
-            return self._grant(want)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (need, future, alive)
+            return self._grant(want, whole)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (need, want, whole, future, alive)
         self._waiters.append(entry)
         try:
-            await asyncio.wait_for(future, self.wait_s)
+            # The grant is counted when the waiter is woken, not when it runs again: nothing
+            # that comes in between can take the room it was woken for.
+            return await asyncio.wait_for(future, self.wait_s)
         except BaseException as exc:
             if entry in self._waiters:
                 self._waiters.remove(entry)
-            else:
-                self._wake()  # woken but not taking: pass the turn on
+            elif future.done() and not future.cancelled() and future.exception() is None:
+                self.give(future.result())  # granted, but not taken after all
             if isinstance(exc, TimeoutError):
                 raise Overloaded(
                     "the server holds too many unread responses; retry shortly"
                 ) from None
             raise
-        return self._grant(want)
 
-    def _grant(self, want: int) -> int:
-        grant = max(min(want, self.free), 0)
+    def _grant(self, want: int, whole: bool) -> int:
+        grant = want if whole else max(min(want, self.free), 0)
         self.used += grant
-        self._wake()
         return grant
 
     def give(self, nbytes: int) -> None:
@@ -86,11 +93,10 @@ class ByteBudget:
     def _wake(self) -> None:
         # In order: the first waiter is served before a later, smaller one.
         while self._waiters and self.free >= self._waiters[0][0]:
-            _need, future, alive = self._waiters.popleft()
+            _need, want, whole, future, alive = self._waiters.popleft()
             if future.done():
                 continue
             if not alive():
                 future.set_exception(ConnectionResetError("the client left while waiting"))
                 continue
-            future.set_result(None)
-            return  # it takes its grant now, which wakes the next one
+            future.set_result(self._grant(want, whole))

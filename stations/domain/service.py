@@ -264,7 +264,22 @@ class Service:
         except BaseException:
             self.budget.give(grant)
             raise
-        self.budget.hold(result, grant, sum(map(len, result.parts)))
+        size = sum(map(len, result.parts))
+        if size - grant > self.budget.free:
+            # One message larger than the grant (a page holds at least one), and no room for
+            # the rest: let the page go, wait for room for all of it, and read it again.
+            self.budget.give(grant)
+            del result
+            grant = await self.budget.take(size, alive, whole=True)
+            try:
+                result = await self.read_db(
+                    reads.read, name, position, now=now_ms(), max_bytes=grant
+                )
+            except BaseException:
+                self.budget.give(grant)
+                raise
+            size = sum(map(len, result.parts))
+        self.budget.hold(result, grant, size)
         return result
 
     async def read_or_wait(
