@@ -396,7 +396,7 @@ def test_produce_failing_midway_says_what_was_stored(srv: Server, http: httpx.Cl
     proc = cli(srv, "produce", "cli-partial", stdin=lines)
     stored = http.get("/api/stations/cli-partial").json()["stats"]["messages"]
     assert 0 < stored < 550
-    line = failed(proc, 1, "line 550", f"the {stored} messages before it were stored")
+    line = failed(proc, 1, "line 550", f"the first {stored} messages were stored")
     assert f"through offset {stored - 1:016d}_" in line
     listed = table(proc.stdout)
     assert listed[0] == ["OFFSET", "ID", "DUPLICATE"] and len(listed) == stored + 1

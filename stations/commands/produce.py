@@ -150,8 +150,8 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         # would store those messages twice) can start after it.
         _print_rows(args, rows)
         raise Refused(
-            f"{exc}; the {len(rows)} messages before it were stored, through offset "
-            f"{rows[-1][0]}"
+            f"{exc}; the first {len(rows)} messages were stored, through offset "
+            f"{rows[-1][0]} (the rest were not sent)"
         ) from None
     if not rows:
         raise Usage("no messages: give DATA arguments or lines on stdin")

@@ -60,7 +60,7 @@ def validate_name(name: Any, field: str = "name") -> str:
         )
     segments = name.split("/")
     if segments[0] == "__ds":
-        raise BadRequest(f"{field}: names starting with '__ds' are reserved", field)
+        raise BadRequest(f"{field}: a first segment '__ds' is reserved (protocol routes)", field)
     if "." in segments or ".." in segments:
         # URL clients resolve these away: such a station could never be reached again.
         raise BadRequest(f"{field} may not have '.' or '..' as a segment", field)
