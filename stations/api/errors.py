@@ -3,6 +3,7 @@ bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -77,6 +78,12 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
             "client %s disconnected during %s %s", request.remote, request.method, request.path
         )
         return error_response(400, "disconnected", "the client closed the connection")
+    except asyncio.CancelledError:
+        # The same, noticed by aiohttp first: it cancels the handler of a client that left.
+        logger.info(
+            "client %s disconnected during %s %s", request.remote, request.method, request.path
+        )
+        raise
     except Overloaded:
         raise  # the overload middleware, outside this one, answers 503 with Retry-After
     except Exception:

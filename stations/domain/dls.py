@@ -111,6 +111,24 @@ def add(
         _forward(batch, state, group_name, reason, target, headers, data)
 
 
+def stream_and_forward(batch: Batch, name: str) -> StreamState | None:
+    """``batch.stream(name)``, after the station its dead letters are forwarded to when that
+    name sorts first: a dead letter writes to both, and transactions lock their stations in
+    name order, so a dead letter must too or two processes can deadlock."""
+    if name not in batch.streams and batch.row_locks:
+        target = forward_target(batch, name)
+        if target is not None and target < name:
+            batch.stream(target)
+    return batch.stream(name)
+
+
+def forward_target(batch: Batch, name: str) -> str | None:
+    """Where a station's dead letters are copied (``dls.forwardTo``), read without a lock."""
+    peek = batch.peek(name)
+    target = (peek.config.get("dls") or {}).get("forwardTo") if peek is not None else None
+    return target if isinstance(target, str) else None
+
+
 def redrive_delay(policy: dict[str, Any], redrives: int) -> int:
     try:
         delay = policy["delayMs"] * float(policy["backoff"]) ** redrives

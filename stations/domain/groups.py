@@ -322,7 +322,7 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
 def nack(
     batch: Batch, station: str, name: str, seqs: list[int], delay_ms: int
 ) -> tuple[int, list[str]]:
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
@@ -338,7 +338,7 @@ def nack(
 def dead_letter(
     batch: Batch, station: str, name: str, seqs: list[int], reason: str | None
 ) -> tuple[int, list[str]]:
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
     for seq, count in sorted(known.items()):
@@ -351,7 +351,7 @@ def expire_all(batch: Batch, since: int) -> int | None:
     due, wake fetchers of stations whose waiting messages fell due since ``since``; returns
     when the next thing falls due."""
     for station, name in store.groups_with_expired(batch.conn, batch.now):
-        state = batch.stream(station)
+        state = dls.stream_and_forward(batch, station)  # expiry may dead-letter
         if state is None:
             continue
         # One group's failure must not stop the others' expiry (nor the DLS redrives).

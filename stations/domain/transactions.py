@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stations.domain import groups, messages
+from stations.domain import dls, groups, messages
 from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
@@ -319,7 +319,20 @@ def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
     # Lock every station in one order (by name), so two transactions crossing the same
     # stations in opposite directions cannot deadlock on PostgreSQL.
     named = req.stations("settle") | req.stations("produce")
-    states = {name: _station(batch, name, named[name]) for name in sorted(named)}
+    # ... the stations dead letters are forwarded to included: a nack or a dead letter writes
+    # there too.
+    forwards = set()
+    if batch.row_locks:
+        for station in {s.station for s in req.settles if s.verb != "ack"}:
+            target = dls.forward_target(batch, station)
+            if target is not None and target not in named:
+                forwards.add(target)
+    states: dict[str, StreamState] = {}
+    for name in sorted(named.keys() | forwards):
+        if name in named:
+            states[name] = _station(batch, name, named[name])
+        else:
+            batch.stream(name)
     group_ids = _check_leases(batch, req, states)
     appends = _appends(req, states)
     # Decided: from here on nothing fails.

@@ -98,6 +98,16 @@ class Batch:
             self.streams[name] = load(self.conn, name, lock=True)
         return self.streams[name]
 
+    @property
+    def row_locks(self) -> bool:
+        """Whether ``stream`` locks rows other processes wait on (PostgreSQL; SQLite's one
+        writer holds the whole database): then the order of locking matters."""
+        return db.shared(self.conn)
+
+    def peek(self, name: str) -> StreamState | None:
+        """A station's row as it is, without locking it (``stream`` locks)."""
+        return self.streams.get(name) or load(self.conn, name)
+
     def touch(self, state: StreamState) -> None:
         self.dirty[state.id] = state
         self.changed.add(state.name)
@@ -457,7 +467,11 @@ class Writer:
         if not strict:
             self.relaxed_commits += 1
         try:
-            return self._transaction_again_if_aborted(ops, strict)
+            if len(ops) == 1:
+                return self._transaction_again_if_aborted(ops, strict)
+            # Several ops in one transaction lock rows in the order they come, whatever order
+            # each keeps on its own: one aborted as deadlocked goes op by op at once.
+            return self._transaction(ops, strict)
         except Exception:
             if len(ops) == 1:
                 raise
@@ -486,8 +500,9 @@ class Writer:
         for attempt in range(1, TRANSIENT_TRIES + 1):
             try:
                 return self._transaction(ops, strict)
-            except DBAPIError as exc:
-                state = getattr(exc.orig, "sqlstate", None)
+            except Exception as exc:
+                # SQLAlchemy wraps the driver's error; the hot paths' raw cursors do not.
+                state = getattr(getattr(exc, "orig", exc), "sqlstate", None)
                 if state not in TRANSIENT_SQLSTATES or attempt == TRANSIENT_TRIES:
                     raise
                 self.transient_retries += 1

@@ -1,7 +1,8 @@
-"""Station and group ids are never reused: AUTOINCREMENT on SQLite (PostgreSQL's sequences
-already are). Without it a station or group created after the newest one was deleted took its
-id, and state kept by id in RAM or in other tables (pending message ids, id runs, a fork's
-source, a group's leases) could be taken for the new one's.
+"""Station and group ids are never reused: AUTOINCREMENT on SQLite.
+
+PostgreSQL's sequences already are. Without it a station or group created after the newest one
+was deleted took its id, and state kept by id in RAM or in other tables (pending message ids, id
+runs, a fork's source, a group's leases) could be taken for the new one's.
 
 Revision ID: 0015
 Revises: 0014
