@@ -185,3 +185,40 @@ def test_a_fetch_answer_is_bounded_in_bytes(tmp_path: Path) -> None:
             await svc.close()
 
     asyncio.run(run())
+
+
+def test_what_follows_a_commit_happens_though_the_client_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp cancels the handler of a client that left: code after the ``await`` of a
+    committed op never ran, so a fetch's leases were not put on the lease timer (they expired
+    only at the next 5 s re-arm) and redeliveries went uncounted (found by a review). Here the
+    caller is cancelled just after each commit, as such a handler is."""
+    from stations.domain import service as service_module
+
+    committed = service_module._committed
+
+    async def then_cancelled(work):  # type: ignore[no-untyped-def]
+        await committed(work)
+        raise asyncio.CancelledError
+
+    async def run() -> None:
+        svc = _service(tmp_path)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s"})
+            await svc.produce("s", {"messages": [{"data": 1}]})
+            await svc.ensure_group("s", "g", {"maxAckTimeMs": 1000, "maxMsgDeliveries": 5})
+            assert len((await svc.fetch("s", "g", 1, 0, "c")).messages) == 1
+            await asyncio.sleep(1.2)  # past the lease: it is redelivered (count 2)
+            monkeypatch.setattr(service_module, "_committed", then_cancelled)
+            svc.leases._at = None  # nothing armed: only this fetch's commit can arm it
+            with pytest.raises(asyncio.CancelledError):
+                await svc.fetch("s", "g", 1, 0, "c")
+            monkeypatch.undo()
+            assert svc.tally.redeliveries[("s", "g")] == 1
+            assert svc.leases._at is not None  # the second lease's expiry is on the timer
+        finally:
+            await svc.close()
+
+    asyncio.run(run())

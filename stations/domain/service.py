@@ -40,7 +40,7 @@ from stations.store.checkpoints import WalFigures
 from stations.store.database import Database
 from stations.store.db import Tx
 from stations.store.idruns import SPILL_AT, IdRuns
-from stations.store.writer import now_ms
+from stations.store.writer import Batch, now_ms
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
@@ -50,6 +50,19 @@ def _first_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
     return text[0][:200] if text else type(orig).__name__
+
+
+def _then(fn: Callable[..., T], then: Callable[[T], None]) -> Callable[..., T]:
+    """``fn`` as a writer op that has ``then(result)`` run after its transaction commits: the
+    writer runs it, on the event loop, whether or not anyone still awaits the op (aiohttp
+    cancels the handler of a client that left, and what follows its ``await`` never runs)."""
+
+    def op(batch: Batch, *args: Any, **kwargs: Any) -> T:
+        result = fn(batch, *args, **kwargs)
+        batch.after_commit.append(lambda: then(result))
+        return result
+
+    return op
 
 
 async def _committed(work: Awaitable[T]) -> T:
@@ -167,12 +180,14 @@ class Service:
         sort_key: Any = None,
         relaxed: bool = False,
         small: bool = False,
+        then: Callable[[T], None] | None = None,
     ) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction (``relaxed``, ``small``:
-        see ``Writer.enqueue``)."""
+        see ``Writer.enqueue``); ``then(result)`` once it committed (see ``_then``)."""
+        op = _then(fn, then) if then is not None else fn
         with self.notifier.writing():  # held readers' answers wait for it (producers first)
             return await _committed(
-                self.db.write(lambda batch: fn(batch, *args), sort_key, relaxed, small=small)
+                self.db.write(lambda batch: op(batch, *args), sort_key, relaxed, small=small)
             )
 
     @property
@@ -210,8 +225,7 @@ class Service:
         return await self.write(lifecycle.create, self.ids, req)
 
     async def delete(self, name: str) -> None:
-        await self.write(lifecycle.remove, self.ids, name)
-        self.tally.forget(name)
+        await self.write(lifecycle.remove, self.ids, name, then=lambda _: self.tally.forget(name))
 
     async def stream(self, name: str) -> StreamState:
         return await self.read_db(reads.open_stream, name, now_ms())
@@ -227,17 +241,20 @@ class Service:
         key = None
         if req.producer is not None:
             key = (req.name, req.producer.id, req.producer.epoch, req.producer.seq)
+
+        def tallied(result: AppendResult) -> None:
+            self.tally.appended(req.name, result.results, result.producer_duplicate)
+
         while True:
             woken = self.notifier.subscribe(req.name)
             try:
                 appended = self.db.enqueue(
-                    lambda batch: log.append(batch, self.ids, req),
+                    _then(functools.partial(log.append, window=self.ids, req=req), tallied),
                     sort_key=key,
                     small=sum(map(len, req.messages)) <= SMALL_APPEND_BYTES,
                 )
                 self._serve_parked(req.name)
                 result: AppendResult = await _committed(appended)
-                self.tally.appended(req.name, result.results, result.producer_duplicate)
                 return result
             except SequenceGap:
                 remaining = deadline - loop.time()
@@ -386,10 +403,17 @@ class Service:
 
     async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
         """Messages with ids and headers, as one append (one transaction)."""
-        produced = self.db.enqueue(lambda batch: messages.produce(batch, self.ids, name, body))
+
+        def tallied(out: tuple[AppendResult, StreamState]) -> None:
+            self.tally.appended(name, out[0].results, out[0].producer_duplicate)
+
+        produced = self.db.enqueue(
+            _then(
+                functools.partial(messages.produce, window=self.ids, name=name, body=body), tallied
+            )
+        )
         self._serve_parked(name)  # waiting fetches ride on this transaction
         result, state = await _committed(produced)
-        self.tally.appended(name, result.results, result.producer_duplicate)
         return result, state
 
     async def browse(self, name: str, position: int, limit: int) -> ReadResult:
@@ -425,8 +449,8 @@ class Service:
         return next(v for v in views if v["name"] == group.name), created
 
     async def delete_group(self, station: str, name: str) -> None:
-        await self.write(groups.remove, station, name)
-        self.tally.forget(station, name)
+        forget = functools.partial(self.tally.forget, station, name)
+        await self.write(groups.remove, station, name, then=lambda _: forget())
 
     async def groups(self, station: str) -> list[dict[str, Any]]:
         return await self.read_db(groups.views, station, now_ms())
@@ -474,9 +498,6 @@ class Service:
                     self.notifier.unsubscribe(station, woken)
                     woken = self.notifier.subscribe(station)
                     out = await self._lease(station, group, max_count, consumer)
-            self.tally.delivered(station, group, (d.delivery_count for d in out.messages))
-            if out.messages:
-                self.leases.arm(out.messages[0].ack_deadline)
             return out
         finally:
             self.notifier.unsubscribe(station, woken)
@@ -493,19 +514,31 @@ class Service:
             consumer,
             relaxed=True,
             small=max_count <= SMALL_FETCH,
+            then=self._delivered(station, group),
         )
+
+    def _delivered(self, station: str, group: str) -> Callable[[Fetched], None]:
+        def then(out: Fetched) -> None:
+            self.tally.delivered(station, group, (d.delivery_count for d in out.messages))
+            if out.messages:  # their leases expire on time, whoever still waits for them
+                self.leases.arm(out.messages[0].ack_deadline)
+
+        return then
 
     def _serve_parked(self, station: str) -> None:
         """Queue the parked fetches of ``station`` right behind an append just queued."""
         for parked in self._parked.pop(station, ()):
             if parked.answer.done():
                 continue
-            op = functools.partial(
-                groups.fetch,
-                station=station,
-                name=parked.group,
-                max_count=parked.max_count,
-                consumer=parked.consumer,
+            op = _then(
+                functools.partial(
+                    groups.fetch,
+                    station=station,
+                    name=parked.group,
+                    max_count=parked.max_count,
+                    consumer=parked.consumer,
+                ),
+                self._delivered(station, parked.group),
             )
             # Answered before the append that brings its messages: the consumer is waiting.
             parked.served = True
@@ -519,16 +552,19 @@ class Service:
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""
-        result: transactions.TxResult = await self.write(transactions.run, self.ids, req)
-        # Produced messages count like any produce's (duplicates by message id, per station).
-        by_station: dict[str, list[tuple[int | None, bool]]] = {}
-        for station, offset, duplicate in result.produced:
-            by_station.setdefault(station, []).append((offset, duplicate))
-        for station, results in by_station.items():
-            self.tally.appended(station, results, False)
-        if result.nack_due is not None or result.dead_lettered:
-            self.leases.arm(result.nack_due or now_ms())
-        return result
+
+        def then(result: transactions.TxResult) -> None:
+            # Produced messages count like any produce's (duplicates by id, per station).
+            by_station: dict[str, list[tuple[int | None, bool]]] = {}
+            for station, offset, duplicate in result.produced:
+                by_station.setdefault(station, []).append((offset, duplicate))
+            for station, results in by_station.items():
+                self.tally.appended(station, results, False)
+            if result.nack_due is not None or result.dead_lettered:
+                self.leases.arm(result.nack_due or now_ms())
+
+        done: transactions.TxResult = await self.write(transactions.run, self.ids, req, then=then)
+        return done
 
     async def seek(self, station: str, group: str, target: tuple[str, Any]) -> SeekResult:
         return await self.write(groups.seek, station, group, target)
@@ -539,17 +575,24 @@ class Service:
     async def nack(
         self, station: str, group: str, seqs: list[int], delay_ms: int
     ) -> tuple[int, list[str]]:
-        result = await self.write(groups.nack, station, group, seqs, delay_ms)
         # A last delivery nacked goes to the DLS, where a redrive policy may time it.
-        self.leases.arm(now_ms() + delay_ms if delay_ms else now_ms())
-        return result
+        def arm(_: object) -> None:
+            self.leases.arm(now_ms() + delay_ms if delay_ms else now_ms())
+
+        return await self.write(groups.nack, station, group, seqs, delay_ms, then=arm)
 
     async def dead_letter(
         self, station: str, group: str, seqs: list[int], reason: str | None
     ) -> tuple[int, list[str]]:
-        result = await self.write(groups.dead_letter, station, group, seqs, reason)
-        self.leases.arm(now_ms())  # the tick arms itself for a redrive the entry may await
-        return result
+        # The tick arms itself for a redrive the entry may await.
+        return await self.write(
+            groups.dead_letter,
+            station,
+            group,
+            seqs,
+            reason,
+            then=lambda _: self.leases.arm(now_ms()),
+        )
 
     async def dls_entries(
         self, station: str, group: str | None, limit: int, after: int | None
@@ -557,11 +600,13 @@ class Service:
         return await self.read_db(dls.entries, station, now_ms(), group, limit, after)
 
     async def replay(self, station: str, raw: Any) -> int:
-        replayed = await self.write(dls.replay, station, raw)
         delay = raw.get("delayMs") if isinstance(raw, dict) else None
-        if replayed and isinstance(delay, int) and delay > 0:
-            self.leases.arm(now_ms() + delay)  # wake fetchers when the replay falls due
-        return replayed
+
+        def arm(replayed: int) -> None:
+            if replayed and isinstance(delay, int) and delay > 0:
+                self.leases.arm(now_ms() + delay)  # wake fetchers when the replay falls due
+
+        return await self.write(dls.replay, station, raw, then=arm)
 
     async def drop(self, station: str, raw: Any) -> int:
         return await self.write(dls.drop, station, raw)
