@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stations.domain import groups
+from stations.domain import groups, reads
 from stations.domain.service import Service
 
 
@@ -166,8 +166,19 @@ def test_a_fetch_answer_is_bounded_in_bytes(tmp_path: Path) -> None:
             for k in range(12):
                 await svc.produce("s", {"messages": [{"data": f"{k}{big}"}]})
             await svc.ensure_group("s", "g", {})
-            first = (await svc.fetch("s", "g", 1000, 0, "c")).messages
+            read: list[int] = []
+            pieces_at = reads.pieces_at
+
+            def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+                out = pieces_at(*args, **kwargs)
+                read.append(len(out))
+                return out
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(reads, "pieces_at", counted)
+                first = (await svc.fetch("s", "g", 1000, 0, "c")).messages
             assert 1 <= len(first) < 12
+            assert read == [len(first) + 1]  # reading stopped with the first that did not fit
             assert sum(len(d.data) for d in first) <= groups.MAX_FETCH_BYTES
             (view,) = await svc.groups("s")
             assert (view["inFlight"], view["pending"]) == (len(first), 12 - len(first))

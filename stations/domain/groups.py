@@ -252,13 +252,13 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     wanted = sorted([*picked, *range(start + 1, last + 1)])
     # The answer holds at most MAX_FETCH_BYTES of data (always one message): what does not
     # fit is not leased, and waits for the next fetch.
-    pieces = reads.pieces_at(batch.conn, state, wanted)
+    pieces = reads.pieces_at(batch.conn, state, wanted, MAX_FETCH_BYTES)
     size = 0
     for k, piece in enumerate(pieces):
         size += len(piece[1])
-        if size > MAX_FETCH_BYTES and k:
-            del pieces[k:]
-            wanted = [seq for seq in wanted if seq < piece[0]]
+        if size > MAX_FETCH_BYTES:  # (pieces_at stops reading soon after this, too)
+            del pieces[max(k, 1) :]
+            wanted = [seq for seq in wanted if seq <= pieces[-1][0]]
             break
     last = wanted[-1] if wanted and wanted[-1] > start else start
     new = range(start + 1, last + 1)

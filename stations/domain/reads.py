@@ -134,10 +134,16 @@ def messages_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Messag
 Piece = tuple[int, bytes, str | None, str | None, int]  # seq, data, msg_id, headers, stored_at
 
 
-def pieces_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Piece]:
-    """``messages_at`` as plain tuples: a consumer fetch takes hundreds at a time."""
+def pieces_at(
+    tx: Tx, state: StreamState, positions: list[int], max_bytes: int | None = None
+) -> list[Piece]:
+    """``messages_at`` as plain tuples: a consumer fetch takes hundreds at a time. With
+    ``max_bytes``, reading stops after the stored row that brings the data past it."""
     out: list[Piece] = []
+    size = 0
     for lo, hi in _runs(sorted(set(positions))):
+        if max_bytes is not None and size > max_bytes:
+            break
         lo = max(lo, state.head + 1)  # retention dropped the positions up to the head
         if lo > hi:
             continue
@@ -160,6 +166,10 @@ def pieces_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Piece]:
                 for p in range(first + 1, take_to + 1):
                     k = p - start - 1
                     out.append((p, pieces[k], ids[k], heads[k], stored_at))
+            if max_bytes is not None:
+                size += len(data)
+                if size > max_bytes:
+                    break
             if last >= hi:
                 break
     return out
