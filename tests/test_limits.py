@@ -310,6 +310,31 @@ async def test_a_read_refused_for_want_of_read_budget_is_a_503(tmp_path: Path) -
         svc.budget.used = 0
 
 
+async def test_an_sse_stream_refused_read_budget_midway_ends_cleanly(tmp_path: Path) -> None:
+    """Past its headers an SSE response cannot become a 503: a read refused for want of budget
+    wrote a second HTTP response into the event stream (found by a review). It ends the stream
+    instead; the client reconnects as at the stream's lifetime."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from stations.api import make_app
+    from stations.domain.service import Service
+
+    svc = Service(sqlite_url(tmp_path), read_budget_bytes=1 << 20)
+    async with TestClient(TestServer(make_app(svc))) as client:
+        r = await client.put("/v1/stream/s", data=b"x", headers={"Content-Type": "text/plain"})
+        assert r.status == 201
+        sse = await client.get("/v1/stream/s", params={"offset": "-1", "live": "sse"})
+        assert sse.status == 200
+        assert b"upToDate" in await sse.content.readuntil(b"upToDate")
+        svc.budget.wait_s = 0.2
+        svc.budget.used = svc.budget.limit  # pages held by readers that do not read
+        r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": "text/plain"})
+        assert r.status in (200, 204)
+        rest = await asyncio.wait_for(sse.content.read(), 10)  # the stream ends
+        assert b"HTTP/1.1" not in rest and b"overloaded" not in rest, rest
+        svc.budget.used = 0
+
+
 async def test_pages_of_messages_larger_than_a_grant_stay_within_the_read_budget(
     tmp_path: Path,
 ) -> None:

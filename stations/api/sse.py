@@ -12,6 +12,7 @@ from aiohttp import web
 
 from stations.api import reading
 from stations.api.reading import MAX_READ_BYTES, cursor
+from stations.domain.budget import Overloaded
 from stations.domain.errors import StationsError
 from stations.domain.offsets import encode
 from stations.domain.streams import is_json_type
@@ -91,6 +92,8 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
                     stream=(state.id, state.created_at),
                 )
             except StationsError:  # the stream went (deleted, expired, created again): it ends
+                break
+            except Overloaded:  # no read budget now: the client reconnects, as at its lifetime
                 break
             state = result.state
     except (ConnectionError, asyncio.CancelledError) as exc:
