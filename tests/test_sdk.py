@@ -552,6 +552,17 @@ async def test_producer_restarted_in_the_same_epoch_is_not_silently_dropped(
     await claimer.detach()
     assert await read_all(station.url) == ["a", "b", "c", *range(10)]
 
+    # The same for a run that only closes the stream with a final message: its close went as
+    # seq 0 of a used epoch, and its 204 dropped the final message (and left the stream open).
+    closer = station.producer("job", epoch=4)
+    with pytest.raises(EpochInUse):
+        await closer.close("last")
+    assert await read_all(station.url) == ["a", "b", "c", *range(10)]
+    closer = station.producer("job", epoch=4, auto_claim=True)
+    await closer.close("last")
+    assert closer.epoch == 5
+    assert await read_all(station.url) == ["a", "b", "c", *range(10), "last"]
+
 
 async def test_back_pressure(client: Client) -> None:
     name = unique("bp")

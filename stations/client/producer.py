@@ -345,7 +345,7 @@ class IdempotentProducer:
             if reply.status == 204 and not batch.maybe_stored:
                 # Nothing of ours can have been stored under this (epoch, seq): another
                 # instance used it, and taking the 204 as success would drop this batch.
-                self._fenced(batch, self._epoch_in_use(batch))
+                self._fenced(batch, self._epoch_in_use(batch.epoch, batch.seq))
                 return
             if reply.status in (200, 204):
                 self._stored(batch, reply)
@@ -378,12 +378,12 @@ class IdempotentProducer:
                 continue
             await backoff.wait(error)  # raises unless retryable (429, 5xx)
 
-    def _epoch_in_use(self, batch: Batch) -> EpochInUse:
+    def _epoch_in_use(self, epoch: int, seq: int) -> EpochInUse:
         return EpochInUse(
-            f"producer {self.producer_id} epoch {batch.epoch} seq {batch.seq} was already "
-            "stored before this producer sent it: another instance used this producer id and "
-            "epoch (start each run with a higher epoch, or set auto_claim=True)",
-            current_epoch=batch.epoch,
+            f"producer {self.producer_id} epoch {epoch} seq {seq} was already stored before "
+            "this producer sent it: another instance used this producer id and epoch (start "
+            "each run with a higher epoch, or set auto_claim=True)",
+            current_epoch=epoch,
         )
 
     def _earlier_settled(self, batch: Batch) -> bool:
@@ -521,20 +521,32 @@ class IdempotentProducer:
         backoff = Backoff(self.retry)
         session = self._session
         seq = session.next_seq
+        maybe_stored = False  # as for a batch: a 204 before then is another instance's
         while True:
             headers = session.headers(session.epoch, seq, close=True, body=bool(body))
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
             except StationsError as exc:
+                if not isinstance(exc, ConnectionFailed) or exc.sent:
+                    maybe_stored = True
                 await backoff.wait(exc)
+                continue
+            if reply.status == 204 and not maybe_stored:
+                if not self.auto_claim:
+                    raise self._epoch_in_use(session.epoch, seq)
+                session.claim_after(session.epoch)
+                seq = 0
                 continue
             if reply.status in (200, 204):
                 session.next_seq = seq + 1
                 return reply.header("Stream-Next-Offset")
+            if reply.status >= 500:
+                maybe_stored = True
             error = session.error(reply, session.epoch, seq, what="close")
             if isinstance(error, ProducerFenced) and self.auto_claim:
                 session.claim_after(error.current_epoch)
                 seq = 0
+                maybe_stored = False
                 continue
             await backoff.wait(error)
 
