@@ -531,7 +531,8 @@ class IdempotentProducer:
                     maybe_stored = True
                 await backoff.wait(exc)
                 continue
-            if reply.status == 204 and not maybe_stored:
+            # Only a close with a final message tells "stored" (200) from "duplicate" (204).
+            if reply.status == 204 and body and not maybe_stored:
                 if not self.auto_claim:
                     raise self._epoch_in_use(session.epoch, seq)
                 session.claim_after(session.epoch)
