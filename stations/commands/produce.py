@@ -5,6 +5,7 @@ the station's window are reported, not stored."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -149,10 +150,17 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         # What was stored before the failure is said, so that a run again (without ids it
         # would store those messages twice) can start after it.
         _print_rows(args, rows)
-        raise Refused(
-            f"{exc}; the first {len(rows)} messages were stored, through offset "
-            f"{rows[-1][0]} (the rest were not sent)"
-        ) from None
+        stored = f"the first {len(rows)} messages were stored (through offset {rows[-1][0]})"
+        if isinstance(exc, Usage) or exc.status in (400, 413):
+            raise Refused(f"{exc}; {stored}, the rest were not") from None
+        if exc.status is None or exc.status >= 500:  # no answer: the batch may be stored too
+            stored += f"; whether the next {len(batch)} were is not known"
+        else:
+            stored += ", the rest were not"
+        told = copy.copy(exc)  # same class and status, so the same exit code
+        told.message = f"{exc}; {stored}"
+        told.args = (told.message,)
+        raise told from None
     if not rows:
         raise Usage("no messages: give DATA arguments or lines on stdin")
     _print_rows(args, rows)
