@@ -219,3 +219,30 @@ def test_a_window_shrunk_by_another_process_forgets_the_ids_this_one_cached(
             await b.close()
 
     asyncio.run(run())
+
+
+def test_a_forget_keeps_a_runs_oldest_time_true(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose first chunk was all forgotten recorded 0 as its oldest time, so every later
+    forget and count scanned it again (found by a review; answers stayed right)."""
+    monkeypatch.setattr(idruns, "RUN_CHUNK", 4)
+    engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
+    db.upgrade(engine)
+    try:
+        runs = idruns.IdRuns(spill_at=8, chunk=8)
+        station = runs._stations.setdefault(1, idruns.StationRuns())
+        for seq0, at, prefix in ((1, 10, "a"), (5, 160, "b")):  # sorted: a-ids chunk first
+            ids = [f"{prefix}{k}" for k in range(4)]
+            block = idruns.Block(seq0, at, ids, list(range(seq0, seq0 + 4)))
+            runs._add_block(station, block)  # type: ignore[arg-type]
+        with engine.begin() as conn:
+            batch = Batch(conn, 200)
+            runs._move(batch, 1)
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("SELECT ids, oldest FROM id_runs").all() == [(8, 10)]
+            idruns.forget_before(conn, 1, 150)
+            rows = conn.exec_driver_sql("SELECT ids, oldest, newest FROM id_runs").all()
+        assert rows == [(4, 160, 160)]
+    finally:
+        engine.dispose()

@@ -757,14 +757,12 @@ def forget_before(conn: Connection, stream_id: int, cutoff: int) -> dict[int, li
         for run, first_id, packed, seqs, ats in chunks:
             ids, s, a = _unpack(packed, seqs, ats)
             keep = [k for k, at in enumerate(a) if at > cutoff]
+            figures = left.setdefault(run, [0, 2**63 - 1, -(2**63)])
             if keep:
                 kept_ats = [a[k] for k in keep]
-                figures = left.setdefault(run, [0, min(kept_ats), max(kept_ats)])
                 figures[0] += len(keep)
                 figures[1] = min(figures[1], *kept_ats)
                 figures[2] = max(figures[2], *kept_ats)
-            else:
-                left.setdefault(run, [0, 0, 0])
             if len(keep) == len(ids):
                 continue
             cursor.execute(
