@@ -90,13 +90,22 @@ class TextCarry:
     def data(
         self, request: web.Request, result: ReadResult, event: Callable[[str, str], bytes]
     ) -> bytes:
-        raw = b"".join(result.parts)
-        if not self.pending and _complete_utf8(raw):
+        if not self.pending and _complete_utf8(_tail(result.parts)):
             return sse_data(request, result, event)  # the common case: shared with others
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text = decoder.decode(self.pending + raw)
+        text = decoder.decode(self.pending + b"".join(result.parts), final=result.closed)
         self.pending = decoder.getstate()[0]
         return event("data", text) if text else b""
+
+
+def _tail(parts: list[bytes]) -> bytes:
+    """The last (up to) four bytes of ``parts`` joined, without joining them all."""
+    tail = b""
+    for part in reversed(parts):
+        tail = part[-4:] + tail
+        if len(tail) >= 4:
+            break
+    return tail
 
 
 def _complete_utf8(raw: bytes) -> bool:
