@@ -371,6 +371,24 @@ async def test_pages_of_messages_larger_than_a_grant_stay_within_the_read_budget
         await svc.close()
 
 
+async def test_a_read_waiting_for_a_whole_large_message_holds_back_no_other_read() -> None:
+    """A read that needs room for all of a large message may wait its whole time; the reads
+    queued behind it waited with it, and were refused too (found by a review)."""
+    from stations.domain.budget import ByteBudget
+
+    budget = ByteBudget(8 << 20, wait_s=2)
+    budget.used = 6 << 20  # pages others hold
+    large = asyncio.ensure_future(budget.take(12 << 20, whole=True))
+    await asyncio.sleep(0.05)
+    assert not large.done()
+    small = await asyncio.wait_for(budget.take(1 << 20), 0.5)  # room for it: at once
+    assert small == 1 << 20
+    budget.give(small)
+    budget.give(6 << 20)  # the others' pages go: the large read gets all it needs
+    assert await asyncio.wait_for(large, 1) == 12 << 20
+    assert budget.used == 12 << 20
+
+
 async def test_an_idle_sse_reader_holds_no_page_of_the_read_budget(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:

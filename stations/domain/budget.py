@@ -54,6 +54,7 @@ class ByteBudget:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         entry = (need, want, whole, future, alive)
         self._waiters.append(entry)
+        self._wake()  # room now, behind a whole read that waits for more: taken at once
         try:
             # The grant is counted when the waiter is woken, not when it runs again: nothing
             # that comes in between can take the room it was woken for.
@@ -91,11 +92,21 @@ class ByteBudget:
         self.hold(owner, 0, size)
 
     def _wake(self) -> None:
-        # In order: the first waiter is served before a later, smaller one.
-        while self._waiters and self.free >= self._waiters[0][0]:
-            _need, want, whole, future, alive = self._waiters.popleft()
+        # In order: the first waiter is served before a later, smaller one; but a read waiting
+        # for room for a whole large message does not hold back the reads behind it (it may
+        # wait its whole time and be refused; they would all wait with it).
+        k = 0
+        while k < len(self._waiters):
+            need, want, whole, future, alive = self._waiters[k]
             if future.done():
+                del self._waiters[k]
                 continue
+            if self.free < need:
+                if whole:
+                    k += 1
+                    continue
+                break
+            del self._waiters[k]
             if not alive():
                 future.set_exception(ConnectionResetError("the client left while waiting"))
                 continue
