@@ -45,7 +45,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark asks again when it runs batch 0 (and when a restart replays it): "latest"
         # must answer what it answered when the batch was planned, or the messages appended
         # in between are never read. Kept here for this run; with ``cursor``, also on the
-        # server, so a query restarted before batch 0 committed starts where it first did.
+        # server, so a query restarted before batch 0 committed starts at the cursor.
         if self._initial is None:
             self._initial = offset_dict(self._initial_position())
         return self._initial
