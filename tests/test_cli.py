@@ -170,6 +170,10 @@ def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
     try:
         proc = run_cli(["serve", "--port", str(free_port()), "--db", url], tmp_path)
         assert_one_line_error(proc, "stations.db", "another process", f"pid {first.proc.pid}")
+        alias = tmp_path / "alias.db"
+        alias.symlink_to(tmp_path / "stations-data" / "stations.db")  # the file, another name
+        proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{alias}"], tmp_path)
+        assert_one_line_error(proc, "another process")
     finally:
         first.kill()
     again = Server(url, tmp_path).start()

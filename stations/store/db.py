@@ -246,6 +246,7 @@ def claim_file(url: str) -> Any:
     if path is None:
         return None
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    path = os.path.realpath(path)  # one lock per file, whatever name (symlink) it is given by
     lock = open(path + ".lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
