@@ -284,6 +284,13 @@ async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothi
     got = http.post("/api/stations/s/groups/g/fetch", json={"max": 1}).json()["messages"]
     assert [(m["id"], m["deliveryCount"]) for m in got] == [("m1", 1)]
     assert http.get("/api/stations/s/dls").json()["entries"] == []
+    # A client that left is not a server error in the request metrics (it was a 500).
+    requests = [
+        line for line in http.get("/metrics").text.splitlines()
+        if line.startswith("stations_http_requests_total{")
+    ]  # fmt: skip
+    assert not any('status="500"' in line for line in requests), requests
+    assert any('status="499"' in line for line in requests), requests
     http.close()
 
 

@@ -181,6 +181,9 @@ def _method(request: web.Request) -> str:
     return request.method if request.method in METHODS else "other"
 
 
+CLIENT_CLOSED = 499
+
+
 @web.middleware
 async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     metrics: Metrics = request.app["metrics"]
@@ -192,6 +195,11 @@ async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamRe
         return response
     except web.HTTPException as exc:
         status = exc.status
+        raise
+    except asyncio.CancelledError:
+        # The client left (aiohttp cancels its handler): not a server error. Counted as 499,
+        # "client closed request", as nginx logs it.
+        status = CLIENT_CLOSED
         raise
     finally:
         metrics.observe_request(
