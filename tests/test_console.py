@@ -199,6 +199,18 @@ def test_produce_twice_with_one_msg_id_shows_the_duplicate(console: Console, api
     expect(page.locator("pre.payload")).to_have_text('{\n  "total": 12\n}')
 
 
+def test_produce_on_a_station_whose_type_only_mentions_json(console: Console, api: Api) -> None:
+    """The server takes only application/json as JSON; the form took any type with "json" in
+    it and sent an object to an application/x-ndjson station, which refused it (review)."""
+    api.create("lines", contentType="application/x-ndjson")
+    page = console.open("#/s/lines/messages")
+    page.get_by_label("Payload").fill('{"a": 1}')
+    page.get_by_role("button", name="Produce").click()
+    expect(page.get_by_role("status").filter(has_text="offset")).to_contain_text("Stored.")
+    stored = api.call("GET", "/api/stations/lines/messages")["messages"]
+    assert [m["data"] for m in stored] == ['{"a": 1}']
+
+
 def test_message_browser_pages_from_any_offset_and_tails_live(console: Console, api: Api) -> None:
     api.create("events")
     api.produce("events", *({"data": {"n": n}} for n in range(60)))
@@ -427,6 +439,7 @@ def test_sign_in_with_a_token(
     with open_console(browser, server) as tab:
         page = tab.open()
         expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        expect(page.locator("main")).not_to_contain_text("null")  # no reason: nothing shown
         page.get_by_label("Token").fill("not-a-token")
         page.get_by_role("button", name="Sign in").click()
         expect(page.get_by_label("Token")).to_have_accessible_description(

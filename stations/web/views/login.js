@@ -47,7 +47,7 @@ export function renderLogin(main, ctx, { reason, onSignedIn }) {
   });
   main.replaceChildren(
     h('h1', { tabindex: '-1' }, 'Sign in'),
-    reason ? h('p', { class: 'notice', role: 'status' }, reason) : null,
+    reason ? h('p', { class: 'notice', role: 'status' }, reason) : '',
     form,
   );
   input.focus();

@@ -51,7 +51,8 @@ export function messageItem(m) {
 
 export async function renderMessages(panel, ctx, station) {
   const name = station.name;
-  const json = /json/i.test(station.contentType);
+  // As the server decides: JSON only when the media type is exactly application/json.
+  const json = station.contentType.split(';')[0].trim().toLowerCase() === 'application/json';
 
   // Produce a test message.
   const msgId = h('input', { type: 'text', autocomplete: 'off', spellcheck: 'false', maxlength: '256' });
