@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -209,6 +210,22 @@ def test_produce_on_a_station_whose_type_only_mentions_json(console: Console, ap
     expect(page.get_by_role("status").filter(has_text="offset")).to_contain_text("Stored.")
     stored = api.call("GET", "/api/stations/lines/messages")["messages"]
     assert [m["data"] for m in stored] == ['{"a": 1}']
+
+
+def test_latest_on_a_station_retention_trimmed(console: Console, api: Api) -> None:
+    """Latest asks for the tail minus a page; where retention dropped that offset it showed
+    "offset is before the earliest retained message" instead of the messages kept (review)."""
+    api.create("trimmed", retention={"maxMessages": 5})
+    api.produce("trimmed", *({"data": k} for k in range(100)))
+    deadline = time.monotonic() + 10
+    while api.call("GET", "/api/stations/trimmed")["stats"]["messages"] > 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    page = console.open("#/s/trimmed/messages")
+    page.get_by_role("button", name="Latest").click()
+    items = page.get_by_role("list", name="Messages").get_by_role("listitem")
+    expect(items).to_have_count(5)
+    expect(page.get_by_role("alert")).to_have_count(0)
 
 
 def test_message_browser_pages_from_any_offset_and_tails_live(console: Console, api: Api) -> None:

@@ -107,7 +107,15 @@ export function follow(name, offset, onMessages, onError = () => {}) {
       do {
         again = false;
         for (;;) {
-          const page = await api.messages(name, cursor, 200, { signal: ctrl.signal });
+          let page;
+          try {
+            page = await api.messages(name, cursor, 200, { signal: ctrl.signal });
+          } catch (err) {
+            // Retention dropped what the tail had not read yet: go on from the earliest kept.
+            if (err?.status !== 410 || cursor === '-1') throw err;
+            cursor = '-1';
+            continue;
+          }
           cursor = page.nextOffset;
           if (page.messages.length) onMessages(page.messages);
           if (page.upToDate) break;

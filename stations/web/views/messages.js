@@ -163,13 +163,15 @@ export async function renderMessages(panel, ctx, station) {
     next.disabled = liveOn || upToDate;
   }
 
-  async function load(offset, remember) {
+  async function load(offset, remember, fallback = null) {
     problem.replaceChildren();
     let page;
     try {
       page = await api.messages(name, offset, PAGE, { signal: ctx.signal });
     } catch (err) {
       if (err?.status === 401 || ctx.signal.aborted) return;
+      // 410: retention dropped the offset asked for (Latest asks for tail - PAGE).
+      if (err?.status === 410 && fallback) return load(fallback, remember);
       problem.replaceChildren(alertBox(err));
       return;
     }
@@ -226,7 +228,7 @@ export async function renderMessages(panel, ctx, station) {
   next.addEventListener('click', () => nextOffset && load(nextOffset, true));
   latest.addEventListener('click', async () => {
     const s = await api.station(name, { signal: ctx.signal }).catch(() => station);
-    load(latestOffset(s.stats?.tailOffset), true);
+    load(latestOffset(s.stats?.tailOffset), true, '-1');
   });
   const browseForm = h(
     'form',
