@@ -288,9 +288,10 @@ def _check_station(args: argparse.Namespace, *, create: bool) -> None:
     (``_create_station``); warn when an existing station's window is shorter than asked."""
     args.create_station = False
     try:
-        with _config(args).http() as http:
+        cfg = _config(args)
+        with cfg.http() as http:
             try:
-                view = http.call("GET", _config(args).api_path, what=f"station {args.station}")
+                view = http.call("GET", cfg.api_path, what=f"station {args.station}")
             except StationNotFound:
                 if not create:
                     raise PipelineError(

@@ -55,7 +55,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return position(self.cfg.starting)
         if self.cfg.cursor is None:
             return tail(self.cfg)
-        path = f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor)}"
+        path = self._cursor_path()
         with self.cfg.http() as http:
             try:
                 return position(http.call("GET", path, what="the cursor").json()["offset"])
@@ -107,6 +107,9 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """With ``cursor``, store the committed end offset on the server (see latestOffset)."""
         self._commit_cursor(end["offset"])
 
+    def _cursor_path(self) -> str:
+        return f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor or '')}"
+
     def _commit_cursor(self, offset: str) -> None:
         """Store ``offset`` under the ``cursor`` name, once per position.
 
@@ -115,7 +118,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         the next batch carries the position again."""
         if self.cfg.cursor is None or offset == self._cursor_at:
             return
-        path = f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor)}"
+        path = self._cursor_path()
         try:
             with self.cfg.http() as http:
                 http.call("PUT", path, {"offset": offset}, what="commit the cursor")
