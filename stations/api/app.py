@@ -11,7 +11,7 @@ from stations.api import cursors, groups, stations, streams, subscriptions, tran
 from stations.api.auth import Token, auth_middleware, needs
 from stations.api.errors import RETRY_AFTER_S, error_middleware
 from stations.api.headers import CorsPolicy, headers_middleware, host_middleware, on_prepare
-from stations.api.limits import Limits, ReaderSlots, overload_middleware
+from stations.api.limits import Limits, ReaderSlots, encoding_middleware, overload_middleware
 from stations.api.metrics import (
     DEFAULT_MAX_STATIONS,
     Metrics,
@@ -134,6 +134,7 @@ def make_app(
             host_middleware,
             console_headers,
             headers_middleware,
+            encoding_middleware,
             auth_middleware,
             overload_middleware,
             error_middleware,

@@ -9,6 +9,8 @@
   (slowloris); ``body_timeout_s``: a request body not complete in time is answered ``408``.
 - ``idle_timeout_s``: a keep-alive connection with no request closes.
 - ``send_timeout_s``: a response the client stops reading (the socket stays full) closes.
+
+Request bodies are taken as sent: a body with a ``Content-Encoding`` is refused (``415``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ class GuardedHandler(RequestHandler):
     """aiohttp's request handler with head, body and send timeouts."""
 
     def __init__(self, limits: Limits, **kwargs: Any) -> None:
+        # Bodies are never decoded (encoding_middleware refuses coded ones): no decompression
+        # work for a body nobody will store, and no parser error on one aiohttp cannot decode.
+        kwargs["auto_decompress"] = False
         super().__init__(keepalive_timeout=limits.idle_timeout_s, **kwargs)
         self._limits = limits
         self._head_timer: asyncio.TimerHandle | None = None
@@ -315,3 +320,32 @@ async def overload_middleware(
         # Free the connection too: a refused reader must not keep a slot.
         response.force_close()
         return response
+
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+@web.middleware
+async def encoding_middleware(
+    request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    """A request body with a ``Content-Encoding`` other than ``identity`` gets ``415`` (RFC
+    7694). Decoding gzip or deflate took the 64 MiB limit after decompression, but a corrupt
+    body was a 500, a truncated one was stored truncated, and a coding aiohttp does not know
+    (``compress``, ``x-gzip``, two codings) was stored still coded, as if it were the data."""
+    codings = [
+        c.strip().lower()
+        for value in request.headers.getall("Content-Encoding", [])
+        for c in value.split(",")
+    ]
+    if request.body_exists and any(c not in ("", "identity") for c in codings):
+        response = error_response(
+            415,
+            "unsupported_content_encoding",
+            "request bodies are taken as sent: send them without a Content-Encoding",
+            "Content-Encoding",
+        )
+        response.headers["Accept-Encoding"] = "identity"
+        response.force_close()  # the coded body is not read
+        return response
+    return await handler(request)  # type: ignore[no-any-return]

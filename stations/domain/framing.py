@@ -158,6 +158,16 @@ def _canonical_span(body: bytes, value: object) -> Span | None:
     return Span(SEP.join(elements), len(elements)) if len(elements) == len(value) else None
 
 
+def _span(values: list[object]) -> Sequence[bytes]:
+    """``values`` as stored messages (orjson's compact form; raises TypeError where orjson
+    does). Written as one array and split, not one ``orjson.dumps`` per value: each call
+    leaves its 4 KiB buffer's tail behind in the heap, about 3 KB a message for good."""
+    if len(values) < 2:
+        return list(map(orjson.dumps, values))
+    elements = _ELEMENTS.decode(orjson.dumps(values))
+    return Span(SEP.join(elements), len(elements))
+
+
 def joined(messages: Sequence[bytes]) -> bytes:
     """Messages as one row stores them, separated by ``SEP``."""
     return messages.data if isinstance(messages, Span) else SEP.join(messages)
@@ -194,7 +204,7 @@ def split_json(body: bytes, *, allow_empty: bool) -> Sequence[bytes]:
         if not value and not allow_empty:
             raise BadRequest("an empty JSON array appends nothing", "body")
         try:
-            return list(map(orjson.dumps, value))  # the fast path: every value is plain JSON
+            return _span(value)  # the fast path: every value is plain JSON
         except TypeError:
             # orjson refuses values nested deeper than 255 levels (among others): the standard
             # library writes those, once the depth is known to be within the limit.
