@@ -14,6 +14,9 @@ Tokens file (JSON)::
 
     {"tokens": [{"token": "s3cret", "role": "admin"},
                 {"token": "p1", "role": "producer", "stations": ["orders", "orders/*"]}]}
+
+An entry holds these three keys only; a secret appears once; ``stations``, when given, lists at
+least one pattern (so no slip in the file can leave a token reaching every station).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from stations.api.errors import error_response
 from stations.domain.errors import Forbidden
 
 ROLES = ("admin", "producer", "consumer")
+FIELDS = ("token", "role", "stations")  # of a tokens file entry
 
 # What each role may do; the route classes are decided by ``route_class``.
 ALLOWED = {
@@ -91,9 +95,17 @@ def load_tokens(path: str) -> list[Token]:
     if not isinstance(entries, list) or not entries:
         raise TokensFileError(f'tokens file {path} needs {{"tokens": [...]}} with at least one')
     tokens = []
+    first_of: dict[bytes, int] = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
             raise TokensFileError(f"tokens[{i}] needs a string token")
+        # Without "stations" a token reaches every station, so an entry must not lose its
+        # patterns to a misspelt key ("station", "scope"): anything unknown is refused.
+        unknown = sorted(set(entry) - set(FIELDS))
+        if unknown:
+            raise TokensFileError(
+                f"tokens[{i}].{unknown[0][:40]} is not a field ({', '.join(FIELDS)})"
+            )
         if len(entry["token"]) < 8:
             raise TokensFileError(f"tokens[{i}].token must be at least 8 characters")
         if entry.get("role") not in ROLES:
@@ -101,7 +113,20 @@ def load_tokens(path: str) -> list[Token]:
         patterns = entry.get("stations", [])
         if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
             raise TokensFileError(f"tokens[{i}].stations must be a list of name patterns")
-        tokens.append(Token(entry["token"].encode(), entry["role"], tuple(patterns)))
+        if "stations" in entry and not patterns:
+            # An empty list would read as "no patterns", i.e. every station.
+            raise TokensFileError(
+                f"tokens[{i}].stations is empty: list at least one pattern, or leave it out "
+                "for a token that reaches every station"
+            )
+        secret = entry["token"].encode()
+        if secret in first_of:
+            # ``find`` takes the last match: the earlier entry's role and scope would be lost.
+            raise TokensFileError(
+                f"tokens[{i}].token is the same secret as tokens[{first_of[secret]}].token"
+            )
+        first_of[secret] = i
+        tokens.append(Token(secret, entry["role"], tuple(patterns)))
     return tokens
 
 

@@ -40,6 +40,9 @@ MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
 MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
 MAX_EXPIRES_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+# With tokens a read is one token's answer: "public" would let a shared cache (a CDN) store it
+# although the request carried Authorization (RFC 9111 §3.5) and hand it to other tokens or none.
+CACHEABLE_PRIVATE = "private, max-age=60, stale-while-revalidate=300"
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
@@ -299,6 +302,10 @@ def _etag(result: ReadResult) -> str:
     return f'"{tag}"'
 
 
+def _cacheable(request: web.Request) -> str:
+    return CACHEABLE_PRIVATE if request.app["tokens"] else CACHEABLE
+
+
 def _none_match(header: str | None, etag: str) -> bool:
     """RFC 9110 §13.1.2: ``*`` or any listed tag equal to ours by weak comparison (a ``W/``
     prefix does not count), so caches and clients that weaken or list tags get their 304."""
@@ -347,7 +354,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         response = web.Response(status=200)
         _read_headers(response, result)
         response.headers["ETag"] = _etag(result)
-        response.headers["Cache-Control"] = CACHEABLE
+        response.headers["Cache-Control"] = _cacheable(request)
         if not result.closed:
             response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
         return await reading.respond(request, response, result)
@@ -371,7 +378,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     response = web.Response(status=200)
     _read_headers(response, result)
     response.headers["ETag"] = etag
-    response.headers["Cache-Control"] = CACHEABLE
+    response.headers["Cache-Control"] = _cacheable(request)
     return await reading.respond(request, response, result)
 
 
