@@ -208,10 +208,11 @@ def _settle_expired(
     again = [seq for seq, count in expired if count < group.max_msg_deliveries]
     if again:
         store.release(batch.conn, group.id, again)
-    if not batch.durable:
+    if not batch.durable or _forward_out_of_order(batch, state):
         # A commit that may not reach the disk writes leases only: a DLS entry (and what
         # dls.forwardTo appends) must not vanish after readers saw it. The lease timer's
-        # tick, a transaction that waits for the disk, moves these at their deadline.
+        # tick, a transaction that waits for the disk and locks in name order, moves these
+        # at their deadline.
         batch.changed.add(state.name)
         return again
     for seq, count in expired:
@@ -228,6 +229,16 @@ def _settle_expired(
             )
     batch.changed.add(state.name)
     return again
+
+
+def _forward_out_of_order(batch: Batch, state: StreamState) -> bool:
+    """Whether a dead letter of ``state`` would lock the station it is forwarded to after
+    ``state``, against the name order every process locks stations in (a fetch locks only
+    its own station: looking the target up first would cost every fetch a query)."""
+    if not batch.row_locks:
+        return False
+    target = (state.config.get("dls") or {}).get("forwardTo")
+    return isinstance(target, str) and target < state.name and target not in batch.streams
 
 
 def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> Fetched:

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,13 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether the database aborted this transaction's work, to be run again (deadlock,
+    serialization failure). SQLAlchemy wraps the driver's error; the hot paths' raw cursors
+    do not."""
+    return getattr(getattr(exc, "orig", exc), "sqlstate", None) in TRANSIENT_SQLSTATES
+
+
 @dataclass
 class Batch:
     """The unit of work of one transaction: loaded state plus the rows to write at commit."""
@@ -92,6 +99,8 @@ class Batch:
     undo: list[Callable[[], None]] = field(default_factory=list)
     # Run once after the ops, inside the transaction (keyed, so an op may ask more than once).
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
+    # A deadlock or serialization failure met inside a savepoint (see ``savepoint``).
+    aborted: Exception | None = None
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
@@ -157,9 +166,32 @@ class Batch:
         while len(self.undo) > mark:
             self.undo.pop()()
 
-    def savepoint(self) -> contextlib.AbstractContextManager[Any]:
-        """A nested transaction: what runs inside it is rolled back alone if it raises."""
-        return self.conn.begin_nested()
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested transaction: what runs inside it is rolled back alone if it raises, in the
+        database and in this batch. It flushes first, so that rows queued in RAM at a rollback
+        are its own (they go: a dead letter's forwarded copy must not outlive its entry), and
+        after a rollback cached rows are read again: the database undid what was written
+        inside and (PostgreSQL) released the row locks taken inside.
+
+        A deadlock or serialization failure is not the savepoint's alone: whoever catches it
+        (upkeep goes on with the next station) would skip that work until its next run. It is
+        recorded (``aborted``) and the whole transaction runs again."""
+        if self.aborted is not None:  # the transaction runs again anyway: no more work now
+            raise self.aborted
+        self.flush()
+        try:
+            with self.conn.begin_nested():
+                yield
+        except Exception as exc:
+            self.rows.clear()
+            self.ids.clear()
+            self.dirty.clear()
+            self.dirty_sessions.clear()
+            self.forget()
+            if self.aborted is None and transient(exc):
+                self.aborted = exc
+            raise
 
     def forget(self) -> None:
         """Drop cached state after a structural change (create, delete)."""
@@ -501,11 +533,10 @@ class Writer:
             try:
                 return self._transaction(ops, strict)
             except Exception as exc:
-                # SQLAlchemy wraps the driver's error; the hot paths' raw cursors do not.
-                state = getattr(getattr(exc, "orig", exc), "sqlstate", None)
-                if state not in TRANSIENT_SQLSTATES or attempt == TRANSIENT_TRIES:
+                if not transient(exc) or attempt == TRANSIENT_TRIES:
                     raise
                 self.transient_retries += 1
+                state = getattr(getattr(exc, "orig", exc), "sqlstate", None)
                 log.info("transaction aborted by the database (%s); running it again", state)
         raise AssertionError("unreachable")
 
@@ -522,6 +553,8 @@ class Writer:
                         outcomes.append((True, op(batch)))
                     except StationsError as exc:
                         outcomes.append((False, exc))
+                if batch.aborted is not None:  # in a savepoint someone caught: run it all again
+                    raise batch.aborted
                 batch.flush()
                 for hook in batch.before_commit.values():
                     hook(batch)

@@ -1,0 +1,277 @@
+"""Consumer groups and the dead-letter store under row locks of other transactions on real
+PostgreSQL: the writer's transaction meets a second connection that holds rows it needs, at a
+moment the test chooses, so each deadlock (or its absence) is deterministic."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+
+from stations.domain import groups, transactions
+from stations.domain.service import Service
+from stations.store import db
+from stations.store.writer import Batch, Writer
+
+
+async def _setup(url: str, stations: list[dict[str, Any]], source: str, count: int) -> None:
+    """The stations, ``count`` messages on ``source`` and its group ``g`` (one delivery per
+    message), which has taken them all. Done by a service that is then closed, so no
+    scheduler of its own settles what the test arranges."""
+    svc = Service(url)
+    await svc.start()
+    try:
+        for raw in stations:
+            await svc.create_station(raw)
+        await svc.produce(source, {"messages": [{"data": k} for k in range(count)]})
+        await svc.ensure_group(source, "g", {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 1})
+        assert len((await svc.fetch(source, "g", count, 0, "c1")).messages) == count
+    finally:
+        await svc.close()
+
+
+@asynccontextmanager
+async def _writer(url: str) -> AsyncIterator[Writer]:
+    engine = db.make_engine(url, writer=True)
+    writer = Writer(engine, lambda changed: None)
+    writer.start()
+    try:
+        yield writer
+    finally:
+        await writer.stop()
+        engine.dispose()
+
+
+def _sql(url: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(statement, args)
+        return cur.fetchall() if cur.description else []
+
+
+async def _blocked_or_done(url: str, other: int, done: asyncio.Future[Any]) -> bool:
+    """Wait until a backend other than ``other`` waits for a row lock (True), or ``done``."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if done.done():
+            return False
+        waiting = _sql(
+            url,
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> %s",
+            other,
+        )
+        if waiting:
+            return True
+        await asyncio.sleep(0.02)
+    raise AssertionError("the writer neither finished nor waited for a lock")
+
+
+def _in_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """``fn`` on a thread of its own (not the loop's default executor, which the writer's
+    stop uses too)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting test
+            loop.call_soon_threadsafe(future.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(future.set_result, result)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def _counts(url: str, target: str) -> tuple[int, int, int]:
+    """(DLS entries, messages forwarded to ``target``, open leases of group g)."""
+    (dls,), (forwarded,), (leases,) = (
+        _sql(url, "SELECT count(*) FROM dls")[0],
+        _sql(
+            url,
+            "SELECT count(*) FROM messages m JOIN streams s ON s.id = m.stream_id "
+            "WHERE s.name = %s",
+            target,
+        )[0],
+        _sql(
+            url,
+            "SELECT (SELECT count(*) FROM deliveries) + "
+            "(SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM lease_ranges)",
+        )[0],
+    )
+    return int(dls), int(forwarded), int(leases)
+
+
+def _tick(batch: Batch) -> int | None:
+    return groups.expire_all(batch, 0)
+
+
+def test_a_fetch_that_dead_letters_locks_its_forward_target_in_name_order(pg_url: str) -> None:
+    """A fetch settling an expired last delivery dead-letters it, and the copy forwarded to
+    ``dls.forwardTo`` locks the target station's row. The fetch had locked its own station
+    first: with a target that sorts before it, a transaction locking both in name order (as
+    every other path does) was aborted as deadlocked. Now such a fetch leaves the dead letter
+    to the lease timer's tick, which locks in name order."""
+
+    async def run() -> None:
+        await _setup(
+            pg_url, [{"name": "a"}, {"name": "b", "dls": {"forwardTo": "a"}}], "b", count=1
+        )
+        _sql(pg_url, "UPDATE lease_ranges SET due = 1")  # the lease has expired
+        async with _writer(pg_url) as writer:
+            other = psycopg.connect(pg_url)
+            try:
+                # This connection runs its deadlock check first (after 100 ms, the writer's
+                # after 1 s): should there be a cycle, it is the one aborted, and we see it.
+                other.execute("SET deadlock_timeout = '100ms'")
+                other.execute("SELECT 1 FROM streams WHERE name = 'a' FOR UPDATE")
+                fetched = writer.enqueue(lambda batch: groups.fetch(batch, "b", "g", 10, "c2"))
+                await _blocked_or_done(pg_url, other.info.backend_pid, fetched)
+                locked = _in_thread(
+                    lambda: other.execute("SELECT 1 FROM streams WHERE name = 'b' FOR UPDATE")
+                )
+                await asyncio.wait_for(locked, 10)  # not psycopg.errors.DeadlockDetected
+                other.commit()
+            finally:
+                other.close()
+            assert (await asyncio.wait_for(fetched, 10)).messages == []
+            # The dead letter waits for the lease timer's tick, which locks in name order.
+            await writer.submit(_tick)
+            assert writer.transient_retries == 0
+        assert _counts(pg_url, "a") == (1, 1, 0)
+
+    asyncio.run(run())
+
+
+def test_a_deadlock_inside_lease_expirys_savepoint_runs_the_tick_again(pg_url: str) -> None:
+    """Lease expiry runs each group in a savepoint. A deadlock there used to roll back that
+    savepoint only and be logged: the tick's expiry of that group was skipped, and the copy
+    forwarded to ``dls.forwardTo`` by an earlier dead letter of the same savepoint, queued in
+    the batch's RAM, was still written at commit: without its DLS entry, and a second time by
+    the next tick. Now the whole transaction is run again, and nothing is written twice."""
+
+    async def run() -> None:
+        await _setup(
+            pg_url, [{"name": "b", "dls": {"forwardTo": "c"}}, {"name": "c"}], "b", count=2
+        )
+        (group_id,) = _sql(pg_url, "SELECT id FROM groups")[0]
+        # Both leases as deliveries rows (a nack or a transaction splits a range so too),
+        # expired; the other connection can then lock the second one.
+        _sql(
+            pg_url,
+            "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due, redrives) "
+            "SELECT group_id, s, 1, consumer, 1, 0 FROM lease_ranges, "
+            "generate_series(first_seq, last_seq) AS s",
+        )
+        _sql(pg_url, "DELETE FROM lease_ranges")
+        async with _writer(pg_url) as writer:
+            other = psycopg.connect(pg_url)
+            try:
+                # The writer waits first, so it runs the deadlock check first: it is the one
+                # aborted, inside its savepoint.
+                other.execute("SET deadlock_timeout = '30s'")
+                other.execute(
+                    "SELECT 1 FROM deliveries WHERE group_id = %s AND seq = 2 FOR UPDATE",
+                    (group_id,),
+                )
+                ticked = writer.enqueue(_tick)
+                # The tick dead-letters seq 1 (forwarded to c: c's row locked) and waits for
+                # seq 2; locking c now closes the cycle.
+                assert await _blocked_or_done(pg_url, other.info.backend_pid, ticked)
+                locked = _in_thread(
+                    lambda: other.execute("SELECT 1 FROM streams WHERE name = 'c' FOR UPDATE")
+                )
+                await asyncio.wait_for(locked, 10)
+                other.commit()
+            finally:
+                other.close()
+            await asyncio.wait_for(ticked, 10)
+            assert _counts(pg_url, "c") == (2, 2, 0)
+            await writer.submit(_tick)  # a later tick finds nothing more to do
+            assert writer.transient_retries == 1
+        assert _counts(pg_url, "c") == (2, 2, 0)
+
+    asyncio.run(run())
+
+
+def test_a_failed_savepoint_of_lease_expiry_writes_nothing_it_queued(pg_url: str) -> None:
+    """A group's expiry that fails after a dead letter was forwarded (here: a lock wait past
+    the database's ``lock_timeout``, which is no deadlock: nothing runs again) rolls back its
+    savepoint. The forwarded copy queued in the batch's RAM used to be written at commit all
+    the same, so the next tick forwarded that message a second time."""
+
+    async def run() -> None:
+        await _setup(
+            pg_url, [{"name": "b", "dls": {"forwardTo": "c"}}, {"name": "c"}], "b", count=2
+        )
+        (group_id,) = _sql(pg_url, "SELECT id FROM groups")[0]
+        _sql(
+            pg_url,
+            "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due, redrives) "
+            "SELECT group_id, s, 1, consumer, 1, 0 FROM lease_ranges, "
+            "generate_series(first_seq, last_seq) AS s",
+        )
+        _sql(pg_url, "DELETE FROM lease_ranges")
+        name = pg_url.rsplit("/", 1)[1]
+        _sql(pg_url, f"ALTER DATABASE \"{name}\" SET lock_timeout = '300ms'")
+        async with _writer(pg_url) as writer:
+            with psycopg.connect(pg_url) as other:
+                other.execute(
+                    "SELECT 1 FROM deliveries WHERE group_id = %s AND seq = 2 FOR UPDATE",
+                    (group_id,),
+                )
+                await asyncio.wait_for(writer.submit(_tick), 10)
+                # The group's share rolled back whole: no entry, no copy, both leases open.
+                assert _counts(pg_url, "c") == (0, 0, 2)
+            await writer.submit(_tick)
+        assert _counts(pg_url, "c") == (2, 2, 0)
+
+    asyncio.run(run())
+
+
+def test_leases_with_the_same_deadline_each_expire_and_settle_alone(pg_url: str) -> None:
+    """Deadlines are whole ms: two fetches in one transaction lease with the same one. Nothing
+    keyed by a deadline may lose or mix them (the lease timer keeps one date, the tables key
+    leases by position): each consumer's transaction settles its own lease only, and the
+    rest all expire at that deadline and come round again."""
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s"})
+            await svc.produce("s", {"messages": [{"data": k} for k in range(4)]})
+            await svc.ensure_group("s", "g", {"maxAckTimeMs": 1000, "maxMsgDeliveries": 5})
+
+            def both(batch: Batch) -> tuple[groups.Fetched, groups.Fetched]:
+                return (
+                    groups.fetch(batch, "s", "g", 2, "c1"),
+                    groups.fetch(batch, "s", "g", 2, "c2"),
+                )
+
+            one, two = await svc.write(both)
+            deadline = one.messages[0].ack_deadline
+            assert {d.ack_deadline for d in one.messages + two.messages} == {deadline}
+            svc.leases.arm(deadline)
+            svc.leases.arm(deadline)  # the same moment again: one tick serves both
+            for consumer, fetched in (("c1", one), ("c2", two)):
+                seq = fetched.messages[0].seq
+                settle = transactions.Settle("ack", "ack.0", "s", "g", seq, 1, deadline)
+                done = await svc.transact(transactions.TxRequest(consumer, [settle]))
+                assert done.acked == 1
+            left = sorted(d.seq for d in (one.messages[1], two.messages[1]))
+            await asyncio.sleep(1.2)  # past the deadline: the tick has settled both
+            again = (await svc.fetch("s", "g", 10, 0, "c3")).messages
+            assert [(d.seq, d.delivery_count) for d in again] == [(s, 2) for s in left]
+            (view,) = await svc.groups("s")
+            assert (view["inFlight"], view["pending"]) == (2, 0)
+        finally:
+            await svc.close()
+
+    asyncio.run(run())
