@@ -182,9 +182,9 @@ def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) ->
 
 
 def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
-    database = make_url(url).database
-    if database and database != ":memory:":
-        os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
+    database = database_file(url)
+    if database is not None:
+        os.makedirs(os.path.dirname(database), exist_ok=True)
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": 30},
@@ -221,13 +221,36 @@ def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
 
 
 def database_file(url: str) -> str | None:
-    """The file an embedded database lives in (None: a server database, or one in memory)."""
+    """The file an embedded database lives in (None: a server database, or one in memory or
+    temporary), however the URL spells it: a path, or a SQLite URI (``file:...?uri=true``)."""
     parsed = make_url(normalize_url(url))
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    if parsed.get_backend_name() != "sqlite":
         return None
-    if parsed.database.startswith("file:") or parsed.query.get("mode") == "memory":
+    # The very name the driver opens, as SQLAlchemy builds it from the URL: without
+    # ``uri=true`` a ``file:`` name is a plain (relative) file name, query dropped.
+    (filename, *_), options = parsed.get_dialect()().create_connect_args(parsed)
+    if options.get("uri") and filename and filename.startswith("file:"):
+        return _uri_file(filename)
+    if filename in (None, "", ":memory:"):
         return None
-    return os.path.abspath(parsed.database)
+    return os.path.abspath(filename)
+
+
+def _uri_file(uri: str) -> str | None:
+    """The file a SQLite URI opens, read as SQLite reads it (sqlite.org/uri.html): the path
+    ends at ``?`` or ``#`` and is %-decoded; an authority may only be empty or localhost."""
+    from urllib.parse import parse_qs, unquote
+
+    rest, _, query = uri[len("file:") :].partition("#")[0].partition("?")
+    if rest.startswith("//"):
+        authority, slash, path = rest[2:].partition("/")
+        if authority not in ("", "localhost"):
+            raise ArgumentError(f"SQLite URI authority {authority!r} is not localhost")
+        rest = slash + path
+    path = unquote(rest)
+    if path in ("", ":memory:") or "memory" in parse_qs(query).get("mode", []):
+        return None
+    return os.path.abspath(path)
 
 
 class InUse(Exception):
