@@ -9,6 +9,7 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import math
 import os
 import socket
 import sys
@@ -227,11 +228,13 @@ def serve(args: argparse.Namespace) -> None:
         _fail(f"--recent-ids must be from 2 to {MAX_RECENT_IDS}")
     if not 0 <= args.metrics_stations <= MAX_METRICS_STATIONS:
         _fail(f"--metrics-stations must be from 0 to {MAX_METRICS_STATIONS}")
+    # nan passed "<= 0" and, as a timer, dropped every request whose head or body came in two
+    # packets; inf turned the protection off; both crashed --read-budget-mb with a traceback.
     for option in ("head_timeout_s", "body_timeout_s", "idle_timeout_s", "send_timeout_s"):
-        if getattr(args, option) <= 0:
-            _fail(f"--{option.replace('_', '-')} must be positive")
-    if args.read_budget_mb <= 0:
-        _fail("--read-budget-mb must be positive")
+        if not (math.isfinite(getattr(args, option)) and getattr(args, option) > 0):
+            _fail(f"--{option.replace('_', '-')} must be a positive number of seconds")
+    if not (math.isfinite(args.read_budget_mb) and args.read_budget_mb > 0):
+        _fail("--read-budget-mb must be a positive number")
     for option in ("max_connections", "max_waiting_readers"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             _fail(f"--{option.replace('_', '-')} must be at least 1")

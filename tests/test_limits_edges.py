@@ -1,13 +1,15 @@
 """The edges hold like the core (an adversarial review of limits and timeouts): a coded request
 body is refused, never stored coded, truncated or answered with a 500; a JSON append of many
-small messages does not cost the server kilobytes of memory per message. One SQLite server on
-loopback; every loop is bounded.
+small messages does not cost the server kilobytes of memory per message; a timeout or read budget
+that is no number is refused at start. SQLite servers on loopback; every loop is bounded.
 """
 
 from __future__ import annotations
 
 import gzip
 import socket
+import subprocess
+import sys
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import Server
+from tests.harness import Server, free_port
 from tests.module_server import module_server
 
 JSON = {"Content-Type": "application/json"}
@@ -148,3 +150,34 @@ def test_many_small_json_messages_in_one_append_cost_bytes_not_kilobytes(
     assert [m["data"] for m in r.json()["messages"]] == [{"a": 1}] * 3
     assert http.get(f"/api/stations/{path.rsplit('/', 1)[1]}").json()["stats"]["messages"] == n
     assert tail == http.head(path).headers["Stream-Next-Offset"]
+
+
+# -- serve options ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--body-timeout-s", "nan"),  # served, and a body in two packets was dropped at once
+        ("--head-timeout-s", "nan"),
+        ("--idle-timeout-s", "inf"),  # served with the protection off
+        ("--send-timeout-s", "inf"),
+        ("--read-budget-mb", "nan"),  # a traceback
+        ("--read-budget-mb", "inf"),
+    ],
+)
+def test_a_timeout_or_budget_that_is_no_number_is_refused_at_start(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    command = [sys.executable, "-m", "stations", "serve", "--port", str(free_port())]
+    command += ["--db", f"sqlite:///{tmp_path / 's.db'}", option, value]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"stations serve {option} {value} was started")
+    assert proc.returncode == 2, err
+    assert f"{option} must be a positive number".encode() in err, err
+    assert b"Traceback" not in err
