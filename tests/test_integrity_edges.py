@@ -1,11 +1,16 @@
 """Small data-integrity edges, each failing on the code before its fix: the SQLite one-server
-lock under every spelling of the file."""
+lock under every spelling of the file, and SSE text resumed exactly at a control event's
+offset."""
 
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import pytest
 from sqlalchemy import create_engine
 
 from stations.store.db import database_file
@@ -80,3 +85,94 @@ def test_a_second_server_is_refused_whatever_spelling_names_the_file(tmp_path: P
         assert_one_line_error(proc, "another process")
     finally:
         plain.kill()
+
+
+# -- one server for the HTTP cases ---------------------------------------------------------------
+
+SSE_LIFETIME_MS = 400
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("integrity")
+    server = Server(
+        f"sqlite:///{work / 'db.sqlite'}", work, ["--sse-lifetime-ms", str(SSE_LIFETIME_MS)]
+    )
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def client(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        yield c
+
+
+# -- SSE text resumed at a control event's offset ------------------------------------------------
+
+
+def _sse_until_it_ends(client: httpx.Client, path: str, offset: str) -> tuple[str, str]:
+    """Read one SSE response to its end (the server's lifetime for it), as a client does:
+    the text of its data events and the offset of its last control event."""
+    text: list[str] = []
+    kind, data, last = "", [], offset
+    with client.stream("GET", path, params={"offset": offset, "live": "sse"}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:])
+            elif not line and kind:
+                payload = "\n".join(data)
+                if kind == "data":
+                    text.append(payload)
+                else:
+                    last = httpx.Response(200, content=payload).json()["streamNextOffset"]
+                kind, data = "", []
+    return "".join(text), last
+
+
+@pytest.mark.parametrize(
+    "appends",
+    [
+        [b"price \xe2\x82", b"\xac 5"],  # a euro sign split 2 + 1
+        [b"\xf0", b"\x9f", b"\x98", b"\x80!"],  # an emoji split over four appends
+        [b"a\xc3", b"\xa9\xe2\x82", b"\xac"],  # two characters split in a row
+    ],
+)
+def test_sse_text_resumed_at_its_offset_keeps_a_split_character(
+    client: httpx.Client, appends: list[bytes]
+) -> None:
+    """An SSE response ending (its lifetime) while it held the first bytes of a character
+    dropped them: the client, resuming at the offset it was given, got the rest as U+FFFD."""
+    path = f"/v1/stream/sse-{uuid.uuid4().hex[:8]}"
+    assert client.put(path, headers={"Content-Type": "text/plain"}).status_code == 201
+    received, offset = "", "-1"
+    for part in appends:
+        r = client.post(path, content=part, headers={"Content-Type": "text/plain"})
+        assert r.status_code in (200, 204), r.text
+        text, offset = _sse_until_it_ends(client, path, offset)
+        received += text
+    assert received == b"".join(appends).decode(), received
+
+
+def test_sse_from_inside_a_character_on_a_fresh_connection(client: httpx.Client) -> None:
+    """The same at a reconnect that finds nothing new yet: the bytes that complete the
+    character arrive while it waits."""
+    path = f"/v1/stream/sse-{uuid.uuid4().hex[:8]}"
+    assert client.put(path, headers={"Content-Type": "text/plain"}).status_code == 201
+    client.post(path, content=b"x\xe2\x82", headers={"Content-Type": "text/plain"})
+    text, offset = _sse_until_it_ends(client, path, "-1")
+    assert text == "x"
+    with client.stream("GET", path, params={"offset": offset, "live": "sse"}) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "event: control"
+        client.post(path, content=b"\xac.", headers={"Content-Type": "text/plain"})
+        seen = []
+        for line in lines:
+            seen.append(line)
+            if line == "event: control":
+                break
+    assert "data:\u20ac." in seen, seen

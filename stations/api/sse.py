@@ -4,6 +4,7 @@ event; the server ends the connection after ``sse_lifetime_s`` so CDNs can colla
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import re
@@ -15,14 +16,45 @@ from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.budget import Overloaded
 from stations.domain.errors import StationsError
 from stations.domain.offsets import encode
+from stations.domain.service import Service
 from stations.domain.streams import is_json_type
 
 _LINES = re.compile(r"\r\n|\r|\n")
+MAX_LEAD = 3  # a character's bytes before its last: the most a text page may end inside of
 
 
 def _event(kind: str, payload: str) -> bytes:
     lines = _LINES.split(payload)
     return (f"event: {kind}\n" + "".join(f"data:{line}\n" for line in lines) + "\n").encode()
+
+
+def _continues(parts: list[bytes]) -> bool:
+    """Whether the first byte of ``parts`` continues a UTF-8 character begun before them."""
+    first = next((part for part in parts if part), b"")
+    return bool(first) and 0x80 <= first[0] < 0xC0
+
+
+async def _lead_bytes(svc: Service, name: str, position: int, stream: tuple[int, int]) -> bytes:
+    """The first bytes of the character the stored text up to ``position`` ends inside of
+    (empty if it ends on a character's end), as an SSE connection reading past ``position``
+    would hold them in its ``TextCarry``."""
+    tail = b""
+    for _ in range(MAX_LEAD):  # those bytes are in the last three messages (none is empty)
+        if len(tail) >= MAX_LEAD or position <= 0:
+            break
+        try:
+            before = await svc.read_or_wait(name, position - 1, 0, max_bytes=1, stream=stream)
+        except StationsError:  # gone (retention, deletion): no earlier bytes to join
+            break
+        if not before.count or before.next - before.count != position - 1:
+            break  # retention dropped message ``position``: reading started after it
+        tail = before.parts[0][-MAX_LEAD:] + tail
+        position -= 1
+    # UTF-8 resynchronizes at each lead byte: what a decoder holds after the last few bytes
+    # is what it would hold after the whole text.
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(tail[-MAX_LEAD:])
+    return bytes(decoder.getstate()[0])
 
 
 async def serve_sse(request: web.Request, name: str, position: int | None) -> web.StreamResponse:
@@ -44,11 +76,25 @@ async def serve_sse(request: web.Request, name: str, position: int | None) -> we
     carry = reading.TextCarry() if ct.startswith("text/") and not is_json_type(ct) else None
     result, opening = first, True
     del first  # a page is held (and counted in the memory budget) only while it is sent
+    resumed = carry is not None  # until its first data: may start inside a character
     try:
         while True:
             # A data event and its control event go out back to back, with no await between
             # them when both are small; large data events go out in drained chunks.
             data = b""
+            if resumed and result.count:
+                resumed = False
+                assert carry is not None
+                # Text pages are one message per append: this page starts after message
+                # next - count. An earlier connection ended there holding a character's first
+                # bytes, never sent (its control event's offset is this one): take them again.
+                start = result.next - result.count
+                if start > 0 and _continues(result.parts):
+                    stream = (state.id, state.created_at)
+                    try:
+                        carry.pending = await _lead_bytes(svc, name, start, stream)
+                    except Overloaded:  # nothing sent of this page: the client comes back
+                        break
             if result.count:
                 if carry is not None:
                     data = carry.data(request, result, _event)
