@@ -5,7 +5,8 @@
 - per station and per group, read from the service at scrape time by a custom collector:
   messages, bytes, ids in the window, DLS depth, pending, in flight, lag, and the counters the
   service keeps (duplicates answered, redeliveries). Series exist only for stations that exist,
-  and for at most ``max_stations`` of them (by name), so their number is bounded;
+  and for at most ``max_stations`` of them (by name), and group series only for the first
+  ``figures.MAX_GROUPS`` groups of those stations, so their number is bounded;
 - the group-commit writer's batch sizes and commit latency;
 - the standard process, platform and GC collectors.
 """
@@ -31,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from stations.domain.figures import Snapshot
+from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
 
 DEFAULT_MAX_STATIONS = 500
@@ -64,6 +65,13 @@ class StationsCollector(Collector):
             "stations_stations_reported", "Stations with per-station series (--metrics-stations)"
         )
         shown.add_metric([], len(snap.stations))
+        all_groups = GaugeMetricFamily("stations_groups", "Consumer groups of live stations")
+        all_groups.add_metric([], snap.groups)
+        shown_groups = GaugeMetricFamily(
+            "stations_groups_reported",
+            f"Groups with per-group series (of the reported stations, at most {MAX_GROUPS})",
+        )
+        shown_groups.add_metric([], snap.groups_reported)
         messages = station_gauge("stations_station_messages", "Messages stored in the station")
         size = station_gauge("stations_station_bytes", "Payload bytes stored in the station")
         ids = station_gauge(
@@ -104,7 +112,8 @@ class StationsCollector(Collector):
                 lag.add_metric(labels, g.lag)
                 group_dls.add_metric(labels, g.dead_lettered)
                 redelivered.add_metric(labels, tally.redeliveries.get((st.name, g.name), 0))
-        yield from (total, shown, messages, size, ids, depth, dups, pdups)
+        yield from (total, shown, all_groups, shown_groups)
+        yield from (messages, size, ids, depth, dups, pdups)
         yield from (pending, in_flight, lag, group_dls, redelivered)
 
 

@@ -74,14 +74,13 @@ def views(tx: Tx, now: int, name: str | None = None) -> list[dict[str, Any]]:
     if not states:
         return []
     ids = [s.id for s in states]
-    in_window: dict[int, int] = {}
-    for state in states:
-        in_window[state.id] = idwindow.count(tx, state, now)
+    # Each figure for all stations at once: a fixed number of statements, not some per station.
+    in_window = idwindow.counts(tx, now, states[0].id if name is not None else None)
     extra: dict[int, dict[str, int]] = {}
     for provider in stats_providers:
         for sid, values in provider(tx, ids).items():
             extra.setdefault(sid, {}).update(values)
-    return [_view(s, in_window[s.id], extra.get(s.id, {})) for s in states]
+    return [_view(s, in_window.get(s.id, 0), extra.get(s.id, {})) for s in states]
 
 
 def _view(state: StreamState, ids_in_window: int, extra: dict[str, int]) -> dict[str, Any]:

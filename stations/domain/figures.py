@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stations.domain import catalog, groups
+from stations.domain import catalog
+from stations.store import groups as group_store
 
 BatchObserver = Callable[[int, float], None]  # (ops in the transaction, seconds to commit)
 
@@ -41,29 +42,55 @@ class StationFigures:
 class Snapshot:
     stations: list[StationFigures]
     live: set[str]  # every live station's name, also those beyond the series limit
+    groups: int = 0  # every live station's groups
+    groups_reported: int = 0  # those in ``stations[...].groups``
 
 
-def snapshot(conn: Any, now: int, limit: int) -> Snapshot:
-    """Every live station's stats (the same figures the API shows), and its groups', for the
-    first ``limit`` stations by name."""
+# Per-group series are bounded too: a station may have any number of groups.
+MAX_GROUPS = 1000
+
+
+def snapshot(conn: Any, now: int, limit: int, group_limit: int = MAX_GROUPS) -> Snapshot:
+    """Every live station's stats (the same figures the API shows), and, for the first
+    ``limit`` stations by name, their first ``group_limit`` groups by station and group name.
+    A fixed number of statements however many stations and groups there are."""
     views = catalog.views(conn, now)
-    out = []
-    for view in views[:limit]:
-        stats = view["stats"]
-        figures = StationFigures(
+    shown = views[:limit]
+    out = {
+        view["name"]: StationFigures(
             view["name"],
-            stats["messages"],
-            stats["bytes"],
-            stats["idsInWindow"],
-            stats["deadLettered"],
+            view["stats"]["messages"],
+            view["stats"]["bytes"],
+            view["stats"]["idsInWindow"],
+            view["stats"]["deadLettered"],
         )
-        if stats["groups"]:
-            figures.groups = [
-                GroupFigures(g["name"], g["pending"], g["inFlight"], g["lag"], g["deadLettered"])
-                for g in groups.views(conn, view["name"], now)
-            ]
-        out.append(figures)
-    return Snapshot(out, {v["name"] for v in views})
+        for view in shown
+    }
+    reported = 0
+    if group_limit > 0 and any(view["stats"]["groups"] for view in shown):
+        # A station named in the range that expired but is not deleted yet (the scheduler
+        # deletes it soon) is not shown: its groups are skipped, and may leave a few places
+        # of ``group_limit`` unused meanwhile.
+        rows = [
+            row
+            for row in group_store.first_groups(conn, shown[-1]["name"], group_limit)
+            if row.station in out
+        ]
+        queues = group_store.queue_figures(conn, [row.id for row in rows])
+        for row in rows:
+            waiting, in_flight, dead = queues[row.id]
+            # As ``groups.views`` counts them: the messages after the cursor not yet dropped.
+            lag = max(0, row.tail - max(row.cursor, row.head))
+            out[row.station].groups.append(
+                GroupFigures(row.name, lag + waiting, in_flight, lag, dead)
+            )
+        reported = len(rows)
+    return Snapshot(
+        list(out.values()),
+        {v["name"] for v in views},
+        sum(v["stats"]["groups"] for v in views),
+        reported,
+    )
 
 
 class Tally:

@@ -210,9 +210,10 @@ class IdWindow:
         return idtable.sweep(batch.conn, state.id, batch.now - state.window_ms, SWEEP_CHUNK)
 
 
-def count(conn: Any, state: StreamState, now: int) -> int:
-    """Ids of the station still in its window (the ``idsInWindow`` stat)."""
-    return idtable.count(conn, state.id, now - state.window_ms)
+def counts(conn: Any, now: int, stream_id: int | None = None) -> dict[int, int]:
+    """Ids still in their station's window (the ``idsInWindow`` stat), by station id: of every
+    live station, or of one; a station without any is left out."""
+    return idtable.counts(conn, now, stream_id)
 
 
 def purge(conn: Any, stream_id: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, delete, func, insert, select, update
 
 from stations.store import db, sql
-from stations.store.schema import deliveries, groups, lease_ranges, messages, streams
+from stations.store.schema import deliveries, dls, groups, lease_ranges, messages, streams
 
 __all__ = ["Connection"]
 
@@ -404,13 +404,69 @@ def next_due(conn: Connection, now: int) -> int | None:
     return min(values) if values else None
 
 
-def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
+def first_groups(conn: Connection, upto: str, limit: int) -> list[Any]:
+    """The first ``limit`` groups by station and group name of the live stations named up to
+    ``upto`` (``stream_id``, ``station``, ``name``, ``cursor`` and the station's ``tail`` and
+    ``head``): one statement for all stations."""
+    return list(
+        conn.execute(
+            select(
+                groups.c.id,
+                groups.c.stream_id,
+                streams.c.name.label("station"),
+                groups.c.name,
+                groups.c.cursor,
+                streams.c.tail,
+                streams.c.head,
+            )
+            .join(streams, streams.c.id == groups.c.stream_id)
+            .where(streams.c.deleted.is_(False), streams.c.name <= upto)
+            .order_by(streams.c.name, groups.c.name)
+            .limit(limit)
+        )
+    )
+
+
+def queue_figures(conn: Connection, group_ids: list[int]) -> dict[int, tuple[int, int, int]]:
+    """(waiting, in flight, dead-lettered) of each group, as ``queue_sizes`` and
+    ``dls.count_group`` give them: one statement for all, each figure a subquery on the
+    group's own index range."""
+    if not group_ids:
+        return {}
+    d, r = deliveries, lease_ranges
+    waiting = select(func.count()).where(d.c.group_id == groups.c.id, d.c.consumer.is_(None))
+    leased = select(func.count()).where(d.c.group_id == groups.c.id, d.c.consumer.is_not(None))
+    ranged = select(func.coalesce(func.sum(r.c.last_seq - r.c.first_seq + 1), 0)).where(
+        r.c.group_id == groups.c.id
+    )
+    # Through the DLS's (stream_id, id) index: it has none on group_id.
+    dead = select(func.count()).where(
+        dls.c.stream_id == groups.c.stream_id, dls.c.group_id == groups.c.id
+    )
     rows = conn.execute(
-        select(groups.c.stream_id, func.count())
-        .where(groups.c.stream_id.in_(stream_ids))
-        .group_by(groups.c.stream_id)
-    ).all()
-    return {sid: n for sid, n in rows}
+        select(
+            groups.c.id,
+            waiting.scalar_subquery(),
+            leased.scalar_subquery(),
+            ranged.scalar_subquery(),
+            dead.scalar_subquery(),
+        ).where(groups.c.id.in_(group_ids))
+    )
+    return {gid: (int(w), int(f) + int(rs), int(x)) for gid, w, f, rs, x in rows}
+
+
+# Up to this many stations their ids go into the statement; more (a list of every station)
+# count every station's: PostgreSQL's driver takes at most 65535 parameters, and building a
+# statement with thousands cost more than counting the rest.
+FEW_STATIONS = 100
+
+
+def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
+    query = select(groups.c.stream_id, func.count()).group_by(groups.c.stream_id)
+    if len(stream_ids) <= FEW_STATIONS:
+        query = query.where(groups.c.stream_id.in_(stream_ids))
+    wanted = set(stream_ids)
+    return {sid: n for sid, n in conn.execute(query) if sid in wanted}
 
 
 def purge_stream(conn: Connection, stream_id: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, select, tuple_
 
 from stations.store import db, idruns
-from stations.store.schema import msg_ids
+from stations.store.schema import msg_ids, streams
 
 LOOKUP_CHUNK = 500  # ids per IN (...) list
 
@@ -86,12 +86,22 @@ def sweep(conn: Connection, stream_id: int, cutoff: int, limit: int) -> int:
     return result.rowcount or 0
 
 
-def count(conn: Connection, stream_id: int, cutoff: int) -> int:
-    """Ids of the station stored after ``cutoff``: in ``msg_ids``, blocks and runs."""
-    recent = conn.execute(
-        select(func.count()).where(msg_ids.c.stream_id == stream_id, msg_ids.c.stored_at > cutoff)
-    ).scalar_one()
-    return int(recent) + idruns.count(conn, stream_id, cutoff)
+def counts(conn: Connection, now: int, stream_id: int | None = None) -> dict[int, int]:
+    """Ids stored within their station's window (``id_window_ms``, the config's copy), by
+    station, in ``msg_ids``, blocks and runs: of every live station, or of one. A fixed
+    number of statements however many stations there are."""
+    query = (
+        select(msg_ids.c.stream_id, func.count())
+        .join(streams, streams.c.id == msg_ids.c.stream_id)
+        .where(streams.c.deleted.is_(False), msg_ids.c.stored_at > now - streams.c.id_window_ms)
+        .group_by(msg_ids.c.stream_id)
+    )
+    if stream_id is not None:
+        query = query.where(streams.c.id == stream_id)
+    out = idruns.counts(conn, now, stream_id)
+    for sid, n in conn.execute(query):
+        out[sid] = out.get(sid, 0) + int(n)
+    return out
 
 
 def purge(conn: Connection, stream_id: int) -> None:
