@@ -275,3 +275,89 @@ def test_leases_with_the_same_deadline_each_expire_and_settle_alone(pg_url: str)
             await svc.close()
 
     asyncio.run(run())
+
+
+def test_the_lease_timers_tick_locks_every_station_it_touches_in_name_order(
+    pg_url: str,
+) -> None:
+    """One tick settles expired leases (station by station, in name order) and then redrives
+    due DLS entries, whose stations it used to lock after those: a tick expiring a lease on b
+    and redriving an entry of a, beside a transaction locking a then b, was a deadlock."""
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            for name in ("a", "b"):
+                await svc.create_station({"name": name})
+                await svc.produce(name, {"messages": [{"data": 1}]})
+                await svc.ensure_group(name, "g", {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 1})
+                assert len((await svc.fetch(name, "g", 1, 0, "c1")).messages) == 1
+            assert await svc.dead_letter("a", "g", [1], "bad") == (1, [])
+        finally:
+            await svc.close()
+        _sql(pg_url, "UPDATE dls SET redrive_at = 1")  # a's entry is due for a redrive
+        _sql(pg_url, "UPDATE lease_ranges SET due = 1")  # b's lease has expired
+        async with _writer(pg_url) as writer:
+            other = psycopg.connect(pg_url)
+            try:
+                other.execute("SET deadlock_timeout = '100ms'")  # it checks first
+                other.execute("SELECT 1 FROM streams WHERE name = 'a' FOR UPDATE")
+                ticked = writer.enqueue(_tick)
+                await _blocked_or_done(pg_url, other.info.backend_pid, ticked)
+                locked = _in_thread(
+                    lambda: other.execute("SELECT 1 FROM streams WHERE name = 'b' FOR UPDATE")
+                )
+                await asyncio.wait_for(locked, 10)  # not psycopg.errors.DeadlockDetected
+                other.commit()
+            finally:
+                other.close()
+            await asyncio.wait_for(ticked, 10)
+            assert writer.transient_retries == 0
+        # a's entry is back in its group's queue; b's expired last delivery is in the DLS.
+        rows = _sql(
+            pg_url,
+            "SELECT s.name, d.seq, d.consumer FROM deliveries d JOIN groups g "
+            "ON g.id = d.group_id JOIN streams s ON s.id = g.stream_id",
+        )
+        assert rows == [("a", 1, None)]
+        entries = _sql(pg_url, "SELECT s.name FROM dls JOIN streams s ON s.id = dls.stream_id")
+        assert entries == [("b",)]
+
+    asyncio.run(run())
+
+
+def test_a_redrive_and_a_replay_lock_the_station_before_its_dls_entries(pg_url: str) -> None:
+    """A replay locks the station, then the entries it moves. The tick's redrive locked the
+    due entries first and their station after: the two deadlocked."""
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "a"})
+            await svc.produce("a", {"messages": [{"data": 1}]})
+            await svc.ensure_group("a", "g", {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 1})
+            assert len((await svc.fetch("a", "g", 1, 0, "c1")).messages) == 1
+            assert await svc.dead_letter("a", "g", [1], "bad") == (1, [])
+        finally:
+            await svc.close()
+        _sql(pg_url, "UPDATE dls SET redrive_at = 1")
+        async with _writer(pg_url) as writer:
+            other = psycopg.connect(pg_url)
+            try:
+                other.execute("SET deadlock_timeout = '100ms'")  # it checks first
+                other.execute("SELECT 1 FROM streams WHERE name = 'a' FOR UPDATE")
+                ticked = writer.enqueue(_tick)
+                await _blocked_or_done(pg_url, other.info.backend_pid, ticked)
+                locked = _in_thread(lambda: other.execute("SELECT 1 FROM dls FOR UPDATE"))
+                await asyncio.wait_for(locked, 10)  # not psycopg.errors.DeadlockDetected
+                other.commit()
+            finally:
+                other.close()
+            await asyncio.wait_for(ticked, 10)
+            assert writer.transient_retries == 0
+        assert _sql(pg_url, "SELECT count(*) FROM dls") == [(0,)]
+        assert _sql(pg_url, "SELECT seq, consumer FROM deliveries") == [(1, None)]
+
+    asyncio.run(run())

@@ -129,6 +129,12 @@ def forward_target(batch: Batch, name: str) -> str | None:
     return target if isinstance(target, str) else None
 
 
+def redrive_stations(batch: Batch) -> set[str]:
+    """The stations of the entries ``redrive_due`` would move now, read without a lock."""
+    rows = store.due_redrives(batch.conn, batch.now, REDRIVE_CHUNK, lock=False)
+    return {station for _, station, _, _, _ in rows}
+
+
 def redrive_delay(policy: dict[str, Any], redrives: int) -> int:
     try:
         delay = policy["delayMs"] * float(policy["backoff"]) ** redrives

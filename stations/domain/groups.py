@@ -361,7 +361,10 @@ def expire_all(batch: Batch, since: int) -> int | None:
     """The scheduler's tick: settle expired leases of every group, redrive DLS entries that are
     due, wake fetchers of stations whose waiting messages fell due since ``since``; returns
     when the next thing falls due."""
-    for station, name in store.groups_with_expired(batch.conn, batch.now):
+    expiring = store.groups_with_expired(batch.conn, batch.now)
+    if batch.row_locks:
+        _lock_for_tick(batch, {station for station, _ in expiring})
+    for station, name in expiring:
         state = dls.stream_and_forward(batch, station)  # expiry may dead-letter
         if state is None:
             continue
@@ -375,6 +378,17 @@ def expire_all(batch: Batch, since: int) -> int | None:
     batch.changed |= store.due_stations(batch.conn, since, batch.now)
     due = [t for t in (store.next_due(batch.conn, batch.now), dls.redrive_due(batch)) if t]
     return min(due) if due else None
+
+
+def _lock_for_tick(batch: Batch, expiring: set[str]) -> None:
+    """Lock up front, in name order as every other path does, each station the tick may
+    write: those with expired leases, those their dead letters are forwarded to, and those
+    with DLS entries to redrive (these were locked after the others). A redrive locks its
+    entries after their station, as a replay does (the other way round, the two deadlock)."""
+    names = expiring | dls.redrive_stations(batch)
+    targets = {dls.forward_target(batch, name) for name in expiring}
+    for name in sorted(names | {t for t in targets if t is not None}):
+        batch.stream(name)
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, dict[str, int]]:

@@ -73,18 +73,22 @@ def lock_selected(conn: Connection, sel: Selection) -> list[tuple[int, int, int,
     return [(i, g, s, r) for i, g, s, r in rows]
 
 
-def due_redrives(conn: Connection, now: int, limit: int) -> list[tuple[int, str, int, int, int]]:
+def due_redrives(
+    conn: Connection, now: int, limit: int, *, lock: bool = True
+) -> list[tuple[int, str, int, int, int]]:
     """(id, station, group id, seq, redrives) of up to ``limit`` entries whose automatic
-    redrive is due, oldest due first, locked where the database locks rows (entries another
-    process holds are skipped, so several processes share the work instead of queueing)."""
+    redrive is due, oldest due first; with ``lock``, locked where the database locks rows
+    (entries another process holds are skipped, so several processes share the work instead
+    of queueing)."""
     query = (
         select(dls.c.id, streams.c.name, dls.c.group_id, dls.c.seq, dls.c.redrives)
         .join(streams, streams.c.id == dls.c.stream_id)
         .where(dls.c.redrive_at <= now)
         .order_by(dls.c.redrive_at, dls.c.id)
         .limit(limit)
-        .with_for_update(of=dls, skip_locked=True)
     )
+    if lock:
+        query = query.with_for_update(of=dls, skip_locked=True)
     return [(i, n, g, s, r) for i, n, g, s, r in conn.execute(query).all()]
 
 
