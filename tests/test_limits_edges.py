@@ -181,3 +181,26 @@ def test_a_timeout_or_budget_that_is_no_number_is_refused_at_start(
     assert proc.returncode == 2, err
     assert f"{option} must be a positive number".encode() in err, err
     assert b"Traceback" not in err
+
+
+# -- subscriptions ----------------------------------------------------------------------------------
+
+
+def test_a_subscription_request_names_at_most_1000_streams(http: httpx.Client) -> None:
+    """Every path of one request is stored in one write transaction: 100,000 paths held every
+    append back for about 5 s (400,000: a minute), and nothing bounded them but the body size."""
+    http.put("/v1/stream/wake", headers=JSON)
+    subs = "/v1/stream/__ds/subscriptions"
+    many = {"type": "pull-wake", "wake_stream": "wake", "streams": [f"p{i}" for i in range(1001)]}
+    r = http.put(f"{subs}/many", json=many)
+    assert r.status_code == 400, r.text[:200]
+    assert "1000" in r.text and "streams" in r.text
+    assert http.get(f"{subs}/many").status_code == 404
+    spec = {**many, "streams": [f"p{i}" for i in range(1000)]}
+    assert http.put(f"{subs}/some", json=spec).status_code == 201
+    # Adding to a standing subscription has the same bound.
+    more = {"streams": [f"q{i}" for i in range(1001)]}
+    r = http.post(f"{subs}/some/streams", json=more)
+    assert r.status_code == 400, r.text[:200]
+    assert len(http.get(f"{subs}/some").json()["streams"]) == 1000
+    assert http.post(f"{subs}/some/streams", json={"streams": ["q1"]}).status_code == 204

@@ -164,6 +164,7 @@ async def add_streams(request: web.Request) -> web.Response:
     raw = body.get("streams") if isinstance(body, dict) else None
     if not isinstance(raw, list) or not raw:
         raise subs.InvalidRequest("streams must be a non-empty list of stream paths", "streams")
+    subs.too_many(raw)
     paths = list(dict.fromkeys(subs._path(p, "streams") for p in raw))
     _scope(request, paths)
     await _scope_of(request, sub_id)
