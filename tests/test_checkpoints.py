@@ -63,9 +63,11 @@ def test_the_wal_is_copied_by_the_checkpoint_thread_and_stays_bounded(
             # ``BEHIND`` (4 x 64 frames of 4 KB, ~1 MB, also when it was woken but has not
             # run yet), the writer copies before its next transaction; should a pass of the
             # thread hold the copy off (SQLite runs one checkpoint at a time), the pass's end
-            # asks again: about twice that at worst (seen: up to 1.3 MB). A WAL that is not
-            # started over grew to 6 MB here.
-            bound = 2 * checkpoints.BEHIND * 64 * (4096 + 24)
+            # asks again: about twice that on a quiet box (seen: up to 1.3 MB), more when other
+            # processes hold the CPU and the thread's passes run late (2.4 MB once, with the
+            # suite run beside six other test runs on 2 cores). A WAL that is not started over
+            # grew to 6 MB here.
+            bound = 3 * checkpoints.BEHIND * 64 * (4096 + 24)
             assert largest < bound, f"the WAL grew to {largest} bytes"
         finally:
             await svc.close()
