@@ -204,3 +204,23 @@ def test_a_subscription_request_names_at_most_1000_streams(http: httpx.Client) -
     assert r.status_code == 400, r.text[:200]
     assert len(http.get(f"{subs}/some").json()["streams"]) == 1000
     assert http.post(f"{subs}/some/streams", json={"streams": ["q1"]}).status_code == 204
+
+
+# -- odd headers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("origin", ["http://[::1", "http://[zz]"])
+def test_a_malformed_origin_is_no_grant_and_no_error(
+    srv: Server, http: httpx.Client, origin: str
+) -> None:
+    """urlsplit raises on a bracketed host it cannot parse: every request with such an Origin
+    lost its answer (the connection closed) and logged two tracebacks."""
+    path = new_stream(http, BINARY)
+    r = http.post(path, content=b"x", headers={**BINARY, "Origin": origin})
+    assert r.status_code == 204
+    assert "access-control-allow-origin" not in r.headers
+    r = http.options(path, headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 204
+    assert "access-control-allow-origin" not in r.headers
+    assert http.get(f"{path}?offset=-1", headers={"Origin": origin}).content == b"x"
+    assert "Traceback" not in srv.log()

@@ -96,7 +96,10 @@ class CorsPolicy:
             return "*" in self.origins or origin.rstrip("/") in self.origins
         if self.any_origin:
             return True
-        host = urlsplit(origin).hostname
+        try:
+            host = urlsplit(origin).hostname
+        except ValueError:  # "http://[::1" and the like: no origin a browser sends
+            return False
         return host is not None and is_loopback_host(host)
 
 
