@@ -224,3 +224,23 @@ def test_a_malformed_origin_is_no_grant_and_no_error(
     assert "access-control-allow-origin" not in r.headers
     assert http.get(f"{path}?offset=-1", headers={"Origin": origin}).content == b"x"
     assert "Traceback" not in srv.log()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:99999", "127.0.0.1:abc", "[::1]]", "localhost:-1"])
+def test_a_malformed_host_is_a_400_before_anything_is_done(
+    srv: Server, http: httpx.Client, host: str
+) -> None:
+    """A create built its Location from the Host after the stream was made: a port out of
+    range was a 500 for a create that had happened."""
+    name = f"host-{uuid.uuid4().hex[:8]}"
+    head = f"PUT /v1/stream/{name} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall((head + "Connection: close\r\n\r\n").encode())
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    head_part, _, body = got.partition(b"\r\n\r\n")
+    assert head_part.split(b"\r\n")[0].split()[1] == b"400", got[:300]
+    assert httpx.Response(200, content=body).json()["error"]["field"] == "Host"
+    assert http.head(f"/v1/stream/{name}").status_code == 404
+    assert "Traceback" not in srv.log()

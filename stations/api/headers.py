@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from yarl import URL
 
 from stations.api.errors import error_response
 
@@ -147,11 +148,28 @@ async def headers_middleware(request: web.Request, handler):  # type: ignore[no-
     return response
 
 
+@functools.lru_cache(maxsize=256)
+def valid_authority(host: str) -> bool:
+    """Whether ``request.url`` can be built with this ``Host``: yarl refuses a port out of
+    range or not a number and a bad bracketed address, and a handler asking for the URL
+    (a create's ``Location``) answered 500 after the stream was created."""
+    try:
+        URL.build(scheme="http", authority=host)
+    except ValueError:
+        return False
+    return True
+
+
 @web.middleware
 async def host_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Token-less loopback mode: only loopback ``Host`` names (against DNS rebinding, where a
-    web page's own host name comes to point at 127.0.0.1)."""
+    """A ``Host`` that is no host and port is a 400 (RFC 9112 §3.2). Token-less loopback mode:
+    only loopback ``Host`` names (against DNS rebinding, where a web page's own host name comes
+    to point at 127.0.0.1)."""
     host = request.headers.get("Host")
+    if host is not None and not valid_authority(host):
+        return error_response(
+            400, "bad_request", "the Host header must be a host name and a port", "Host"
+        )
     policy = _policy(request)
     if host is not None and policy.loopback_host_only and not is_loopback_host(_host_name(host)):
         return error_response(
