@@ -396,6 +396,19 @@ def test_delete_station_asks_first(console: Console, api: Api) -> None:
     api.call("GET", "/api/stations/doomed", expect=404)
 
 
+def test_a_station_deleted_elsewhere_says_so_on_its_overview(console: Console, api: Api) -> None:
+    api.create("elsewhere")
+    api.produce("elsewhere", {"id": "a", "data": 1})
+    page = console.open("#/s/elsewhere")
+    expect(page.get_by_role("tabpanel")).to_contain_text("Live stats")
+    api.call("DELETE", "/api/stations/elsewhere", expect=204)
+    # The next refresh (every 2 s) finds it gone: the figures of a deleted station must not
+    # stay on screen as if it were live.
+    expect(page.get_by_role("alert")).to_contain_text("no longer exists", timeout=6000)
+    expect(page.get_by_text("Live stats")).to_be_hidden()
+    expect(page.get_by_role("link", name="All stations").first).to_be_visible()
+
+
 ROUTES = [
     "",
     "#/new",

@@ -178,9 +178,21 @@ function renderOverview(panel, ctx, station) {
     h('h2', {}, 'Danger zone'),
     h('p', {}, remove),
   );
+  const gone = () => {
+    // Deleted from elsewhere (another tab, the CLI): its last figures must not stay on screen
+    // as if it were live, and there is nothing left to refresh.
+    panel.replaceChildren(
+      alertBox(new Error(`Station “${station.name}” no longer exists: it was deleted.`)),
+      h('p', {}, h('a', { href: '#/' }, 'All stations')),
+    );
+    ctx.abort();
+  };
   const refresh = async () => {
     const [s, g] = await Promise.all([
-      api.station(station.name, { signal: ctx.signal }),
+      api.station(station.name, { signal: ctx.signal }).catch((err) => {
+        if (err?.status === 404 && !ctx.signal.aborted) gone();
+        throw err;
+      }),
       // A producer token may not list groups (403): the station's own figures still refresh.
       api.groups(station.name, { signal: ctx.signal }).catch(() => ({ groups: [] })),
     ]);
