@@ -1,9 +1,10 @@
 """Small data-integrity edges, each failing on the code before its fix: the SQLite one-server
-lock under every spelling of the file, and SSE text resumed exactly at a control event's
-offset."""
+lock under every spelling of the file, SSE text resumed exactly at a control event's offset,
+and JSON numbers no double holds refused instead of stored as another value."""
 
 from __future__ import annotations
 
+import base64
 import os
 import uuid
 from collections.abc import Iterator
@@ -176,3 +177,66 @@ def test_sse_from_inside_a_character_on_a_fresh_connection(client: httpx.Client)
             if line == "event: control":
                 break
     assert "data:\u20ac." in seen, seen
+
+
+# -- JSON numbers a double does not hold ---------------------------------------------------------
+
+
+def _refused(answer: httpx.Response, field: str, number: str) -> None:
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["field"] == field, error
+    assert number in error["message"] and "range" in error["message"], error
+
+
+@pytest.mark.parametrize("number", ["1e-99999", "-0.1e-400", "0." + "0" * 400 + "1", "1e99999"])
+def test_a_json_stream_refuses_a_number_it_would_alter(client: httpx.Client, number: str) -> None:
+    """``1e-99999`` was stored as 0.0 (an overflow was refused, as not valid JSON)."""
+    path = f"/v1/stream/num-{uuid.uuid4().hex[:8]}"
+    json_type = {"Content-Type": "application/json"}
+    assert client.put(path, headers=json_type).status_code == 201
+    body = f'[1, {{"x": [{number}]}}]'
+    _refused(client.post(path, content=body, headers=json_type), "body", number[:40])
+    other = f"/v1/stream/num-{uuid.uuid4().hex[:8]}"
+    _refused(client.put(other, content=body, headers=json_type), "body", number[:40])
+    assert client.get(path, params={"offset": "-1"}).json() == []
+    # Numbers a double holds, and strings that merely look like the refused ones, are stored.
+    body = '[1.5e-300, 0e-500, "1e-99999", 2.5e-308]'
+    assert client.post(path, content=body, headers=json_type).status_code in (200, 204)
+    assert client.get(path, params={"offset": "-1"}).json() == [1.5e-300, 0.0, "1e-99999", 2.5e-308]
+
+
+@pytest.mark.parametrize("number", ["1e-99999", "1e99999"])
+def test_produce_and_transactions_refuse_a_number_naming_its_field(
+    client: httpx.Client, number: str
+) -> None:
+    name = f"num-{uuid.uuid4().hex[:8]}"
+    assert client.post("/api/stations", json={"name": name}).status_code == 201
+    produce = f'{{"messages": [{{"id": "m1", "data": {{"x": [0, {number}]}}}}]}}'
+    answer = client.post(
+        f"/api/stations/{name}/messages",
+        content=produce,
+        headers={"Content-Type": "application/json"},
+    )
+    _refused(answer, "messages.0.data.x.1", number)
+    encoded = base64.b64encode(number.encode()).decode()
+    answer = client.post(
+        f"/api/stations/{name}/messages",
+        json={"messages": [{"id": "m2", "dataBase64": encoded}]},
+    )
+    _refused(answer, "messages.0.dataBase64", "")
+    transaction = f'{{"produce": [{{"station": "{name}", "id": "m3", "data": {number}}}]}}'
+    answer = client.post(
+        "/api/transactions", content=transaction, headers={"Content-Type": "application/json"}
+    )
+    _refused(answer, "produce.0.data", number)
+    stored = client.get(f"/api/stations/{name}/messages", params={"offset": "-1"})
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["messages"] == []
+    # The ids were not taken: the same ids with numbers a double holds are stored.
+    answer = client.post(
+        f"/api/stations/{name}/messages",
+        json={"messages": [{"id": "m1", "data": {"x": [0, 1.5e-300]}}]},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["results"][0]["duplicate"] is False

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 import json
+import math
+import re
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -23,26 +25,97 @@ SEP = b"\n"  # between the messages of a multi-message JSON row: compact JSON ha
 # which bytes.translate and a substring search find far faster than a regular expression.
 _DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for b in range(256))
 _TWENTY_DIGITS = b"0" * 20
+# How a nonzero number that a double holds as 0 (below 2.5e-324) is written: with a negative
+# exponent of three digits or more, or else with hundreds of zeros after the point (twenty are
+# enough to look closer). The exponent's pattern starts with "-" for a fast scan.
+_TINY_EXPONENT = re.compile(rb"-[0-9]{3}(?<=[eE]-[0-9]{3})")
+_TINY_FRACTION = re.compile(rb"\.0{20}")
 # How deep arrays and objects may nest in a JSON body. Deeper bodies are refused with a 400
 # naming this limit; without one, Python's recursion limit would decide, as a 500.
 MAX_DEPTH = 512
 TOO_DEEP = f"the body is not valid JSON: nested deeper than {MAX_DEPTH} levels"
 
 
+class OutOfRange(ValueError):
+    """A JSON number no double holds: it would be stored as infinity (refused by orjson and
+    the standard library alike) or, nonzero, as 0. ``path``: where in the body, dotted (empty:
+    the body itself)."""
+
+    def __init__(self, number: str, path: str) -> None:
+        where = f" at {path}" if path else ""
+        super().__init__(
+            f"the number {number[:40]}{where} is out of the range of a double (it would not be "
+            "stored as sent)"
+        )
+        self.path = path
+
+
+class _OutOfRangeMark:
+    """Stands for an out-of-range number in a parsed value until its path is known."""
+
+
+_MARK = _OutOfRangeMark()
+
+
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
 
 
 def exact_ints(body: bytes) -> bool:
     """Whether orjson parsed every integer of ``body`` exactly (none has 20 digits or more)."""
     return _TWENTY_DIGITS not in body.translate(_DIGITS_ONLY)
+
+
+def number_doubts(body: bytes) -> tuple[bool, bool]:
+    """Whether ``body`` may hold (an integer orjson rounded: 20 digits or more, a nonzero
+    number orjson took as 0: ``1e-99999``). Either may be in a string only."""
+    long_ints = not exact_ints(body)  # true too where 20 digits follow a point
+    tiny = _TINY_EXPONENT.search(body) is not None
+    return long_ints, tiny or (long_ints and _TINY_FRACTION.search(body) is not None)
+
+
+def exact_numbers(body: bytes) -> bool:
+    """Whether orjson parsed every number of ``body`` as sent: no integer it rounded, none it
+    took as 0. It refuses those that would be infinite by itself."""
+    return not any(number_doubts(body))
+
+
+def loads_exact(text: str) -> object:
+    """``json.loads`` without the NaN / Infinity extensions, keeping every integer exactly
+    and refusing (``OutOfRange``) a number a double cannot hold: infinite, or nonzero read
+    as 0. Raises ValueError or RecursionError."""
+    out: list[str] = []
+
+    def number(literal: str) -> object:
+        value = float(literal)
+        nonzero = literal.lower().partition("e")[0].strip("-0.") != ""
+        if math.isfinite(value) and (value != 0.0 or not nonzero):
+            return value
+        out.append(literal)
+        return _MARK
+
+    value = json.loads(text, parse_constant=_reject_constant, parse_float=number)
+    if out:
+        raise OutOfRange(out[0], _path_of_mark(value))
+    return value
+
+
+def _path_of_mark(value: object) -> str:
+    """The dotted path of the first ``_MARK`` in ``value`` (iterative: ``value`` may nest as
+    deep as the parser allowed)."""
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if item is _MARK:
+            return path
+        children: list[tuple[object, object]] = []
+        if isinstance(item, dict):
+            children = list(item.items())
+        elif isinstance(item, list):
+            children = list(enumerate(item))
+        for key, child in reversed(children):  # the first child comes off the stack first
+            stack.append((child, f"{path}.{key}" if path else str(key)))
+    return ""
 
 
 _REFUSED = object()  # what _orjson returns for a body orjson does not take
@@ -61,15 +134,18 @@ def _loads(body: bytes) -> object:
 
 def _exact(body: bytes, value: object) -> object:
     """``body``'s value exactly, given what orjson made of it (or ``_REFUSED``)."""
-    # orjson turns an integer beyond 64 bits into a float, losing digits; only a run of 20
-    # or more digits can be one, and then the standard library parses it exactly.
-    if value is not _REFUSED and exact_ints(body):
+    # orjson turns an integer beyond 64 bits into a float, losing digits, and a nonzero
+    # number below a double's range into 0.0; only a body exact_numbers doubts can hold one,
+    # and then the standard library parses it exactly or refuses it.
+    if value is not _REFUSED and exact_numbers(body):
         return value
     try:
         # The standard library is laxer than JSON in other ways: it must not take NaN/Infinity
         # or a number that only fits as infinity (they would be stored as null).
         text = body.decode("utf-8")  # JSON text is UTF-8 (RFC 8259 §8.1), not UTF-16/32
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return loads_exact(text)
+    except OutOfRange as exc:
+        raise BadRequest(str(exc), "body") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}", "body") from None
     except RecursionError:
