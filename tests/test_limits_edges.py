@@ -244,3 +244,19 @@ def test_a_malformed_host_is_a_400_before_anything_is_done(
     assert httpx.Response(200, content=body).json()["error"]["field"] == "Host"
     assert http.head(f"/v1/stream/{name}").status_code == 404
     assert "Traceback" not in srv.log()
+
+
+@pytest.mark.parametrize("path", ["/v1/stream/x", "/api/stations", "/no/such/route"])
+def test_an_expect_that_is_not_text_is_a_417_not_a_500(srv: Server, path: str) -> None:
+    """aiohttp answers Expect before any middleware: its refusal of a value that is not UTF-8
+    failed to encode the value into its own message (500 and a traceback, on every route)."""
+    head = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() + b"Expect: \x80\xff\r\n"
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(head + b"Connection: close\r\n\r\n")
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    head_part, _, body = got.partition(b"\r\n\r\n")
+    assert head_part.split(b"\r\n")[0].split()[1] == b"417", got[:300]
+    assert httpx.Response(200, content=body).json()["error"]["field"] == "Expect"
+    assert "Traceback" not in srv.log()

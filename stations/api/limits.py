@@ -168,6 +168,15 @@ class GuardedHandler(RequestHandler):
         """A request aiohttp could not parse (an over-long header line, a malformed head) is
         the client's error: a JSON 400 like every refusal, logged as one line at INFO, not a
         traceback at ERROR that any client could fill the log with."""
+        if isinstance(exc, UnicodeEncodeError) and not request.headers.get("Expect", "").isascii():
+            # aiohttp answers Expect before any middleware, and its refusal of a value that is
+            # not UTF-8 failed to encode that value into its own message: a 500 and a traceback.
+            logger.info("refused a request from %s: its Expect is not ASCII", request.remote)
+            response = error_response(
+                417, "expectation_failed", "Expect may only be 100-continue", "Expect"
+            )
+            response.force_close()
+            return response
         if status >= 500 or not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
         if request.writer.output_size > 0:
