@@ -4,6 +4,7 @@ and JSON numbers no double holds refused instead of stored as another value."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import uuid
@@ -240,3 +241,78 @@ def test_produce_and_transactions_refuse_a_number_naming_its_field(
     )
     assert answer.status_code == 200, answer.text
     assert answer.json()["results"][0]["duplicate"] is False
+
+
+# -- the SDK producer: a request whose answer was lost -------------------------------------------
+
+
+class _LosingProxy:
+    """A TCP proxy to the server that, ``lose`` times, forwards a POST but drops the
+    connection instead of relaying its answer: the request was stored, the client never
+    hears so."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.lose = 0
+        self.lost = 0
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        losing = False
+
+        async def upstream() -> None:
+            nonlocal losing
+            while data := await reader.read(65536):
+                if self.lose and b"POST " in data:
+                    self.lose -= 1
+                    losing = True  # before the server can answer
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def downstream() -> None:
+            while data := await up_reader.read(65536):
+                if losing:
+                    self.lost += 1
+                    break
+                writer.write(data)
+                await writer.drain()
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+
+
+async def test_a_producer_whose_answer_was_lost_takes_the_retry_204_as_its_own(
+    srv: Server,
+) -> None:
+    """A batch or a close whose answer was lost may have been stored: the retry's 204
+    (duplicate) is then its own answer, not another instance's use of the epoch. This pins
+    the rule both paths of the SDK producer share (``_maybe_stored``)."""
+    from stations.client import Client
+
+    proxy = _LosingProxy(srv.port)
+    url = await proxy.start()
+    name = f"lost-{uuid.uuid4().hex[:8]}"
+    try:
+        async with Client(url) as client:
+            await client.create_station(name)
+            producer = client.station(name).producer("job", epoch=1)
+            proxy.lose = 1
+            producer.append("a")
+            await producer.flush()
+            proxy.lose = 1
+            await producer.close("last")
+    finally:
+        await proxy.close()
+    assert proxy.lost == 2
+    async with httpx.AsyncClient(base_url=srv.url) as http:
+        answer = await http.get(f"/v1/stream/{name}", params={"offset": "-1"})
+    assert answer.json() == ["a", "last"]
+    assert answer.headers.get("Stream-Closed") == "true"

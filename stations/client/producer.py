@@ -338,7 +338,7 @@ class IdempotentProducer:
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
             except StationsError as exc:
-                if not isinstance(exc, ConnectionFailed) or exc.sent:
+                if _maybe_stored(exc):
                     batch.maybe_stored = True
                 await backoff.wait(exc)  # same (epoch, seq) again: the server deduplicates
                 continue
@@ -350,8 +350,8 @@ class IdempotentProducer:
             if reply.status in (200, 204):
                 self._stored(batch, reply)
                 return
-            if reply.status >= 500:
-                batch.maybe_stored = True  # it may have failed after its commit
+            if _maybe_stored(reply):
+                batch.maybe_stored = True
             error = self._session.error(reply, batch.epoch, batch.seq)
             if isinstance(error, ProducerFenced):
                 self._fenced(batch, error)
@@ -527,7 +527,7 @@ class IdempotentProducer:
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
             except StationsError as exc:
-                if not isinstance(exc, ConnectionFailed) or exc.sent:
+                if _maybe_stored(exc):
                     maybe_stored = True
                 await backoff.wait(exc)
                 continue
@@ -541,7 +541,7 @@ class IdempotentProducer:
             if reply.status in (200, 204):
                 session.next_seq = seq + 1
                 return reply.header("Stream-Next-Offset")
-            if reply.status >= 500:
+            if _maybe_stored(reply):
                 maybe_stored = True
             error = session.error(reply, session.epoch, seq, what="close")
             if isinstance(error, ProducerFenced) and self.auto_claim:
@@ -581,6 +581,15 @@ class IdempotentProducer:
                 await self.flush()
         finally:
             await self.detach()
+
+
+def _maybe_stored(outcome: StationsError | Reply) -> bool:
+    """Whether a failed attempt may have stored its request all the same, so that a 204
+    (duplicate) answering a retry of it is its own: it went out and no answer came back, or
+    the server answered 5xx (it may fail after its commit)."""
+    if isinstance(outcome, StationsError):
+        return not isinstance(outcome, ConnectionFailed) or outcome.sent
+    return outcome.status >= 500
 
 
 def _as_retryable(exc: StationsError) -> StationsError:
