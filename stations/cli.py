@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import errno
 import ipaddress
 import logging
 import math
 import os
+import signal
 import socket
 import sys
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from stations.api.limits import ReaderSlots
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
@@ -170,6 +176,14 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="a client that stops reading a response is disconnected after this long "
         "(default %(default)s)",
     )
+    limits.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=10,
+        help="on SIGTERM or SIGINT, how long requests in progress get to finish and be "
+        "answered; waiting reads (long-poll, SSE, group fetches) are closed after them, and a "
+        "second signal stops at once (default %(default)s)",
+    )
     p.add_argument(
         "--cors-origin",
         action="append",
@@ -230,7 +244,13 @@ def serve(args: argparse.Namespace) -> None:
         _fail(f"--metrics-stations must be from 0 to {MAX_METRICS_STATIONS}")
     # nan passed "<= 0" and, as a timer, dropped every request whose head or body came in two
     # packets; inf turned the protection off; both crashed --read-budget-mb with a traceback.
-    for option in ("head_timeout_s", "body_timeout_s", "idle_timeout_s", "send_timeout_s"):
+    for option in (
+        "head_timeout_s",
+        "body_timeout_s",
+        "idle_timeout_s",
+        "send_timeout_s",
+        "drain_timeout_s",
+    ):
         if not (math.isfinite(getattr(args, option)) and getattr(args, option) > 0):
             _fail(f"--{option.replace('_', '-')} must be a positive number of seconds")
     if not (math.isfinite(args.read_budget_mb) and args.read_budget_mb > 0):
@@ -258,11 +278,10 @@ def serve(args: argparse.Namespace) -> None:
         uvloop.install()
     except ImportError:
         pass
-    from aiohttp.web import GracefulExit
-
-    # SIGTERM / SIGINT end the loop with GracefulExit after a clean shutdown: exit 0.
-    with contextlib.suppress(GracefulExit, KeyboardInterrupt):
-        asyncio.run(_serve(args))
+    try:
+        asyncio.run(_serve(args))  # SIGTERM / SIGINT: a drain, then exit 0 (see _serve)
+    except KeyboardInterrupt:  # Ctrl-C while starting, or a second one while draining
+        sys.exit(130)
 
 
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{User-Agent}i"'
@@ -335,7 +354,8 @@ async def _serve(args: argparse.Namespace) -> None:
     except ArgumentError as exc:
         _fail(f"--db is not a database URL: {exc}")
     except OSError as exc:
-        _fail(f"--db: cannot lock the database file: {exc.strerror}")
+        # Name the path: the default one is relative to wherever the service was started.
+        _fail(f"--db: cannot create or lock {exc.filename or 'the database file'}: {exc.strerror}")
     try:
         service = Service(
             args.db,
@@ -360,12 +380,19 @@ async def _serve(args: argparse.Namespace) -> None:
             loopback_host_only=tokens is None and _is_loopback(args.host),
         ),
     )
+    drain = _Drain(app["readers"])
+    app.middlewares.insert(0, drain.middleware())
     # A client that leaves cancels its handler: a parked fetch then leases nothing nobody will
     # get, and a waiting reader gives its slot back at once (aiohttp waits for the handler
     # to end by itself unless told).
     runner = web.AppRunner(
-        app, handle_signals=True, handler_cancellation=True, **args.access_logging
+        app,
+        handle_signals=False,  # aiohttp's own cancelled every handler at once (see _Drain)
+        handler_cancellation=True,
+        shutdown_timeout=READER_GRACE_S,
+        **args.access_logging,
     )
+    stop = _on_signals()
     try:
         await runner.setup()
     except OperationalError as exc:
@@ -379,9 +406,97 @@ async def _serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     try:
-        await asyncio.Event().wait()
+        name = await stop
+        print(f"stations: {name}: stopping; finishing the requests in progress", flush=True)
+        await site.stop()  # no new connections
+        cut = await drain.settle(args.drain_timeout_s)
+        if cut:
+            print(
+                f"stations: warning: {cut} requests were still in progress after "
+                f"--drain-timeout-s {args.drain_timeout_s:g} and were closed unanswered",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
+        # Close idle connections and what is left, then the database.
         await runner.cleanup()
+
+
+# After the drain, how long waiting reads (and answers being written) get before their
+# connections close.
+READER_GRACE_S = 1.0
+
+
+def _on_signals() -> asyncio.Future[str]:
+    """A future set to the name of the first SIGTERM or SIGINT. A second one takes the
+    default action and ends the process at once (acknowledged writes are on disk already)."""
+    loop = asyncio.get_running_loop()
+    stop: asyncio.Future[str] = loop.create_future()
+
+    def received(sig: signal.Signals) -> None:
+        for each in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(each)
+        if not stop.done():
+            stop.set_result(sig.name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, received, sig)
+    return stop
+
+
+class _Drain:
+    """The requests in progress, for a shutdown to finish. aiohttp's own signal handling
+    cancelled every handler at once: a write committed while its client was told nothing, so
+    a retry without a message id stored it twice. (Its graceful shutdown is no better here:
+    it stops reading the connections first, so a body still arriving never completes.)
+
+    Waiting reads (long-poll, SSE, group fetches: ``app["readers"]``) are not waited for,
+    which would hold a restart for up to their timeouts: once only they are left, they end as
+    when their client leaves (an SSE response ends, a long-poll or fetch closes; a parked
+    fetch leases nothing), and their clients read again from where they were."""
+
+    def __init__(self, readers: ReaderSlots) -> None:
+        self.readers = readers  # ``used``: waiting reads in progress
+        self.handlers: set[asyncio.Task[Any]] = set()
+        self.draining = False
+
+    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
+        from aiohttp import web
+
+        @web.middleware
+        async def counted(
+            request: web.Request,
+            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        ) -> web.StreamResponse:
+            task = asyncio.current_task()
+            assert task is not None
+            self.handlers.add(task)
+            try:
+                response = await handler(request)
+                if self.draining and not response.prepared:
+                    response.force_close()  # the client's next request finds the port closed
+                return response
+            finally:
+                self.handlers.discard(task)
+
+        return counted
+
+    async def settle(self, timeout: float) -> int:
+        """Wait until only waiting reads are in progress (at most ``timeout``), then end them
+        and whatever did not finish in time, whose number this returns. Connections stay open
+        meanwhile: a request on a kept-alive one is answered too, and closes it."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.handlers) > self.readers.used and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        cut = max(0, len(self.handlers) - self.readers.used)
+        left = list(self.handlers)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=READER_GRACE_S)
+        return cut
 
 
 def commands_epilog() -> str:

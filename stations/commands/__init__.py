@@ -106,7 +106,14 @@ def _describe(exc: BaseException, url: str) -> str:
     if isinstance(exc, ConnectionFailed):
         # "cannot reach URL (Connection refused)" rather than the whole client stack's words.
         cause = exc.__cause__
-        reason = getattr(getattr(cause, "os_error", None), "strerror", None)
+        os_error = getattr(cause, "os_error", None)
+        # asyncio's strerror is "Connect call failed ('127.0.0.1', 4437)": the errno says why.
+        errno = getattr(os_error, "errno", None)
+        reason: str | None
+        if isinstance(errno, int) and errno > 0:  # a resolver's (negative) has its own words
+            reason = os.strerror(errno)
+        else:
+            reason = getattr(os_error, "strerror", None)
         if isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout"):
             reason = "no answer in time (--timeout)"
         return f"cannot reach {url} ({reason or _one_line(cause or exc)})"

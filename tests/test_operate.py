@@ -1,0 +1,206 @@
+"""Operating ``stations serve`` and the ``stations`` command as an operator does: stopping the
+service with SIGTERM or SIGINT while clients are busy, a data directory it cannot write, the
+CLI against a server that is down, and the package as a type-checked library."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import Server, free_port
+from tests.packaging import clean_env, copy_checkout, run
+from tests.test_cli import assert_one_line_error, run_cli
+
+BODY = b"x" * 1000
+
+
+def _sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+
+
+def _half_sent_append(server: Server, station: str) -> socket.socket:
+    """A plain append (no message id: a retry would store it again) whose body is half sent."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    head = (
+        f"POST /v1/stream/{station} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + BODY[:500])
+    time.sleep(0.3)  # the handler is reading the body
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)
+
+
+def _long_poll(server: Server, station: str, outcome: list[object]) -> threading.Thread:
+    def wait() -> None:
+        try:
+            r = httpx.get(
+                f"{server.url}/v1/stream/{station}",
+                params={"offset": "now", "live": "long-poll"},
+                timeout=60,
+            )
+            outcome.append(r.status_code)
+        except httpx.TransportError as exc:  # closed: the client reads again elsewhere
+            outcome.append(type(exc).__name__)
+        outcome.append(time.monotonic())
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    return thread
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_answers_the_write_in_progress(tmp_path: Path, sig: signal.Signals) -> None:
+    """aiohttp's own signal handling cancelled every handler at once: a write in progress was
+    cut off unanswered (sometimes after it was stored). Now it is finished and answered, and
+    a waiting long-poll (30 s here) does not hold the shutdown."""
+    server = Server(_sqlite(tmp_path), tmp_path, ["--long-poll-timeout-ms", "30000"]).start()
+    assert server.proc is not None
+    try:
+        assert (
+            httpx.put(
+                f"{server.url}/v1/stream/drain", headers={"Content-Type": "text/plain"}
+            ).status_code
+            == 201
+        )
+        polled: list[object] = []
+        poller = _long_poll(server, "drain", polled)
+        sock = _half_sent_append(server, "drain")
+        signalled = time.monotonic()
+        server.proc.send_signal(sig)
+        time.sleep(0.5)
+        sock.sendall(BODY[500:])
+        answer = _answer(sock)
+        assert answer.split(b"\r\n", 1)[0] in (b"HTTP/1.1 200 OK", b"HTTP/1.1 204 No Content"), (
+            answer[:300],
+            server.log(),
+        )
+        assert server.proc.wait(10) == 0, server.log()
+        poller.join(10)
+        assert polled and float(polled[-1]) - signalled < 5, polled  # type: ignore[arg-type]
+    finally:
+        server.kill()
+    assert f"stations: {sig.name}: stopping" in server.log()
+    assert "Traceback" not in server.log(), server.log()
+    server.start()
+    try:
+        stored = httpx.get(f"{server.url}/v1/stream/drain", params={"offset": "-1"})
+        assert stored.content == BODY  # acknowledged, so it is there, once
+    finally:
+        server.kill()
+
+
+def test_a_stuck_write_is_cut_at_the_drain_timeout_and_a_second_signal_stops_at_once(
+    tmp_path: Path,
+) -> None:
+    server = Server(_sqlite(tmp_path / "a"), tmp_path, ["--drain-timeout-s", "1"])
+    (tmp_path / "a").mkdir()
+    server.start()
+    assert server.proc is not None
+    try:
+        httpx.put(f"{server.url}/v1/stream/s", headers={"Content-Type": "text/plain"})
+        sock = _half_sent_append(server, "s")  # never completed
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(10) == 0, server.log()
+        assert 0.9 < time.monotonic() - started < 5
+        sock.close()
+        assert "1 requests were still in progress after --drain-timeout-s 1" in server.log()
+    finally:
+        server.kill()
+
+    (tmp_path / "b").mkdir()
+    server = Server(_sqlite(tmp_path / "b"), tmp_path, ["--drain-timeout-s", "60"]).start()
+    assert server.proc is not None
+    try:
+        httpx.put(f"{server.url}/v1/stream/s", headers={"Content-Type": "text/plain"})
+        sock = _half_sent_append(server, "s")
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert server.proc.poll() is None  # draining: the write may still complete
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(5) == -signal.SIGTERM
+        sock.close()
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_bad_drain_timeout(tmp_path: Path, value: str) -> None:
+    assert_one_line_error(run_cli(["serve", "--drain-timeout-s", value], tmp_path), "--drain")
+
+
+def test_a_data_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    """It said "cannot lock the database file: Not a directory" without saying which: the
+    default is relative to wherever the service was started."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    url = f"sqlite:///{blocker / 'data' / 'stations.db'}"
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", url], tmp_path)
+    assert_one_line_error(proc, "--db", str(blocker), "Not a directory")
+
+
+def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
+    """It said "(Connect call failed ('127.0.0.1', 4437))", the address twice and no reason."""
+    nobody = f"http://127.0.0.1:{free_port()}"
+    proc = run_cli(["station", "ls", "--url", nobody], tmp_path)
+    assert proc.returncode == 6
+    line = assert_one_line_error(proc)
+    assert line == f"stations: error: cannot reach {nobody} (Connection refused)"
+
+
+def test_the_wheel_is_typed_and_builds_without_deprecated_metadata(tmp_path: Path) -> None:
+    """The SDK is typed, but without ``py.typed`` mypy ignored its types in users' code; a
+    license given as a TOML table is deprecated by setuptools, to fail in 2027."""
+    source = copy_checkout(tmp_path / "src")
+    dist = tmp_path / "dist"
+    built = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", dist, source])
+    assert "SetuptoolsDeprecationWarning" not in built.stdout + built.stderr
+    (wheel,) = dist.glob("stations-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert "stations/py.typed" in z.namelist()
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = z.read(meta).decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    assert any(n.endswith("/licenses/LICENSE") for n in z.namelist())
+
+    # mypy in a user's project sees the SDK's types (and so finds a wrong call).
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "app.py").write_text(
+        "from stations.client import Client\n\n\n"
+        "async def main() -> None:\n"
+        "    async with Client('http://127.0.0.1:4437') as client:\n"
+        "        client.station(42)\n"
+    )
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", wheel])
+    mypy = [sys.executable, "-m", "mypy", "--python-executable", venv / "bin" / "python"]
+    checked = subprocess.run(
+        [*map(str, mypy), "--strict", "--no-incremental", "app.py"],
+        cwd=user,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert 'Argument 1 to "station"' in checked.stdout, checked.stdout
