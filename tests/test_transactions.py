@@ -16,6 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from stations.domain import groups, transactions
+from stations.domain.service import Service
+from stations.store.writer import Batch
 from tests.groupkit import ENGINES, Api, client, field_of, module_server, ms
 from tests.harness import Server
 
@@ -453,3 +456,42 @@ def test_sync_transaction(shared: Server) -> None:
             assert tx.result.acked == 2
         page = c.station(name + "-out").browse()
         assert [m.data for m in page.messages] == [{"copied": 1}, {"copied": 2}]
+
+
+def test_a_seek_never_lets_a_revoked_lease_settle_a_new_delivery(db_url: str) -> None:
+    """A transaction tells a lease from another delivery of the same message by its
+    deadline. A seek revokes every lease; when a fetch, a seek and a fetch share one writer
+    transaction (one clock reading), the new delivery of a message has delivery count 1 as the
+    revoked one had: the deadlines must still differ, or the revoked lease's transaction acks
+    the new delivery, which then is never processed."""
+
+    async def run() -> None:
+        svc = Service(db_url)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s"})
+            await svc.produce("s", {"messages": [{"data": k} for k in range(2)]})
+            await svc.ensure_group("s", "g", {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 5})
+
+            def fetch_seek_fetch(batch: Batch) -> tuple[groups.Fetched, groups.Fetched]:
+                first = groups.fetch(batch, "s", "g", 1, "c1")
+                groups.seek(batch, "s", "g", ("earliest", None))
+                return first, groups.fetch(batch, "s", "g", 1, "c1")
+
+            first, second = await svc.write(fetch_seek_fetch)
+            (old,), (new,) = first.messages, second.messages
+            assert (old.seq, old.delivery_count) == (new.seq, new.delivery_count) == (1, 1)
+            assert new.ack_deadline != old.ack_deadline
+            settle = transactions.Settle("ack", "ack.0", "s", "g", 1, 1, old.ack_deadline)
+            try:
+                await svc.transact(transactions.TxRequest("c1", [settle]))
+            except Exception as exc:  # the revoked lease is stale: 409
+                assert "another delivery" in str(exc) or "not held" in str(exc), exc
+            else:
+                raise AssertionError("a revoked lease's transaction acked the new delivery")
+            fresh = transactions.Settle("ack", "ack.0", "s", "g", 1, 1, new.ack_deadline)
+            assert (await svc.transact(transactions.TxRequest("c1", [fresh]))).acked == 1
+        finally:
+            await svc.close()
+
+    asyncio.run(run())

@@ -50,6 +50,7 @@ class Group:
     max_msg_deliveries: int
     cursor: int
     created_at: int
+    lease_floor: int = 0
 
 
 @dataclass(slots=True)
@@ -273,7 +274,7 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
             break
     last = wanted[-1] if wanted and wanted[-1] > start else start
     new = range(start + 1, last + 1)
-    deadline = batch.now + group.max_ack_time_ms
+    deadline = max(batch.now + group.max_ack_time_ms, group.lease_floor + 1)
     if new:
         store.lease_new(batch.conn, group.id, start + 1, last, consumer, deadline)
         group.cursor = last
@@ -471,8 +472,11 @@ def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> Seek
             if first is not None:
                 break
         cursor = state.tail if first is None else first - 1
-    revoked, dropped = store.clear(batch.conn, group.id)
-    store.change(batch.conn, group.id, cursor=cursor)
-    group.cursor = cursor
+    revoked, dropped, latest = store.clear(batch.conn, group.id)
+    # The messages come round again from delivery count 1: their new leases must not take the
+    # deadline of a revoked one (same clock reading), or its late transaction settles them.
+    floor = max(group.lease_floor, latest)
+    store.change(batch.conn, group.id, cursor=cursor, lease_floor=floor)
+    group.cursor, group.lease_floor = cursor, floor
     batch.changed.add(state.name)  # waiting fetchers may have something new to take
     return SeekResult(cursor, revoked, dropped)

@@ -344,12 +344,25 @@ def take(conn: Connection, group_id: int, seq: int) -> int:
     return int(redrives or 0)
 
 
-def clear(conn: Connection, group_id: int) -> tuple[int, int]:
-    """Drop every delivery of a group (a seek); returns (leases revoked, waiting dropped)."""
+def clear(conn: Connection, group_id: int) -> tuple[int, int, int]:
+    """Drop every delivery of a group (a seek); returns (leases revoked, waiting dropped, the
+    latest deadline of the revoked leases or 0)."""
     revoked, dropped = queue_sizes(conn, group_id)[::-1]
+    latest = max(
+        conn.execute(
+            select(func.max(deliveries.c.due)).where(
+                deliveries.c.group_id == group_id, deliveries.c.consumer.is_not(None)
+            )
+        ).scalar_one()
+        or 0,
+        conn.execute(
+            select(func.max(lease_ranges.c.due)).where(lease_ranges.c.group_id == group_id)
+        ).scalar_one()
+        or 0,
+    )
     conn.execute(delete(deliveries).where(deliveries.c.group_id == group_id))
     conn.execute(delete(lease_ranges).where(lease_ranges.c.group_id == group_id))
-    return revoked, dropped
+    return revoked, dropped, int(latest)
 
 
 # -- the scheduler's tick -----------------------------------------------------------------------

@@ -159,6 +159,9 @@ groups = Table(
     Column("max_msg_deliveries", Integer, nullable=False),
     Column("cursor", BigInteger, nullable=False),
     Column("created_at", BigInteger, nullable=False),
+    # Every lease handed out after a seek is due after this (the latest deadline it revoked):
+    # a transaction tells a revoked lease from a new delivery of the message by its deadline.
+    Column("lease_floor", BigInteger, nullable=False, server_default="0"),
     sqlite_autoincrement=True,  # as streams: a deleted group's id is not handed out again
 )
 Index("ux_groups_stream_name", groups.c.stream_id, groups.c.name, unique=True)
