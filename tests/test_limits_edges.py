@@ -6,6 +6,7 @@ that is no number is refused at start. SQLite servers on loopback; every loop is
 
 from __future__ import annotations
 
+import base64
 import gzip
 import socket
 import subprocess
@@ -260,3 +261,63 @@ def test_an_expect_that_is_not_text_is_a_417_not_a_500(srv: Server, path: str) -
     assert head_part.split(b"\r\n")[0].split()[1] == b"417", got[:300]
     assert httpx.Response(200, content=body).json()["error"]["field"] == "Expect"
     assert "Traceback" not in srv.log()
+
+
+# -- pages of the dead-letter store ---------------------------------------------------------------
+
+
+def _dead_letter_all(http: httpx.Client, station: str) -> int:
+    n = 0
+    for _ in range(100):
+        got = http.post(f"/api/stations/{station}/groups/g/fetch", json={"max": 100}).json()
+        offsets = [m["offset"] for m in got["messages"]]
+        if not offsets:
+            return n
+        r = http.post(f"/api/stations/{station}/groups/g/dead-letter", json={"offsets": offsets})
+        n += r.json()["deadLettered"]
+    raise AssertionError("the group never ran dry")
+
+
+def _all_pages(http: httpx.Client, station: str, limit: int) -> list[list[dict[str, object]]]:
+    pages: list[list[dict[str, object]]] = []
+    after = ""
+    for _ in range(100):
+        body = http.get(f"/api/stations/{station}/dls?limit={limit}&after={after}").json()
+        pages.append(body["entries"])
+        if body["next"] is None:
+            return pages
+        after = body["next"]
+    raise AssertionError("the pages never ended")
+
+
+def test_a_page_of_large_dead_letters_stops_at_8_mib(http: httpx.Client) -> None:
+    """The DLS listing read and answered up to 1000 entries whatever their size (a fetch and
+    browsing stop at 8 MiB): 50 entries of 4 MB were one 266 MB answer that took the server
+    about 1 GB, and 1000 of them would have taken it down."""
+    station = f"bigdls-{uuid.uuid4().hex[:6]}"
+    http.post("/api/stations", json={"name": station, "contentType": "application/octet-stream"})
+    http.put(f"/api/stations/{station}/groups/g", json={})
+    blobs = [bytes([0x80 + i]) * (3 << 20) for i in range(6)]  # not UTF-8: dataBase64
+    for blob in blobs:
+        assert http.post(f"/v1/stream/{station}", content=blob, headers=BINARY).status_code == 204
+    assert _dead_letter_all(http, station) == 6
+    pages = _all_pages(http, station, 100)
+    for page in pages:
+        data = sum(len(str(e["dataBase64"])) * 3 // 4 for e in page)
+        assert len(page) == 1 or data <= 8 << 20, [len(p) for p in pages]
+    entries = [e for page in pages for e in page]
+    assert [base64.b64decode(str(e["dataBase64"])) for e in entries] == blobs
+    assert len(pages) == 3
+
+
+def test_pages_of_small_dead_letters_keep_their_limit(http: httpx.Client) -> None:
+    station = f"smalldls-{uuid.uuid4().hex[:6]}"
+    http.post("/api/stations", json={"name": station})
+    http.put(f"/api/stations/{station}/groups/g", json={})
+    messages = [{"data": i} for i in range(40)]
+    http.post(f"/api/stations/{station}/messages", json={"messages": messages})
+    assert _dead_letter_all(http, station) == 40
+    assert [len(p) for p in _all_pages(http, station, 7)] == [7, 7, 7, 7, 7, 5]
+    pages = _all_pages(http, station, 1000)
+    assert [[e["data"] for e in p] for p in pages] == [list(range(40))]
+    assert [len(p) for p in _all_pages(http, station, 40)] == [40]

@@ -197,33 +197,50 @@ def count_group(conn: Connection, group_id: int) -> int:
     return store.count_group(conn, group_id)
 
 
+# A page of entries carries at most this much message data (always at least one entry), as a
+# fetch does: 1000 entries of a few MB each were read, and answered, all at once.
+MAX_PAGE_BYTES = 8 << 20
+PAGE_ROWS = 16  # rows read at a time, so the rows past the byte bound are never read
+
+
 def entries(
     conn: Connection, station: str, now: int, group: str | None, limit: int, after: int | None
 ) -> tuple[list[dict[str, Any]], str | None]:
     state = live_stream(load(conn, station), station, now)
-    rows = store.page(conn, state.id, group, after, limit + 1)
-    more = len(rows) > limit
-    out = []
-    for row in rows[:limit]:
-        view = to_view(state, Message(row.seq, row.data, row.msg_id, row.headers, 0))
-        out.append(
-            {
-                "id": str(row.id),
-                "group": row.group_name,
-                "offset": view["offset"],
-                "msgId": row.msg_id,
-                "headers": view["headers"],
-                "data": view.get("data"),
-                **({"dataBase64": view["dataBase64"]} if "dataBase64" in view else {}),
-                "deliveryCount": row.delivery_count,
-                "reason": row.reason,
-                "error": row.error,
-                "deadLetteredAt": iso(row.dead_lettered_at),
-                "redrives": row.redrives,
-                "redriveAt": None if row.redrive_at is None else iso(row.redrive_at),
-            }
-        )
-    return out, (out[-1]["id"] if more else None)
+    out: list[dict[str, Any]] = []
+    size = 0
+    while True:
+        batch = min(limit - len(out), PAGE_ROWS)
+        rows = store.page(conn, state.id, group, after, batch + 1)  # one more: is there more?
+        for row in rows[:batch]:
+            if out and size + len(row.data) > MAX_PAGE_BYTES:
+                return out, out[-1]["id"]
+            size += len(row.data)
+            out.append(_entry(state, row))
+            after = row.id
+        if len(rows) <= batch:
+            return out, None
+        if len(out) == limit:
+            return out, out[-1]["id"]
+
+
+def _entry(state: StreamState, row: Any) -> dict[str, Any]:
+    view = to_view(state, Message(row.seq, row.data, row.msg_id, row.headers, 0))
+    return {
+        "id": str(row.id),
+        "group": row.group_name,
+        "offset": view["offset"],
+        "msgId": row.msg_id,
+        "headers": view["headers"],
+        "data": view.get("data"),
+        **({"dataBase64": view["dataBase64"]} if "dataBase64" in view else {}),
+        "deliveryCount": row.delivery_count,
+        "reason": row.reason,
+        "error": row.error,
+        "deadLetteredAt": iso(row.dead_lettered_at),
+        "redrives": row.redrives,
+        "redriveAt": None if row.redrive_at is None else iso(row.redrive_at),
+    }
 
 
 def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
