@@ -19,6 +19,7 @@ from sqlalchemy import Connection, event
 
 from stations.domain import catalog, figures, groups
 from stations.domain.service import Service, now_ms
+from stations.store import streams as rows
 from tests.harness import Server
 
 T = TypeVar("T")
@@ -132,6 +133,31 @@ def test_group_series_are_bounded(db_url: str) -> None:
         assert (snap.groups, snap.groups_reported) == (8, 6)
         snap = svc.run_sync(lambda c: figures.snapshot(c, now, 0))
         assert (snap.stations, snap.groups, snap.groups_reported) == ([], 8, 0)
+
+    run(db_url, scenario)
+
+
+def test_station_counts_for_more_stations_than_a_statement_takes_parameters(
+    db_url: str,
+) -> None:
+    """The list passes every live station's id to the groups and DLS counts: with more than
+    65535 stations PostgreSQL's driver refused the statement (a 500 for the whole list)."""
+
+    async def scenario(svc: Service) -> None:
+        await add_stations(svc, 0, 3)
+        now = now_ms()
+        views = svc.run_sync(lambda c: catalog.views(c, now))
+        real = svc.run_sync(lambda c: [s.id for s in rows.every(c)])
+        many = real + list(range(10**7, 10**7 + 70_000))  # as many stations, but idle
+        counts: dict[int, dict[str, int]] = {}
+        for provider in catalog.stats_providers:
+            for sid, values in svc.run_sync(lambda c: provider(c, many)).items():  # noqa: B023
+                counts.setdefault(sid, {}).update(values)
+        assert counts == {
+            sid: {"groups": 2, "deadLettered": 1}
+            for sid, view in zip(real, views, strict=True)
+            if view["stats"]["groups"]
+        }
 
     run(db_url, scenario)
 

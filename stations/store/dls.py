@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, delete, func, select, update
 
+from stations.store.groups import FEW_STATIONS
 from stations.store.schema import dls, streams
 
 __all__ = ["Connection", "Selection"]
@@ -122,9 +123,8 @@ def page(
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
-    rows = conn.execute(
-        select(dls.c.stream_id, func.count())
-        .where(dls.c.stream_id.in_(stream_ids))
-        .group_by(dls.c.stream_id)
-    ).all()
-    return {sid: n for sid, n in rows}
+    query = select(dls.c.stream_id, func.count()).group_by(dls.c.stream_id)
+    if len(stream_ids) <= FEW_STATIONS:  # else every station's (see ``groups.stats``)
+        query = query.where(dls.c.stream_id.in_(stream_ids))
+    wanted = set(stream_ids)
+    return {sid: n for sid, n in conn.execute(query) if sid in wanted}
