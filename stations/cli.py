@@ -31,9 +31,16 @@ MAX_RECENT_IDS = 100_000_000
 MAX_METRICS_STATIONS = 100_000
 
 
-def _fail(message: str) -> NoReturn:
+# serve's exit codes: a bad command line is 2, a start that failed on something outside it
+# (a port in use, a database unreachable or held by another server) is 1, so a supervisor can
+# restart on 1 and stop on 2 (systemd: RestartPreventExitStatus=2).
+EXIT_USAGE = 2
+EXIT_CANNOT_START = 1
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     print(f"stations: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -337,8 +344,8 @@ async def _serve(args: argparse.Namespace) -> None:
         sock.bind((args.host, args.port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            _fail(f"port {args.port} on {args.host} is already in use")
-        _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
+            _fail(f"port {args.port} on {args.host} is already in use", EXIT_CANNOT_START)
+        _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", EXIT_CANNOT_START)
     tokens = None
     if args.tokens:
         from stations.api.auth import TokensFileError, load_tokens
@@ -350,12 +357,18 @@ async def _serve(args: argparse.Namespace) -> None:
     try:
         claim = claim_file(args.db)  # noqa: F841 - held until the process ends
     except InUse as exc:
-        _fail(f"{exc}: SQLite is served by one process; use PostgreSQL for several")
+        _fail(
+            f"{exc}: SQLite is served by one process; use PostgreSQL for several",
+            EXIT_CANNOT_START,
+        )
     except ArgumentError as exc:
         _fail(f"--db is not a database URL: {exc}")
     except OSError as exc:
         # Name the path: the default one is relative to wherever the service was started.
-        _fail(f"--db: cannot create or lock {exc.filename or 'the database file'}: {exc.strerror}")
+        _fail(
+            f"--db: cannot create or lock {exc.filename or 'the database file'}: {exc.strerror}",
+            EXIT_CANNOT_START,
+        )
     try:
         service = Service(
             args.db,
@@ -396,7 +409,10 @@ async def _serve(args: argparse.Namespace) -> None:
     try:
         await runner.setup()
     except OperationalError as exc:
-        _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
+        _fail(
+            f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}",
+            EXIT_CANNOT_START,
+        )
     except Exception as exc:  # an unusable --db URL surfaces here (driver missing, bad path)
         _fail(f"cannot open the database: {exc}")
     site = CappedSite(runner, sock, limits, backlog=1024)

@@ -157,6 +157,28 @@ def test_a_data_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     assert_one_line_error(proc, "--db", str(blocker), "Not a directory")
 
 
+def test_serve_exits_1_when_it_cannot_start_and_2_on_a_bad_command_line(tmp_path: Path) -> None:
+    """Both were 2: a supervisor could not tell a start to retry (the port or the database
+    not there yet) from a command line that will never work."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = str(taken.getsockname()[1])
+        proc = run_cli(["serve", "--port", port, "--db", _sqlite(tmp_path)], tmp_path)
+        assert_one_line_error(proc, "already in use")
+        assert proc.returncode == 1
+    finally:
+        taken.close()
+    nobody = f"postgresql+psycopg://127.0.0.1:{free_port()}/test"
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", nobody], tmp_path)
+    assert_one_line_error(proc, "cannot reach the database")
+    assert proc.returncode == 1
+    proc = run_cli(["serve", "--port", "70000"], tmp_path)
+    assert_one_line_error(proc, "--port")
+    assert proc.returncode == 2
+
+
 def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
     """It said "(Connect call failed ('127.0.0.1', 4437))", the address twice and no reason."""
     nobody = f"http://127.0.0.1:{free_port()}"
