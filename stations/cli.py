@@ -475,6 +475,9 @@ class _Drain:
         self.readers = readers  # ``used``: waiting reads in progress
         self.handlers: set[asyncio.Task[Any]] = set()
         self.draining = False
+        # Set whenever a handler ends or a waiting read starts or ends: the drain waits on it.
+        self.moved = asyncio.Event()
+        readers.changed = self.moved.set
 
     def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
         from aiohttp import web
@@ -494,6 +497,7 @@ class _Drain:
                 return response
             finally:
                 self.handlers.discard(task)
+                self.moved.set()
 
         return counted
 
@@ -504,8 +508,12 @@ class _Drain:
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while len(self.handlers) > self.readers.used and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        while len(self.handlers) > self.readers.used:
+            self.moved.clear()
+            try:
+                await asyncio.wait_for(self.moved.wait(), deadline - loop.time())
+            except TimeoutError:
+                break
         cut = max(0, len(self.handlers) - self.readers.used)
         left = list(self.handlers)
         for task in left:

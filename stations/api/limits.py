@@ -286,6 +286,8 @@ class ReaderSlots:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        # Called whenever ``used`` changes (a shutdown's drain waits for only readers to be left).
+        self.changed: Callable[[], None] | None = None
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -295,10 +297,14 @@ class ReaderSlots:
                 "retry shortly"
             )
         self.used += 1
+        if self.changed is not None:
+            self.changed()
         try:
             yield
         finally:
             self.used -= 1
+            if self.changed is not None:
+                self.changed()
 
 
 def _waits(request: web.Request) -> bool:
