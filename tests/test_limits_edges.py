@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.harness import Server, free_port
-from tests.module_server import module_server
+from tests.module_server import ENGINES, module_server
 
 JSON = {"Content-Type": "application/json"}
 BINARY = {"Content-Type": "application/octet-stream"}
@@ -321,3 +321,82 @@ def test_pages_of_small_dead_letters_keep_their_limit(http: httpx.Client) -> Non
     pages = _all_pages(http, station, 1000)
     assert [[e["data"] for e in p] for p in pages] == [list(range(40))]
     assert [len(p) for p in _all_pages(http, station, 40)] == [40]
+
+
+# -- free text written into rows --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def both(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    yield from module_server(request.param, tmp_path_factory, "--log-level", "info")
+
+
+def _leased(http: httpx.Client, station: str, n: int) -> list[str]:
+    http.post("/api/stations", json={"name": station})
+    http.put(f"/api/stations/{station}/groups/g", json={})
+    http.post(
+        f"/api/stations/{station}/messages", json={"messages": [{"data": i} for i in range(n)]}
+    )
+    got = http.post(f"/api/stations/{station}/groups/g/fetch", json={"max": n}).json()
+    return [m["offset"] for m in got["messages"]]
+
+
+def test_text_with_nul_is_a_400_naming_its_field_on_both_engines(both: Server) -> None:
+    """PostgreSQL's text columns refuse NUL: a consumer, dead-letter reason, description or
+    webhook URL holding one was a 500 there (and stored on SQLite)."""
+    http = httpx.Client(base_url=both.url, timeout=30)
+    station = f"nul-{uuid.uuid4().hex[:6]}"
+    offsets = _leased(http, station, 2)
+    groups = f"/api/stations/{station}/groups/g"
+    sent = [
+        (f"{groups}/fetch", {"consumer": "a\0b"}, "consumer"),
+        (f"{groups}/dead-letter", {"offsets": offsets, "reason": "a\0b"}, "reason"),
+        ("/api/transactions", {"consumer": "a\0b", "ack": []}, "consumer"),
+        (
+            "/api/transactions",
+            {
+                "deadLetter": [
+                    {"station": station, "group": "g", "offset": offsets[0], "reason": "\0"}
+                ]
+            },
+            "deadLetter.0.reason",
+        ),
+    ]
+    for path, body, field in sent:
+        r = http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text[:300])
+        assert r.json()["error"]["field"] == field
+    subs = "/v1/stream/__ds/subscriptions"
+    http.put(f"/v1/stream/{station}-wake", headers=JSON)
+    pull = {"type": "pull-wake", "wake_stream": f"{station}-wake", "pattern": "x"}
+    for body, field in [
+        ({**pull, "description": "a\0b"}, "description"),
+        (
+            {"type": "webhook", "webhook": {"url": "https://example.com/\0"}, "pattern": "x"},
+            "webhook.url",
+        ),
+    ]:
+        r = http.put(f"{subs}/nul-{field}", json=body)
+        assert r.status_code == 400, (body, r.text[:300])
+        assert r.json()["error"]["field"] == field
+    # Nothing was settled by the refused requests.
+    assert http.post(f"{groups}/ack", json={"offsets": offsets}).json()["acked"] == 2
+    assert "Traceback" not in both.log()
+
+
+def test_a_dead_letter_reason_is_at_most_4096_characters(both: Server) -> None:
+    """The reason is copied into every entry a request names: a 1 MB reason for 1000 offsets
+    wrote 1 GB into the database in one request (10,000 offsets of 6 MB: 60 GB)."""
+    http = httpx.Client(base_url=both.url, timeout=30)
+    station = f"reason-{uuid.uuid4().hex[:6]}"
+    offsets = _leased(http, station, 3)
+    path = f"/api/stations/{station}/groups/g/dead-letter"
+    r = http.post(path, json={"offsets": offsets, "reason": "r" * 4097})
+    assert (r.status_code, r.json()["error"]["field"]) == (400, "reason")
+    assert http.get(f"/api/stations/{station}/dls").json()["entries"] == []
+    r = http.post(path, json={"offsets": offsets, "reason": "r" * 4096})
+    assert r.json()["deadLettered"] == 3
+    entries = http.get(f"/api/stations/{station}/dls").json()["entries"]
+    assert [e["error"] for e in entries] == ["r" * 4096] * 3

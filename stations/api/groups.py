@@ -9,7 +9,7 @@ from aiohttp import web
 
 from stations.api.auth import needs, require_station
 from stations.api.stations import _int_param, json_body, service, station_name
-from stations.domain import dls, messages
+from stations.domain import dls, messages, text
 from stations.domain.errors import BadRequest
 from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
@@ -78,9 +78,7 @@ async def fetch(request: web.Request) -> web.Response:
     body = _object(raw, {"max", "waitMs", "consumer"})
     max_count = _body_int(body, "max", 10, 1, MAX_FETCH)
     wait_ms = _body_int(body, "waitMs", 0, 0, MAX_WAIT_MS)
-    consumer = body.get("consumer", "default")
-    if not isinstance(consumer, str) or not 1 <= len(consumer) <= 256:
-        raise BadRequest("consumer must be a string of 1 to 256 characters", "consumer")
+    consumer = text.check(body.get("consumer", "default"), "consumer", text.NAME)
     svc = service(request)
     name = station_name(request)
     await _require_forward_scope(request, name)
@@ -137,8 +135,8 @@ async def nack(request: web.Request) -> web.Response:
 async def dead_letter(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"reason"})
     reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise BadRequest("reason must be a string", "reason")
+    if reason is not None:
+        text.check(reason, "reason", text.LONG, least=0)
     await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).dead_letter(
         station_name(request), _group(request), seqs, reason

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
-from stations.domain import lifecycle, messages
+from stations.domain import lifecycle, messages, text
 from stations.domain import subscriptions as subs
 from stations.domain.errors import Forbidden, StationsError
 from stations.domain.subscriptions_engine import SubscriptionEngine
@@ -218,8 +218,10 @@ async def claim(request: web.Request) -> web.Response:
     sub_id = _id(request)
     body = await _json(request)
     worker = body.get("worker") if isinstance(body, dict) else None
-    if not isinstance(worker, str) or not worker or len(worker) > 256:
-        raise subs.InvalidRequest("worker must be a string of 1 to 256 characters", "worker")
+    if not isinstance(worker, str) or not 1 <= len(worker) <= text.NAME or "\x00" in worker:
+        raise subs.InvalidRequest(
+            f"worker must be a string of 1 to {text.NAME} characters, without NUL", "worker"
+        )
     await _scope_of(request, sub_id)
     return web.json_response(await _engine(request).run(subs.claim, sub_id, worker))
 

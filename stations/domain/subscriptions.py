@@ -26,6 +26,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from stations.domain import text
 from stations.domain.errors import BadRequest, Conflict, NotFound, StationsError
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
@@ -214,14 +215,23 @@ def parse_spec(raw: Any) -> Spec:
             f"lease_ttl_ms must be an integer from {MIN_LEASE_MS} to {MAX_LEASE_MS}", "lease_ttl_ms"
         )
     description = raw.get("description")
-    if description is not None and not isinstance(description, str):
-        raise InvalidRequest("description must be a string", "description")
+    if description is not None and (
+        not isinstance(description, str) or len(description) > text.LONG or "\x00" in description
+    ):
+        raise InvalidRequest(
+            f"description must be a string of at most {text.LONG} characters, without NUL",
+            "description",
+        )
     webhook_url = wake_stream = None
     if kind == "webhook":
         hook = raw.get("webhook")
         url = hook.get("url") if isinstance(hook, dict) else None
         if not isinstance(url, str) or not url:
             raise InvalidRequest("webhook subscriptions need webhook.url", "webhook.url")
+        if len(url) > text.LONG or "\x00" in url:
+            raise InvalidRequest(
+                f"webhook.url must be at most {text.LONG} characters, without NUL", "webhook.url"
+            )
         webhook_url = url
     else:
         if raw.get("wake_stream") is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stations.domain import dls, groups, messages
+from stations.domain import dls, groups, messages, text
 from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
@@ -127,8 +127,8 @@ def parse(raw: Any) -> TxRequest:
     body = raw
     req = TxRequest()
     consumer = body.get("consumer")
-    if consumer is not None and (not isinstance(consumer, str) or not 1 <= len(consumer) <= 256):
-        raise BadRequest("consumer must be a string of 1 to 256 characters", "consumer")
+    if consumer is not None:
+        text.check(consumer, "consumer", text.NAME)
     req.consumer = consumer
     lists = {key: _list(body, key) for key in (*VERBS, "produce")}
     total = sum(map(len, lists.values()))
@@ -175,8 +175,8 @@ def parse(raw: Any) -> TxRequest:
                 settle.delay_ms = _int(item.get("delayMs", 0), f"{name}.delayMs", 0, MAX_DELAY_MS)
             if verb == "deadLetter":
                 reason = item.get("reason")
-                if reason is not None and not isinstance(reason, str):
-                    raise BadRequest(f"{name}.reason must be a string", f"{name}.reason")
+                if reason is not None:
+                    text.check(reason, f"{name}.reason", text.LONG, least=0)
                 settle.reason = reason
             key = (station, group, seq)
             if key in seen:
