@@ -400,3 +400,32 @@ def test_a_dead_letter_reason_is_at_most_4096_characters(both: Server) -> None:
     assert r.json()["deadLettered"] == 3
     entries = http.get(f"/api/stations/{station}/dls").json()["entries"]
     assert [e["error"] for e in entries] == ["r" * 4096] * 3
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/stations/a%00b"),
+        ("DELETE", "/api/stations/a%00b"),
+        ("GET", "/api/stations/a%00b/messages"),
+        ("POST", "/api/stations/a%00b/messages"),
+        ("GET", "/api/stations/a%00b/groups"),
+        ("PUT", "/api/stations/a%00b/groups/g"),
+        ("POST", "/api/stations/a%00b/groups/g/fetch"),
+        ("GET", "/api/stations/a%00b/cursors"),
+        ("GET", "/api/stations/a%00b/dls"),
+        ("GET", "/api/stations/nul-path/dls?group=a%00b"),
+    ],
+)
+def test_a_nul_in_a_station_path_or_group_filter_is_a_400(
+    both: Server, method: str, path: str
+) -> None:
+    """No name holds NUL, and PostgreSQL cannot compare one: every management route with a NUL
+    in its station name, and the DLS listing's group filter, answered 500 there."""
+    http = httpx.Client(base_url=both.url, timeout=30)
+    http.post("/api/stations", json={"name": "nul-path"})
+    body = {"messages": [{"data": 1}]} if path.endswith("messages") else {}
+    r = http.request(method, path, json=body if method in ("POST", "PUT") else None)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["field"] in ("name", "group")
+    assert "Traceback" not in both.log()

@@ -156,6 +156,8 @@ async def seek(request: web.Request) -> web.Response:
 @needs("consume")
 async def list_dls(request: web.Request) -> web.Response:
     group = request.query.get("group") or None
+    if group is not None:
+        validate_name(group)  # not a group's name: PostgreSQL could not even compare a NUL
     limit = _int_param(request, "limit", 100, 1, 1000)
     after_raw = request.query.get("after")
     after = None

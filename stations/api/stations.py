@@ -21,7 +21,10 @@ def service(request: web.Request):  # type: ignore[no-untyped-def]
 
 def station_name(request: web.Request) -> str:
     # aiohttp has already decoded %2F into "/" in the matched path.
-    return request.match_info["name"]
+    name = request.match_info["name"]
+    if "\x00" in name:  # no station has one, and PostgreSQL cannot even compare it (a 500)
+        raise BadRequest("a station name never holds NUL", "name")
+    return name
 
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
