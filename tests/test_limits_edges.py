@@ -429,3 +429,15 @@ def test_a_nul_in_a_station_path_or_group_filter_is_a_400(
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["field"] in ("name", "group")
     assert "Traceback" not in both.log()
+
+
+def test_a_nul_in_the_group_of_a_dls_replay_is_a_400(both: Server) -> None:
+    http = httpx.Client(base_url=both.url, timeout=30)
+    station = f"replay-{uuid.uuid4().hex[:6]}"
+    offsets = _leased(http, station, 1)
+    http.post(f"/api/stations/{station}/groups/g/dead-letter", json={"offsets": offsets})
+    for body in [{"all": True, "group": "a\0b"}, {"ids": ["1"], "group": "\0"}]:
+        r = http.post(f"/api/stations/{station}/dls/replay", json=body)
+        assert (r.status_code, r.json()["error"]["field"]) == (400, "group"), r.text[:300]
+    assert len(http.get(f"/api/stations/{station}/dls").json()["entries"]) == 1
+    assert "Traceback" not in both.log()

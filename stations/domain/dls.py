@@ -26,6 +26,7 @@ import math
 import re
 from typing import Any
 
+from stations.domain import text
 from stations.domain.errors import BadRequest, StationsError
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append, live_stream
@@ -252,8 +253,8 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
         field = sorted(unknown)[0]
         raise BadRequest(f"unknown field {field}", field)
     group = raw.get("group")
-    if group is not None and not isinstance(group, str):
-        raise BadRequest("group must be a string", "group")
+    if group is not None:
+        text.check(group, "group", text.NAME)  # a NUL was a 500 on PostgreSQL
     # With ids too, a group narrows the choice to that group's entries.
     if raw.get("all") is True:
         if "ids" in raw:
