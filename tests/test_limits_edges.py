@@ -441,3 +441,15 @@ def test_a_nul_in_the_group_of_a_dls_replay_is_a_400(both: Server) -> None:
         assert (r.status_code, r.json()["error"]["field"]) == (400, "group"), r.text[:300]
     assert len(http.get(f"/api/stations/{station}/dls").json()["entries"]) == 1
     assert "Traceback" not in both.log()
+
+
+def test_a_pull_wake_worker_holding_nul_is_a_400(both: Server) -> None:
+    """The worker name is stored as the claim's holder: a NUL would fail on PostgreSQL."""
+    http = httpx.Client(base_url=both.url, timeout=30)
+    name = f"wk-{uuid.uuid4().hex[:6]}"
+    http.put(f"/v1/stream/{name}", headers=JSON)
+    sub = f"/v1/stream/__ds/subscriptions/{name}"
+    spec = {"type": "pull-wake", "wake_stream": name, "streams": [f"{name}-data"]}
+    assert http.put(sub, json=spec).status_code == 201
+    r = http.post(f"{sub}/claim", json={"worker": "a\0b"})
+    assert (r.status_code, r.json()["error"]["field"]) == (400, "worker"), r.text[:300]
