@@ -329,6 +329,11 @@ async def _serve(args: argparse.Namespace) -> None:
             f"the {nofile} file descriptors for the database and files",
             file=sys.stderr,
         )
+    if args.max_waiting_readers and args.max_waiting_readers >= max_connections:
+        _fail(
+            f"--max-waiting-readers must be below --max-connections ({max_connections}): "
+            "waiting readers must leave slots for producers and /healthz"
+        )
     limits = Limits(
         max_connections=max_connections,
         max_waiting_readers=args.max_waiting_readers or max(1, int(max_connections * 0.9)),

@@ -179,6 +179,15 @@ def test_serve_exits_1_when_it_cannot_start_and_2_on_a_bad_command_line(tmp_path
     assert proc.returncode == 2
 
 
+def test_waiting_readers_must_leave_connections_for_the_rest(tmp_path: Path) -> None:
+    """A cap of waiting readers at or above the connection cap was taken: long-polls could hold
+    every connection, against the promise that producers and /healthz always find one."""
+    args = ["serve", "--port", str(free_port()), "--max-connections", "50"]
+    proc = run_cli([*args, "--max-waiting-readers", "50"], tmp_path)
+    assert_one_line_error(proc, "--max-waiting-readers", "--max-connections (50)")
+    assert proc.returncode == 2
+
+
 def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
     """It said "(Connect call failed ('127.0.0.1', 4437))", the address twice and no reason."""
     nobody = f"http://127.0.0.1:{free_port()}"
