@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import re
+from collections import defaultdict
 from typing import Any
 
 from stations.domain import text
@@ -150,15 +151,18 @@ def redrive_due(batch: Batch) -> int | None:
     rows = store.due_redrives(batch.conn, batch.now, REDRIVE_CHUNK)
     done: list[int] = []
     kept: list[int] = []
+    back: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for entry_id, station, group_id, seq, redrives in rows:
         state = batch.stream(station)
         if state is None or state.deleted or seq <= state.head:
             # Retention dropped the original: the entry keeps its own copy for the user.
             kept.append(entry_id)
             continue
-        group_store.requeue(batch.conn, group_id, seq, batch.now, redrives + 1)
+        back[group_id].append((seq, redrives + 1))
         done.append(entry_id)
         batch.changed.add(station)
+    for group_id, entries in back.items():
+        group_store.requeue(batch.conn, group_id, entries, batch.now)
     store.drop_ids(batch.conn, done)
     store.never_redrive(batch.conn, kept)
     if len(rows) == REDRIVE_CHUNK:
@@ -290,6 +294,7 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
     live_groups = group_store.ids_of_stream(batch.conn, state.id)
     replayed = 0
     gone: set[int] = set()
+    back: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for entry_id, group_id, seq, redrives in rows:
         if seq <= state.head:
             # Retention dropped the original: there is nothing to put back in the queue, so
@@ -297,8 +302,10 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
             gone.add(entry_id)
             continue
         if group_id in live_groups:
-            group_store.requeue(batch.conn, group_id, seq, batch.now + delay, redrives)
+            back[group_id].append((seq, redrives))
             replayed += 1
+    for group_id, entries in back.items():
+        group_store.requeue(batch.conn, group_id, entries, batch.now + delay)
     store.drop_ids(batch.conn, [row[0] for row in rows if row[0] not in gone])
     if replayed:
         batch.changed.add(state.name)

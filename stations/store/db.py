@@ -334,6 +334,24 @@ def int_list(conn: Connection, values: list[int]) -> Any:
     return list(values) if _postgresql(conn) else "[" + ",".join(map(str, values)) + "]"
 
 
+def int_pairs_rows(conn: Connection) -> str:
+    """A row source ``(a, b)`` of integer pairs sent as TWO parameters (see ``int_pairs``),
+    for an INSERT ... SELECT of any number of rows in one statement."""
+    if _postgresql(conn):
+        return "SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS p (a, b)"
+    return (
+        "SELECT x.value AS a, y.value AS b FROM json_each(?) AS x "
+        "JOIN json_each(?) AS y ON x.key = y.key"
+    )
+
+
+def int_pairs(conn: Connection, pairs: list[tuple[int, int]]) -> tuple[Any, Any]:
+    """The parameters of ``int_pairs_rows``."""
+    firsts = [a for a, _ in pairs]
+    seconds = [b for _, b in pairs]
+    return int_list(conn, firsts), int_list(conn, seconds)
+
+
 @contextlib.contextmanager
 def relaxed_transaction(conn: Connection) -> Iterator[None]:
     """A transaction whose commit need not wait for the disk: its writes survive a crash of

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, delete, func, select, update
 
+from stations.store import db
 from stations.store.groups import FEW_STATIONS
 from stations.store.schema import dls, streams
 
@@ -48,7 +49,14 @@ def drop(conn: Connection, sel: Selection) -> int:
 
 
 def drop_ids(conn: Connection, ids: list[int]) -> int:
-    return _delete(conn, dls.c.id.in_(ids)) if ids else 0
+    if not ids:
+        return 0
+    # One parameter for the whole list (a replay of every entry: PostgreSQL's driver takes at
+    # most 65,535).
+    done = conn.exec_driver_sql(
+        f"DELETE FROM dls WHERE {db.int_list_match(conn, 'id')}", (db.int_list(conn, ids),)
+    )
+    return done.rowcount or 0
 
 
 def drop_group(conn: Connection, group_id: int) -> None:

@@ -239,10 +239,12 @@ def forget(conn: Connection, group_id: int, seqs: list[int]) -> None:
     """Delete deliveries (acked, dead-lettered, or dropped by retention)."""
     rest = set(seqs) - {seq for seq, _, _ in _cut(conn, group_id, seqs)}
     if rest:
-        conn.execute(
-            delete(deliveries).where(
-                deliveries.c.group_id == group_id, deliveries.c.seq.in_(sorted(rest))
-            )
+        # One parameter for the whole list: PostgreSQL's driver takes at most 65,535.
+        sql.execute(
+            conn,
+            f"DELETE FROM deliveries WHERE group_id = {db.mark(conn)} AND "
+            f"{db.int_list_match(conn, 'seq')}",
+            (group_id, db.int_list(conn, sorted(rest))),
         )
 
 
@@ -311,25 +313,28 @@ def postpone(conn: Connection, group_id: int, seqs: list[int], due: int) -> None
     )
 
 
-def requeue(conn: Connection, group_id: int, seq: int, due: int, redrives: int = 0) -> None:
-    """A DLS entry back in its group's queue, not delivered yet, due at ``due``, carrying how
-    often it was redriven. Not when the message is after the group's cursor (a seek went back
-    past it): the log delivers it anyway, and a row beside the lease the log gives it would be
-    a second copy that outlives the ack of the first."""
-    forget(conn, group_id, [seq])
-    cursor = conn.execute(select(groups.c.cursor).where(groups.c.id == group_id)).scalar()
-    if cursor is None or seq > cursor:
+def requeue(conn: Connection, group_id: int, entries: list[tuple[int, int]], due: int) -> None:
+    """DLS entries, (seq, redrives), back in their group's queue, not delivered yet, due at
+    ``due``, carrying how often each was redriven; a statement per step whatever their number.
+    Not a message after the group's cursor (a seek went back past it): the log delivers it
+    anyway, and a row beside the lease the log gives it would be a second copy that outlives
+    the ack of the first."""
+    if not entries:
         return
-    conn.execute(
-        insert(deliveries).values(
-            group_id=group_id,
-            seq=seq,
-            delivery_count=0,
-            consumer=None,
-            due=due,
-            redrives=redrives,
+    redrives_of = dict(entries)  # one row per message (the last entry's count, as in turn)
+    forget(conn, group_id, sorted(redrives_of))
+    cursor = conn.execute(select(groups.c.cursor).where(groups.c.id == group_id)).scalar()
+    if cursor is None:
+        return
+    pairs = [(seq, redrives) for seq, redrives in redrives_of.items() if seq <= cursor]
+    if pairs:
+        m = db.mark(conn)
+        sql.execute(
+            conn,
+            "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due, redrives) "
+            f"SELECT {m}, p.a, 0, NULL, {m}, p.b FROM ({db.int_pairs_rows(conn)}) AS p",
+            (group_id, due, *db.int_pairs(conn, pairs)),
         )
-    )
 
 
 def take(conn: Connection, group_id: int, seq: int) -> int:
