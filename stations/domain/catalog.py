@@ -59,6 +59,8 @@ def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> Stream
     state.config = config_rules.apply_patch(state.config, raw)
     if state.window_ms < before:
         window.forget_older(batch, state)
+    elif state.window_ms > before:
+        window.grown(batch, state)
     batch.touch(state)
     upkeep.set_rules(batch.conn, state.id, upkeep_columns(state.config, batch.now))
     _announce_window(batch, state.window_ms)

@@ -203,6 +203,13 @@ class IdWindow:
         self.runs.sweep(batch, state)
         self.runs.forget_before(batch, state.id, cutoff)
 
+    def grown(self, batch: Batch, state: StreamState) -> None:
+        """The station's window just grew. A cache holds expired ids too, and one of them may
+        have been stored again since through another process (PostgreSQL), which this cache
+        never hears of: the grown window would revive the old offset. So no process trusts
+        its cached ids stored until now; ``msg_ids`` answers for them."""
+        state.ids_forgotten_at = max(state.ids_forgotten_at or 0, batch.now)
+
     def sweep(self, batch: Batch, state: StreamState) -> int:
         """Delete (a chunk of) the expired ids of a station; returns how many went."""
         if self.runs is not None:

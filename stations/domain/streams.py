@@ -44,7 +44,8 @@ class StreamState:
     max_messages: int | None = None
     max_bytes: int | None = None
     upkeep_at: int | None = None  # when retention or DLS expiry next needs a look
-    ids_forgotten_at: int | None = None  # ids stored at or before it left for good (PATCH)
+    # Cached ids stored at or before it are not trusted (PATCH of the window; see idwindow).
+    ids_forgotten_at: int | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> StreamState:
