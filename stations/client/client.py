@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from stations.client.consumer import Consumer
-from stations.client.errors import StationsError, is_retryable
+from stations.client.errors import StationsError, is_retryable, may_have_acted
 from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
 from stations.client.models import (
     ConsumerDefaults,
@@ -208,7 +208,8 @@ class Station:
         ``NewMessage`` are taken as the data of a message without id or headers.
 
         Retried on connection errors and 5xx only when every message has an id: the id makes
-        the retry safe (a message stored by the lost attempt comes back as a duplicate)."""
+        the retry safe (a message stored by the lost attempt comes back as a duplicate).
+        Without ids only what stored nothing is retried: a 429, a 503, a refused connection."""
         wire = [_wire_message(m if isinstance(m, NewMessage) else NewMessage(m)) for m in messages]
         if not wire:
             return []
@@ -224,7 +225,7 @@ class Station:
                 )
                 break
             except StationsError as exc:
-                if not (safe and is_retryable(exc)):
+                if not (is_retryable(exc) and (safe or not may_have_acted(exc))):
                     raise
                 await backoff.wait(exc)
         return [Produced(r["offset"], bool(r["duplicate"])) for r in reply.json()["results"]]

@@ -26,7 +26,6 @@ from typing import Any
 from stations.client.batching import OBJ, RAW, TEXT, Batch, batch_body, json_bytes
 from stations.client.errors import (
     BufferFull,
-    ConnectionFailed,
     EpochInUse,
     ProducerClosed,
     ProducerFenced,
@@ -34,6 +33,7 @@ from stations.client.errors import (
     ServerError,
     StationsError,
     error_for,
+    may_have_acted,
 )
 from stations.client.handle import StationHandle
 from stations.client.http import Http, Reply
@@ -586,10 +586,11 @@ class IdempotentProducer:
 def _maybe_stored(outcome: StationsError | Reply) -> bool:
     """Whether a failed attempt may have stored its request all the same, so that a 204
     (duplicate) answering a retry of it is its own: it went out and no answer came back, or
-    the server answered 5xx (it may fail after its commit)."""
+    the server answered 5xx (it may fail after its commit), but not 503: nothing was decided
+    (taken as maybe stored, a rerun's 204 looked like its own and its batch was dropped)."""
     if isinstance(outcome, StationsError):
-        return not isinstance(outcome, ConnectionFailed) or outcome.sent
-    return outcome.status >= 500
+        return may_have_acted(outcome)
+    return outcome.status >= 500 and outcome.status != 503
 
 
 def _as_retryable(exc: StationsError) -> StationsError:

@@ -12,8 +12,9 @@ exception inside the block sends nothing (the leases stay; the messages come aga
 expire, or nack them). ``commit()`` raises ``Conflict`` when a lease expired or moved to another
 consumer: nothing was produced, the message will come (or already came) again.
 
-Retries: a commit is not retried. When it raises ``ConnectionFailed`` or ``ServerError`` the
-outcome is unknown, and that is safe: if it committed, its leases are gone and the messages never
+Retries: a commit whose outcome is unknown is not retried. A 429, a 503 or a refused connection
+says nothing was committed; those are retried (with backoff, honouring ``Retry-After``). When it
+raises ``ConnectionFailed`` or ``ServerError`` the outcome is unknown, and that is safe: if it committed, its leases are gone and the messages never
 come back; if it did not, they come back after their lease. Either way each input is processed
 by exactly one committed transaction.
 """
@@ -25,7 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from stations.client.errors import StationsError, may_have_acted
 from stations.client.http import Http
+from stations.client.retry import DEFAULT_RETRY, Backoff
 
 # What a transaction needs of the SDK's Client, Station and Message: protocols, so this module
 # imports none of them (they import it).
@@ -148,9 +151,17 @@ class Transaction:
             return self.result
         if self.consumer is not None:
             body["consumer"] = self.consumer
-        reply = await self.client.http.call(
-            "POST", self.client.url + "/api/transactions", body, what="transaction"
-        )
+        backoff = Backoff(DEFAULT_RETRY)
+        while True:
+            try:
+                reply = await self.client.http.call(
+                    "POST", self.client.url + "/api/transactions", body, what="transaction"
+                )
+                break
+            except StationsError as exc:
+                if may_have_acted(exc):
+                    raise  # unknown outcome: see the module's docstring
+                await backoff.wait(exc)  # raises unless retryable
         answer = reply.json()
         self.result = TransactionResult(
             int(answer.get("acked", 0)),

@@ -1,0 +1,82 @@
+"""Edges of the Python SDK's exactly-once promises, found by an adversarial review: answers that
+say "nothing was decided" (503 with Retry-After, from ``FaultProxy``) must be retried where that
+is safe, and must not make a later "duplicate" answer look like this producer's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from stations.client import Client, EpochInUse, IdempotentProducer, StationsError
+from tests.test_sdk import FaultProxy, client, read_all, stations, unique  # noqa: F401
+
+__all__ = ["client", "stations"]
+
+
+async def test_a_rerun_whose_first_attempt_got_503_still_stops_with_epoch_in_use(
+    client: Client,  # noqa: F811
+) -> None:
+    """A run restarted under a used (producer id, epoch) is caught by the 204 its first batch
+    gets. A 503 ("nothing was decided") before that marked the batch as maybe stored, so the
+    204 was taken as its own success and the message was silently dropped."""
+    name = unique("rerun503")
+    await client.create_station(name)
+    first = client.station(name).producer("job", epoch=2)
+    first.append("a")
+    await first.detach()
+
+    errors: list[StationsError] = []
+    async with FaultProxy(client.url) as proxy:
+        proxy.reject_503 = {1: None}  # the rerun's first POST: refused, nothing stored
+        rerun = IdempotentProducer(
+            f"{proxy.url}/v1/stream/{name}",
+            "job",
+            epoch=2,
+            content_type="application/json",
+            on_error=errors.append,
+        )
+        rerun.append("b")
+        with pytest.raises(EpochInUse):
+            await rerun.flush()
+        assert proxy.rejected == 1 and proxy.post_statuses == [204]
+        await rerun.detach()
+    assert errors and isinstance(errors[0], EpochInUse)
+    assert await read_all(client.stream_url(name)) == ["a"]
+
+
+async def test_produce_without_ids_is_retried_after_a_503(client: Client) -> None:  # noqa: F811
+    """Without message ids a retry after a lost answer could store twice, so it is not made;
+    but a 503 (or 429) says nothing was stored, and giving up then lost the message to a
+    momentary overload."""
+    name = unique("p503")
+    await client.create_station(name)
+    async with FaultProxy(client.url) as proxy, Client(proxy.url) as via_proxy:
+        proxy.reject_503 = {proxy.posts + 1: None}
+        produced = await via_proxy.station(name).produce({"n": 1})
+        assert produced.duplicate is False and proxy.rejected == 1
+    page = await client.station(name).browse()
+    assert [m.data for m in page.messages] == [{"n": 1}]
+
+
+async def test_a_transaction_is_retried_after_a_503(client: Client) -> None:  # noqa: F811
+    """A commit whose outcome is unknown is not sent again; one answered 503 is known not to
+    have committed, and is (the README's pipeline raised ServerError out of ``async with``)."""
+    source, sink = unique("tx-in"), unique("tx-out")
+    await client.create_station(source)
+    await client.create_station(sink)
+    await client.station(source).produce({"order": 1})
+    async with (
+        FaultProxy(client.url) as proxy,
+        Client(proxy.url) as via_proxy,
+        via_proxy.station(source).consumer("billing", consumer="b1", wait_ms=0) as consumer,
+    ):
+        (msg,) = await consumer.fetch(10)
+        proxy.reject_503 = {proxy.posts + 1: None}
+        async with consumer.transaction() as tx:
+            tx.produce(sink, {"invoice": msg.data["order"]})
+            tx.ack(msg)
+        assert proxy.rejected == 1
+        assert tx.result is not None and tx.result.acked == 1
+    page = await client.station(sink).browse()
+    assert [m.data for m in page.messages] == [{"invoice": 1}]
+    (group,) = await client.station(source).groups()
+    assert group.pending == 0 and group.in_flight == 0
