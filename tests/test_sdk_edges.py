@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from stations.client import Client, EpochInUse, IdempotentProducer, StationsError
+from stations.client.sync import SyncClient
+from tests.harness import Server
 from tests.test_sdk import FaultProxy, client, read_all, stations, unique  # noqa: F401
 
 __all__ = ["client", "stations"]
@@ -80,3 +82,36 @@ async def test_a_transaction_is_retried_after_a_503(client: Client) -> None:  # 
     assert [m.data for m in page.messages] == [{"invoice": 1}]
     (group,) = await client.station(source).groups()
     assert group.pending == 0 and group.in_flight == 0
+
+
+async def test_leaving_the_client_delivers_what_its_producers_and_consumers_hold(
+    client: Client,  # noqa: F811
+) -> None:
+    """``append()`` and ``ack()`` only queue; a producer or consumer that was never closed
+    lost both when its ``Client`` closed (the message never stored, the ack never sent, so the
+    message was processed again). Closing the client now flushes them first."""
+    name = unique("leave")
+    await client.create_station(name)
+    async with Client(client.url) as other:
+        producer = other.station(name).producer("p")
+        producer.append({"n": 1})
+    assert await read_all(client.stream_url(name)) == [{"n": 1}]
+
+    async with Client(client.url) as other:
+        consumer = other.station(name).consumer("g", consumer="c", wait_ms=0)
+        (msg,) = await consumer.fetch()
+        await msg.ack()  # queued
+    (group,) = await client.station(name).groups()
+    assert group.in_flight == 0 and group.pending == 0
+
+
+def test_leaving_the_sync_client_delivers_what_its_producers_hold(
+    stations: Server,  # noqa: F811
+) -> None:
+    name = unique("leave-sync")
+    with SyncClient(stations.url) as sync:
+        sync.create_station(name)
+        producer = sync.station(name).producer("p", linger_ms=1000)
+        producer.append("x")
+    with SyncClient(stations.url) as sync:
+        assert [m.data for m in sync.station(name).browse().messages] == ["x"]

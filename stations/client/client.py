@@ -3,7 +3,9 @@ consumer groups and dead letters)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -71,6 +73,9 @@ class Client:
     ) -> None:
         self.url = url.rstrip("/")
         self.http = Http(token, timeout=timeout, session=session)
+        # Producers and consumers made by its stations: their appends and acks are only queued,
+        # so close() delivers them before the session goes (they were silently lost).
+        self._children: weakref.WeakSet[IdempotentProducer | Consumer] = weakref.WeakSet()
 
     async def __aenter__(self) -> Client:
         return self
@@ -79,7 +84,13 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        await self.http.close()
+        """Flush the producers and close the consumers its stations made (see their
+        ``detach()`` and ``close()``: the stream stays open), then close the session."""
+        try:
+            children = [child.on_client_close() for child in list(self._children)]
+            await asyncio.gather(*children, return_exceptions=True)
+        finally:
+            await self.http.close()
 
     def _api(self, *parts: str) -> str:
         return "/".join([self.url + "/api/stations", *parts])
@@ -277,14 +288,20 @@ class Station:
         )
 
     def producer(self, producer_id: str, **options: Any) -> IdempotentProducer:
-        """An ``IdempotentProducer`` on this station (see its options)."""
-        return IdempotentProducer(self, producer_id, **options)
+        """An ``IdempotentProducer`` on this station (see its options); closing the client
+        flushes it."""
+        producer = IdempotentProducer(self, producer_id, **options)
+        self.client._children.add(producer)
+        return producer
 
     # -- consumer groups ------------------------------------------------------------------------------
 
     def consumer(self, group: str, **options: Any) -> Consumer:
-        """A ``Consumer`` of ``group`` (created on start if needed); see its options."""
-        return Consumer(self, group, **options)
+        """A ``Consumer`` of ``group`` (created on start if needed); see its options. Closing
+        the client closes it (its queued acks are sent)."""
+        consumer = Consumer(self, group, **options)
+        self.client._children.add(consumer)
+        return consumer
 
     async def ensure_group(
         self,

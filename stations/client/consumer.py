@@ -249,6 +249,10 @@ class Consumer:
         self._buffer.clear()
         return await self.station.seek(self.group, to)
 
+    async def on_client_close(self) -> None:
+        """Its ``Client`` is closing: ``close()``."""
+        await self.close()
+
     async def close(self) -> None:
         """Send queued acks and give back prefetched messages that were never handed out, so
         they are delivered again at once instead of after their lease."""

@@ -562,6 +562,13 @@ class IdempotentProducer:
         finally:
             await self._release()
 
+    async def on_client_close(self) -> None:
+        """Its ``Client`` is closing: finish a close() under way, else ``detach()``."""
+        if self._close_task is not None:
+            await asyncio.gather(self._close_task, return_exceptions=True)
+        else:
+            await self.detach()
+
     async def _release(self) -> None:
         if self._owns_http:
             await self._http.close()
