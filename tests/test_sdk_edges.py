@@ -4,9 +4,17 @@ is safe, and must not make a later "duplicate" answer look like this producer's 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from stations.client import Client, EpochInUse, IdempotentProducer, StationsError
+from stations.client import (
+    Client,
+    EpochInUse,
+    IdempotentProducer,
+    StationNotFound,
+    StationsError,
+)
 from stations.client.sync import SyncClient
 from tests.harness import Server
 from tests.test_sdk import FaultProxy, client, read_all, stations, unique  # noqa: F401
@@ -115,3 +123,39 @@ def test_leaving_the_sync_client_delivers_what_its_producers_hold(
         producer.append("x")
     with SyncClient(stations.url) as sync:
         assert [m.data for m in sync.station(name).browse().messages] == ["x"]
+
+
+def test_the_sync_face_called_from_its_own_loop_raises_instead_of_hanging(
+    stations: Server,  # noqa: F811
+) -> None:
+    """``on_error`` runs on the sync client's loop thread; a blocking call made there waited
+    for that same loop, forever. It raises instead."""
+    name = unique("sync-reentry")
+    seen: list[BaseException] = []
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        with SyncClient(stations.url) as sync:
+            sync.create_station(name)
+            station = sync.station(name)
+
+            def on_error(error: StationsError) -> None:
+                try:
+                    station.info()  # a blocking call on the loop's own thread
+                except RuntimeError as exc:
+                    seen.append(exc)
+
+            producer = station.producer("p", on_error=on_error, content_type="application/json")
+            sync.delete_station(name)
+            producer.append("x")
+            try:
+                producer.flush()
+            except StationsError as exc:
+                outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "the sync client hung"
+    assert len(seen) == 1 and "event loop" in str(seen[0])
+    assert len(outcome) == 1 and isinstance(outcome[0], StationNotFound)

@@ -31,6 +31,14 @@ class _Loop:
     def run(self, make: Callable[[], Any]) -> Any:
         """Call ``make()`` on the loop's thread (``append()`` needs the running loop there) and
         await its result if it is awaitable."""
+        if threading.get_ident() == self.thread.ident:
+            # A callback run by the SDK (on_error) is on the loop's thread: waiting there for
+            # the loop would wait forever.
+            raise RuntimeError(
+                "a blocking SyncClient call from the client's own event loop thread (inside "
+                "a callback such as on_error) would wait for itself; hand the work to "
+                "another thread"
+            )
 
         async def call() -> Any:
             result = make()
