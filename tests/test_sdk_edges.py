@@ -159,3 +159,28 @@ def test_the_sync_face_called_from_its_own_loop_raises_instead_of_hanging(
     assert not worker.is_alive(), "the sync client hung"
     assert len(seen) == 1 and "event loop" in str(seen[0])
     assert len(outcome) == 1 and isinstance(outcome[0], StationNotFound)
+
+
+async def test_an_ack_that_came_after_the_message_was_delivered_again_is_reported(
+    client: Client,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The lease of a slow consumer expires and another consumer processes and acks the
+    message; the slow one's batched ack then comes back ``unknown``. The message was processed
+    twice, and the SDK said nothing (nor can it extend a lease: the contract has no such call)."""
+    name = unique("late-ack")
+    await client.create_station(name)
+    station = client.station(name)
+    await station.produce({"n": 1})
+    slow = station.consumer("g", consumer="slow", wait_ms=0, max_ack_time_ms=200)
+    fast = station.consumer("g", consumer="fast", wait_ms=2000)
+    (late,) = await slow.fetch()
+    (again,) = await fast.fetch()  # waits for the lease to expire
+    assert again.offset == late.offset and again.delivery_count == 2
+    assert await again.ack(wait=True) is True
+    caplog.set_level("WARNING", logger="stations.client.consumer")
+    await late.ack()  # batched: nobody waits for the answer
+    await slow.close()
+    await fast.close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "stations.client.consumer"]
+    assert any("delivered again" in w and late.offset in w for w in warnings), warnings

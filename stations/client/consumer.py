@@ -222,6 +222,18 @@ class Consumer:
                         future.set_exception(exc)
             return
         unknown = set(answer.get("unknown") or [])
+        unheard = sorted(offset for offset in unknown if not acks.get(offset))
+        if unheard:
+            # Nobody waits for these answers: mostly a lease that expired while the message was
+            # processed, which was then delivered again (processed twice); say so, or it goes
+            # unnoticed. (A retry whose lost first attempt acked lands here too.)
+            logger.warning(
+                "group %s no longer knew %d acked message(s): acked already, or delivered again "
+                "after their lease expired (process within max_ack_time_ms): %s",
+                self.group,
+                len(unheard),
+                ", ".join(unheard[:10]),
+            )
         for offset, waiters in acks.items():
             for future in waiters:
                 if not future.done():
