@@ -10,11 +10,15 @@ RAM that another process changes behind its back (a review of the edges).
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 JSON = {"Content-Type": "application/json"}
 
@@ -73,3 +77,122 @@ def test_id_stored_again_at_the_other_process_keeps_its_new_offset_when_the_wind
             (offset(0), "x"),
             (offset(1), "x"),
         ]
+
+
+# -- LISTEN/NOTIFY ------------------------------------------------------------------------------
+
+
+class _Pair:
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client, self.upstream = client, upstream
+        self.listen = False  # this connection sent LISTEN
+        self.frozen = False  # bytes are dropped both ways, the sockets stay open
+
+
+class SilentDropProxy:
+    """A TCP proxy in front of PostgreSQL that can make the LISTEN connections through it go
+    silent, as a network that drops a connection without a reset does: nothing arrives and
+    nothing fails. Other connections, and LISTEN connections made later, pass."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.pairs: list[_Pair] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            pair = _Pair(client, socket.create_connection(self.target))
+            with self.lock:
+                self.pairs.append(pair)
+            for src, dst in ((pair.client, pair.upstream), (pair.upstream, pair.client)):
+                args = (pair, src, dst)
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
+
+    @staticmethod
+    def _pump(pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if src is pair.client and b"LISTEN stations" in data:
+                    pair.listen = True
+                if not pair.frozen:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            s.close()
+
+    def listening(self) -> int:
+        with self.lock:
+            return sum(p.listen and not p.frozen for p in self.pairs)
+
+    def silence_listeners(self) -> int:
+        with self.lock:
+            live = [p for p in self.pairs if p.listen and not p.frozen]
+            for pair in live:
+                pair.frozen = True
+            return len(live)
+
+    def close(self) -> None:
+        self.server.close()
+        with self.lock:
+            for pair in self.pairs:
+                pair.client.close()
+                pair.upstream.close()
+
+
+@pytest.fixture
+def proxy(pg_url: str) -> Iterator[SilentDropProxy]:
+    host, port = pg_url.split("@", 1)[1].split("/", 1)[0].split(":")
+    p = SilentDropProxy((host, int(port)))
+    yield p
+    p.close()
+
+
+def test_a_listen_connection_gone_silent_is_replaced(
+    pg_url: str, make_server: Any, proxy: SilentDropProxy
+) -> None:
+    """A's LISTEN connection goes silent (no reset, no error) after a long-poll at A saw the
+    tail. B appends. A must notice within seconds and hear of commits again. Before, A waited
+    on the silent connection for ever; its readers answered from their last look at the tail
+    (the notifier keeps it until a commit is announced), so every long-poll at A timed out
+    empty, for good, while the station held a new message."""
+    host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
+    proxied = pg_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+    a = make_server(proxied, "--long-poll-timeout-ms", "2000")
+    b = make_server(pg_url)
+    with httpx.Client(base_url=a.url, timeout=30) as ca, httpx.Client(base_url=b.url) as cb:
+        name = new_station(cb)
+        produce(cb, name, {"data": 0})
+        params = {"offset": offset(1), "live": "long-poll"}
+        r = ca.get(f"/v1/stream/{name}", params=params)  # A looks at the tail: nothing new
+        assert r.status_code == 204, r.text
+        assert proxy.silence_listeners() == 1
+        produce(cb, name, {"data": 1})
+        began = time.monotonic()
+        while True:
+            r = ca.get(f"/v1/stream/{name}", params=params)
+            if r.status_code == 200 or time.monotonic() - began > 30:
+                break
+            assert r.status_code == 204, r.text
+        assert r.status_code == 200, f"A saw nothing in {time.monotonic() - began:.0f} s"
+        assert r.json() == [1]
+        assert time.monotonic() - began < 15
+        assert proxy.listening() == 1  # a new LISTEN connection, heard again
+        # Later commits at B wake a reader at A promptly again.
+        answer: dict[str, Any] = {}
+        params = {"offset": offset(2), "live": "long-poll"}
+        waiter = threading.Thread(
+            target=lambda: answer.update(r=ca.get(f"/v1/stream/{name}", params=params))
+        )
+        waiter.start()
+        time.sleep(0.5)
+        produce(cb, name, {"data": 2})
+        waiter.join(10)
+        assert (answer["r"].status_code, answer["r"].json()) == (200, [2])

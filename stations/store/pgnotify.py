@@ -9,9 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
 
 CHANNEL = "stations"
+# A connection can die without a word (a NAT or firewall forgets it, a failover): then no
+# notification and no error ever come, and readers keep answering from their last look at the
+# tail. So after this long the listener asks the database for an answer on that connection...
+HEARTBEAT_S = 3.0
+ANSWER_S = 5.0  # ...and replaces the connection when none comes this fast.
+CONNECT_S = 10  # libpq's connect_timeout: a reconnect into the same silence gives up too
 logger = logging.getLogger("stations.store.pgnotify")
 
 
@@ -48,15 +60,23 @@ class Listener:
 
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True
+                    self._dsn, autocommit=True, connect_timeout=CONNECT_S
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     # Commits made while no LISTEN ran were never announced: wake everyone.
                     self._on_connect()
                     self._ready.set()
-                    async for note in conn.notifies():
-                        if note.pid != self._own_pid():
-                            self._fire({note.payload})
+                    while True:
+                        async for note in conn.notifies(timeout=HEARTBEAT_S):
+                            if note.pid != self._own_pid():
+                                self._fire({note.payload})
+                        # Notifications arriving meanwhile wait for the next notifies()
+                        # (psycopg >= 3.2.4 keeps them).
+                        timer = asyncio.get_running_loop().call_later(ANSWER_S, _abort, conn)
+                        try:
+                            await conn.execute("SELECT 1")
+                        finally:
+                            timer.cancel()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -64,3 +84,14 @@ class Listener:
                 logger.warning("LISTEN connection lost; reconnecting", exc_info=True)
                 self._ready.set()
                 await asyncio.sleep(1)
+
+
+def _abort(conn: AsyncConnection[Any]) -> None:
+    """Shut the connection's socket: the query waiting on it fails at once. (Cancelling the
+    query instead makes psycopg wait 10 s for the server to confirm the cancel, in vain.)"""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
