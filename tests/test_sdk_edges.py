@@ -4,6 +4,7 @@ is safe, and must not make a later "duplicate" answer look like this producer's 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -184,3 +185,27 @@ async def test_an_ack_that_came_after_the_message_was_delivered_again_is_reporte
     await fast.close()
     warnings = [r.getMessage() for r in caplog.records if r.name == "stations.client.consumer"]
     assert any("delivered again" in w and late.offset in w for w in warnings), warnings
+
+
+async def test_acks_of_a_cancelled_flush_are_sent_by_close(client: Client) -> None:  # noqa: F811
+    """``fetch()`` sends the queued acks first, in the caller's task. Cancelled there (a
+    timeout around the fetch, a shutdown), the acks taken off the queue were never sent, not
+    even by ``close()``: the messages came again and were processed twice."""
+    name = unique("cancel-ack")
+    await client.create_station(name)
+    await client.station(name).produce({"n": 1})
+    async with Client(client.url) as other:
+        async with FaultProxy(client.url) as proxy:
+            other.url = proxy.url
+            consumer = other.station(name).consumer(
+                "g", consumer="c", wait_ms=0, ack_batch_size=1, ack_interval_ms=60_000
+            )
+            (msg,) = await consumer.fetch()
+            await msg.ack()  # queued; the next fetch sends it first
+            proxy.gate.clear()  # the server stalls: the ack request waits in the proxy
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(consumer.fetch(), 0.5)
+        other.url = client.url  # the proxy and the request it held are gone; the network is back
+        await consumer.close()
+    (group,) = await client.station(name).groups()
+    assert group.in_flight == 0 and group.pending == 0

@@ -213,6 +213,12 @@ class Consumer:
         acks, self._acks = self._acks, {}
         try:
             answer = await self._call("ack", {"offsets": list(acks)})
+        except asyncio.CancelledError:
+            # The caller was cancelled (a timeout around fetch(), a shutdown): queue the acks
+            # again, so the next flush or close() sends them (acks by offset may go twice).
+            for offset, waiters in acks.items():
+                self._acks.setdefault(offset, []).extend(waiters)
+            raise
         except StationsError as exc:
             # The leases expire and the messages come again: at-least-once, never lost.
             logger.warning("acking %d messages failed: %s", len(acks), exc)
@@ -269,6 +275,7 @@ class Consumer:
         """Send queued acks and give back prefetched messages that were never handed out, so
         they are delivered again at once instead of after their lease."""
         if self._closed:
+            await self.flush_acks()  # those a cancelled close() queued again
             return
         self._closed = True
         if self._flushes:
