@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -209,3 +210,30 @@ async def test_acks_of_a_cancelled_flush_are_sent_by_close(client: Client) -> No
         await consumer.close()
     (group,) = await client.station(name).groups()
     assert group.in_flight == 0 and group.pending == 0
+
+
+def test_closing_the_sync_client_ends_a_call_another_thread_waits_in(
+    stations: Server,  # noqa: F811
+) -> None:
+    """A worker thread long-polls a consumer while the main thread closes the ``SyncClient``
+    (a shutdown): the loop stopped under the waiting call, and the worker waited forever."""
+    name = unique("sync-close")
+    sync = SyncClient(stations.url)
+    sync.create_station(name)
+    consumer = sync.station(name).consumer("g", consumer="w")
+    consumer.start()
+    outcome: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            consumer.fetch(wait_ms=20_000)
+        except BaseException as exc:  # noqa: BLE001 - what ended the call is the point
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    time.sleep(0.3)  # the fetch is waiting on the server
+    sync.close()
+    worker.join(10)
+    assert not worker.is_alive(), "the worker waits forever"
+    assert len(outcome) == 1 and "closed" in str(outcome[0]), outcome

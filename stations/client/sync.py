@@ -10,6 +10,8 @@ else is reimplemented, so the async API's documentation applies as is.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -22,6 +24,7 @@ _SDK_MODULE = "stations.client."
 
 class _Loop:
     def __init__(self) -> None:
+        self.closed = False
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="stations-sync", daemon=True
@@ -40,13 +43,39 @@ class _Loop:
                 "another thread"
             )
 
+        if self.closed:
+            raise RuntimeError("the SyncClient is closed")
+
         async def call() -> Any:
             result = make()
             return await result if inspect.isawaitable(result) else result
 
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(call(), self.loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self.closed:
+                raise RuntimeError("the SyncClient was closed while this call waited") from None
+            raise
+
+    def cancel_pending(self) -> None:
+        """Cancel what still runs on the loop (calls other threads wait in: a long-poll, a
+        consumer's iteration), so that they end with an error instead of waiting forever on a
+        stopped loop."""
+        self.closed = True
+
+        async def cancel() -> None:
+            current = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(5)
 
     def stop(self) -> None:
+        self.closed = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
@@ -122,9 +151,18 @@ class SyncClient(Blocking):
         super().__init__(loop, loop.run(lambda: Client(url, token, **options)))
 
     def close(self) -> None:
+        """Flush and close (see ``Client.close``), then end calls other threads still wait in
+        (they raise ``RuntimeError``) and stop the loop."""
+        if self._loop.closed:
+            return
         try:
             self._loop.run(self._target.close)
         finally:
+            self._loop.cancel_pending()
+            # A cancelled retry may have opened a new session after close(): close it too.
+            http_close = self._target.http.close()
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(http_close, self._loop.loop).result(5)
             self._loop.stop()
 
     def __enter__(self) -> SyncClient:
