@@ -23,6 +23,7 @@ from stations.domain.station import default_config, validate_name
 from stations.domain.streams import StreamState, is_json_type
 
 PREFIX = "/v1/stream/"
+ZERO = encode(0)
 _TTL = re.compile(r"^(0|[1-9][0-9]*)$")
 _SUB = re.compile(r"^(0|[1-9][0-9]*)$")
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,256}$")
@@ -86,6 +87,11 @@ def _offset(request: web.Request, param: str = "offset") -> int | None:
         return decode(token)
     except BadOffset:
         raise BadRequest(f"malformed offset {token!r}", param) from None
+
+
+def _from_zero(request: web.Request) -> bool:
+    """Whether the client named the zero offset itself rather than ``-1``."""
+    return request.query.get("offset") == ZERO
 
 
 def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
@@ -296,7 +302,9 @@ def append_response(result: AppendResult, with_producer: bool, with_msg_id: bool
 
 
 def _etag(result: ReadResult) -> str:
-    tag = f"{result.state.id}:{result.start}:{result.next}"
+    # The first position really read, not the one asked for: once retention drops messages,
+    # a read from -1 answers other bytes up to the same tail, so it needs another tag.
+    tag = f"{result.state.id}:{result.next - result.count}:{result.next}"
     if result.closed:
         tag += ":c"
     return f'"{tag}"'
@@ -334,14 +342,19 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     if live is not None and "offset" not in request.query:
         raise BadRequest("live reads need an offset", "offset")
     position = _offset(request)
+    from_zero = _from_zero(request)
     svc = service(request)
     if live == "sse":
-        return await serve_sse(request, name, position)
+        return await serve_sse(request, name, position, from_zero=from_zero)
     if live == "long-poll":
         # No read of the stream first: the many readers of one stream share reads, and a
         # reader at a tail they already saw waits without touching the database.
         timeout = request.app["long_poll_timeout_s"]
+        if from_zero:  # not a wait for data after messages already dropped
+            reading.check_retained(await svc.stream(name))
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
+        if from_zero:  # retention may have dropped messages while it waited
+            reading.check_retained(result.state)
         await svc.touch(result.state)
         if not result.count:
             response = web.Response(status=204)
@@ -363,6 +376,8 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     result = await svc.read(
         name, position, max_bytes=MAX_READ_BYTES, alive=lambda: reading.connected(request)
     )
+    if from_zero:
+        reading.check_retained(result.state)
     if position is None:
         response = web.Response(status=200, body=b"[]" if state.is_json else b"")
         _read_headers(response, result)

@@ -75,12 +75,19 @@ def _matches(existing: StreamState, req: CreateRequest, spec: str) -> bool:
     if existing.create_spec is None:
         # Made through the station API: a plain PUT of the same type and state ensures it.
         return req.ttl_seconds is None and req.expires_at is None and req.fork_from is None
-    if req.fork_from is not None and req.fork_offset is None:
-        # "Fork at the tail" named no offset: any existing fork of that source matches.
-        stored = json.loads(existing.create_spec)
-        stored["forkOffset"] = None
-        return json.dumps(stored, sort_keys=True) == spec
-    return existing.create_spec == spec
+    stored, asked = json.loads(existing.create_spec), json.loads(spec)
+    if req.fork_from is not None and stored["forkFrom"] == req.fork_from:
+        # A fork resolved what its request left out: the offset (the source's tail) and, with
+        # neither TTL nor expiry, the source's. A retry matches (PROTOCOL.md §4.2) whether it
+        # leaves them out again or names what they resolved to. With a sub-offset the stored
+        # offset is not the one asked for: only the request's own value compares.
+        if req.fork_offset is None or (
+            req.fork_sub_offset == 0 and req.fork_offset == existing.fork_offset
+        ):
+            asked["forkOffset"] = stored["forkOffset"]
+        if (req.ttl_seconds, req.expires_at) == (existing.ttl_seconds, existing.expires_at):
+            asked["ttl"], asked["expiresAt"] = stored["ttl"], stored["expiresAt"]
+    return bool(stored == asked)
 
 
 def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:

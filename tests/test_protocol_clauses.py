@@ -1,0 +1,164 @@
+"""Durable Streams PROTOCOL.md clauses the conformance suite does not check, each against a real
+``stations serve`` on both engines: idempotent fork re-creation that names the defaults the
+fork resolved (§4.2), reads from an offset that retention dropped (§5.6: 410, not a silent
+skip), and ETags that change when retention changes a read's body (§10.1)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.harness import Server
+from tests.module_server import ENGINES, module_server
+
+TEXT = {"Content-Type": "text/plain"}
+ZERO = "0000000000000000_0000000000000000"
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def srv(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    yield from module_server(request.param, tmp_path_factory, "--long-poll-timeout-ms", "500")
+
+
+@pytest.fixture
+def http(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=10) as client:
+        yield client
+
+
+def _name() -> str:
+    return f"pc-{uuid.uuid4().hex[:10]}"
+
+
+def _path(name: str) -> str:
+    return f"/v1/stream/{name}"
+
+
+# -- §4.2 idempotent fork creation ------------------------------------------------------------
+
+
+def test_fork_recreated_naming_the_offset_it_defaulted_to_is_200(http: httpx.Client) -> None:
+    """A fork made without Stream-Fork-Offset forks at the source's tail; a retry that names
+    that offset asks for the same fork (matching Stream-Forked-From and Stream-Fork-Offset):
+    200, not 409. Another offset stays a 409."""
+    src, fork = _name(), _name()
+    assert http.put(_path(src), headers=TEXT, content=b"abc").status_code == 201
+    made = http.put(_path(fork), headers={"Stream-Forked-From": _path(src)})
+    assert made.status_code == 201
+    tail = made.headers["Stream-Next-Offset"]
+    assert tail != ZERO
+    again = http.put(
+        _path(fork), headers={"Stream-Forked-From": _path(src), "Stream-Fork-Offset": tail}
+    )
+    assert again.status_code == 200, again.text
+    assert again.headers["Stream-Next-Offset"] == tail
+    other = http.put(
+        _path(fork), headers={"Stream-Forked-From": _path(src), "Stream-Fork-Offset": ZERO}
+    )
+    assert other.status_code == 409
+    # The original request, repeated, still matches.
+    assert http.put(_path(fork), headers={"Stream-Forked-From": _path(src)}).status_code == 200
+
+
+def test_fork_recreated_naming_the_ttl_it_inherited_is_200(http: httpx.Client) -> None:
+    """A fork made without TTL or expiry inherits its source's (§4.2 table); a retry that names
+    the inherited value asks for a fork with that configuration: 200. Another TTL: 409."""
+    src, fork = _name(), _name()
+    assert http.put(_path(src), headers={**TEXT, "Stream-TTL": "600"}).status_code == 201
+    made = http.put(_path(fork), headers={"Stream-Forked-From": _path(src)})
+    assert made.status_code == 201
+    assert made.headers["Stream-TTL"] == "600"
+    same = http.put(_path(fork), headers={"Stream-Forked-From": _path(src), "Stream-TTL": "600"})
+    assert same.status_code == 200, same.text
+    assert same.headers["Stream-TTL"] == "600"
+    other = http.put(_path(fork), headers={"Stream-Forked-From": _path(src), "Stream-TTL": "601"})
+    assert other.status_code == 409
+
+    src, fork = _name(), _name()
+    expires = "2099-01-01T00:00:00Z"
+    assert http.put(_path(src), headers={**TEXT, "Stream-Expires-At": expires}).status_code == 201
+    assert http.put(_path(fork), headers={"Stream-Forked-From": _path(src)}).status_code == 201
+    same = http.put(
+        _path(fork), headers={"Stream-Forked-From": _path(src), "Stream-Expires-At": expires}
+    )
+    assert same.status_code == 200, same.text
+    # The inherited expiry is not a TTL.
+    ttl = http.put(_path(fork), headers={"Stream-Forked-From": _path(src), "Stream-TTL": "600"})
+    assert ttl.status_code == 409
+
+
+# -- §5.6 / §10.1 reads after retention -------------------------------------------------------
+
+
+def _retained(http: httpx.Client, keep: int, count: int) -> str:
+    """A text station keeping its last ``keep`` of ``count`` appends m0; m1; ..."""
+    name = _name()
+    made = http.post(
+        "/api/stations",
+        json={"name": name, "contentType": "text/plain", "retention": {"maxMessages": keep}},
+    )
+    assert made.status_code == 201, made.text
+    for i in range(count):
+        assert http.post(_path(name), headers=TEXT, content=f"m{i};".encode()).status_code == 204
+    want = "".join(f"m{i};" for i in range(count - keep, count))
+    deadline = time.monotonic() + 10
+    while http.get(_path(name), params={"offset": "-1"}).text != want:
+        assert time.monotonic() < deadline, "retention did not drop the oldest messages"
+        time.sleep(0.1)
+    return name
+
+
+@pytest.mark.parametrize("live", [None, "long-poll", "sse"])
+def test_zero_offset_after_retention_is_410(http: httpx.Client, live: str | None) -> None:
+    """The zero offset is a real offset (a new stream's Stream-Next-Offset, the first message's
+    Msg-Offset): a reader resuming there after retention dropped the first messages must learn
+    they are gone (410), not skip them silently. ``-1`` still means the earliest retained."""
+    name = _retained(http, keep=2, count=5)
+    params = {"offset": ZERO} if live is None else {"offset": ZERO, "live": live}
+    with http.stream("GET", _path(name), params=params) as gone:
+        assert gone.status_code == 410, gone.status_code
+        assert json.loads(gone.read())["error"]["field"] == "offset"
+    params["offset"] = "-1"
+    assert _first_data(http, name, params) == "m3;m4;"
+
+
+def _first_data(http: httpx.Client, name: str, params: dict[str, str]) -> str:
+    """The body of a read, or of an SSE read's first data event (the connection stays open)."""
+    with http.stream("GET", _path(name), params=params) as response:
+        assert response.status_code == 200
+        if params.get("live") != "sse":
+            return response.read().decode()
+        lines = response.iter_lines()
+        for line in lines:
+            if line == "event: data":
+                return next(lines).removeprefix("data:")
+    raise AssertionError("no data event")
+
+
+def test_etag_changes_when_retention_changes_the_body(http: httpx.Client) -> None:
+    """Same offset, same tail, other bytes: once retention drops a message, a read from ``-1``
+    answers another body, so it has another ETag (no 304 for the body a client cached)."""
+    name = _name()
+    assert http.post("/api/stations", json={"name": name, "contentType": "text/plain"}).is_success
+    for i in range(3):
+        http.post(_path(name), headers=TEXT, content=f"m{i};".encode())
+    first = http.get(_path(name), params={"offset": "-1"})
+    assert first.text == "m0;m1;m2;"
+    etag = first.headers["ETag"]
+    patched = http.patch(f"/api/stations/{name}", json={"retention": {"maxMessages": 2}})
+    assert patched.status_code == 200, patched.text
+    deadline = time.monotonic() + 10
+    while http.get(_path(name), params={"offset": "-1"}).text != "m1;m2;":
+        assert time.monotonic() < deadline, "retention did not drop m0"
+        time.sleep(0.1)
+    again = http.get(_path(name), params={"offset": "-1"}, headers={"If-None-Match": etag})
+    assert again.status_code == 200
+    assert again.text == "m1;m2;"
+    assert again.headers["ETag"] != etag
