@@ -196,3 +196,41 @@ def test_a_listen_connection_gone_silent_is_replaced(
         produce(cb, name, {"data": 2})
         waiter.join(10)
         assert (answer["r"].status_code, answer["r"].json()) == (200, [2])
+
+
+def test_a_subscription_made_while_the_listen_connection_was_silent_is_known_after(
+    pg_url: str, make_server: Any, proxy: SilentDropProxy
+) -> None:
+    """B makes a pull-wake subscription while A's LISTEN connection is silent, then B goes
+    away. Once A hears again, an append at A wakes the subscription. Before, A only took up
+    subscriptions whose change it was told of: this one stayed unknown to A until A restarted,
+    and appends through A woke nothing."""
+    host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
+    a = make_server(
+        pg_url.replace(host_port, f"127.0.0.1:{proxy.port}"), "--long-poll-timeout-ms", "2000"
+    )
+    b = make_server(pg_url)
+    uid = uuid.uuid4().hex[:8]
+    wake, sub = f"wake-{uid}", f"sub-{uid}"
+    with httpx.Client(base_url=a.url, timeout=30) as ca, httpx.Client(base_url=b.url) as cb:
+        assert cb.put(f"/v1/stream/{wake}", json=[]).status_code == 201
+        assert proxy.silence_listeners() == 1
+        r = cb.put(
+            f"/v1/stream/__ds/subscriptions/{sub}",
+            json={"type": "pull-wake", "pattern": f"jobs-{uid}/*", "wake_stream": wake},
+        )
+        assert r.status_code == 201, r.text
+        b.kill()
+        began = time.monotonic()
+        while proxy.listening() != 1:  # A's new LISTEN connection
+            assert time.monotonic() - began < 20, "A never replaced its LISTEN connection"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        r = ca.put(f"/v1/stream/jobs-{uid}/a", json=[{"job": 1}])
+        assert r.status_code == 201, r.text
+        events: list[Any] = []
+        began = time.monotonic()
+        while not events and time.monotonic() - began < 10:
+            r = ca.get(f"/v1/stream/{wake}", params={"offset": "-1", "live": "long-poll"})
+            events = r.json() if r.status_code == 200 else []
+        assert [e["subscription_id"] for e in events] == [sub]

@@ -90,6 +90,8 @@ class Notifier:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         # Called with the keys of every fire (subscriptions wake on appends this way).
         self.listeners: list[Callable[[set[str]], None]] = []
+        # Called when anything may have changed unannounced (see ``fire_all``).
+        self.resync: list[Callable[[], None]] = []
         self._generations: dict[str, _Generation] = {}
         self._gates: dict[str, _Gate] = {}
         self._writes = 0  # writes in flight: releases of held answers wait for them
@@ -123,6 +125,8 @@ class Notifier:
     def fire_all(self) -> None:
         """Something may have changed anywhere (a lost LISTEN connection came back)."""
         self.fire(set(self._waiters) | set(self._generations))
+        for resync in self.resync:
+            resync()
 
     async def wait(self, future: asyncio.Future[None], timeout: float) -> bool:
         """True when woken, False on timeout."""

@@ -89,6 +89,7 @@ class SubscriptionEngine:
         self._touched: dict[str, set[str]] = {}
         self._index_dirty: set[str] = set()
         self._wake_dirty: set[str] = set()
+        self._resync = False  # other processes' changes may have gone unannounced
         self._drainer: asyncio.Task[None] | None = None
         self._stopped = False
         self.ctx: Context | None = None
@@ -105,6 +106,7 @@ class SubscriptionEngine:
         for row in await service.read_db(store.definitions):
             self.index.put(row["id"], row)
         service.notifier.listeners.append(self._on_fire)
+        service.notifier.resync.append(self._on_resync)
         ids = list(self.index._defs)
         if ids:
             self._arm_all(await service.write(subs.sweep, self.ctx, ids))
@@ -113,6 +115,8 @@ class SubscriptionEngine:
         self._stopped = True
         with contextlib.suppress(ValueError):
             self._service.notifier.listeners.remove(self._on_fire)
+        with contextlib.suppress(ValueError):
+            self._service.notifier.resync.remove(self._on_resync)
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -148,7 +152,25 @@ class SubscriptionEngine:
         if fresh and self._shared:
             self._arm_all(await self._service.write(subs.sweep, self.ctx, fresh))
 
+    async def resync(self) -> None:
+        """Take up every subscription afresh, as at start: other processes' changes (and
+        appends) were not announced while this process's LISTEN connection was down."""
+        rows = {r["id"]: r for r in await self._service.read_db(store.definitions)}
+        for sub_id in set(self.index._defs) | set(rows):
+            self.index.put(sub_id, rows.get(sub_id))
+            if sub_id not in rows:
+                self._disarm(sub_id)
+        if rows:
+            self._arm_all(await self._service.write(subs.sweep, self.ctx, list(rows)))
+
     # -- wake-ups -------------------------------------------------------------------------
+
+    def _on_resync(self) -> None:
+        if self._stopped or self.ctx is None or not self._shared:
+            return
+        self._resync = True
+        if self._drainer is None:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
     def _on_fire(self, keys: set[str]) -> None:
         if self._stopped or self.ctx is None:
@@ -170,8 +192,16 @@ class SubscriptionEngine:
 
     async def _drain(self) -> None:
         try:
-            while self._touched or self._index_dirty or self._wake_dirty:
+            while self._resync or self._touched or self._index_dirty or self._wake_dirty:
                 try:
+                    if self._resync:
+                        self._resync = False
+                        try:
+                            await self.resync()
+                        except Exception:
+                            self._resync = True  # not done: again after a moment
+                            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                            raise
                     if self._index_dirty:
                         ids, self._index_dirty = self._index_dirty, set()
                         await self.refresh(ids)
