@@ -17,6 +17,7 @@ from stations.client import (
     StationNotFound,
     StationsError,
 )
+from stations.client.consumer import Consumer
 from stations.client.sync import SyncClient
 from tests.harness import Server
 from tests.test_sdk import FaultProxy, client, read_all, stations, unique  # noqa: F401
@@ -215,25 +216,50 @@ async def test_acks_of_a_cancelled_flush_are_sent_by_close(client: Client) -> No
 def test_closing_the_sync_client_ends_a_call_another_thread_waits_in(
     stations: Server,  # noqa: F811
 ) -> None:
-    """A worker thread long-polls a consumer while the main thread closes the ``SyncClient``
-    (a shutdown): the loop stopped under the waiting call, and the worker waited forever."""
+    """A worker thread tails a station (a live read) while the main thread closes the
+    ``SyncClient`` (a shutdown): the loop stopped under the waiting call, and the worker waited
+    forever."""
     name = unique("sync-close")
     sync = SyncClient(stations.url)
     sync.create_station(name)
-    consumer = sync.station(name).consumer("g", consumer="w")
-    consumer.start()
+    reader = sync.station(name).read(offset="-1", live="long-poll")
     outcome: list[BaseException] = []
 
     def work() -> None:
         try:
-            consumer.fetch(wait_ms=20_000)
-        except BaseException as exc:  # noqa: BLE001 - what ended the call is the point
+            for _batch in reader:
+                pass
+        except RuntimeError as exc:
             outcome.append(exc)
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
-    time.sleep(0.3)  # the fetch is waiting on the server
+    time.sleep(0.3)  # the read waits on the server
     sync.close()
     worker.join(10)
     assert not worker.is_alive(), "the worker waits forever"
     assert len(outcome) == 1 and "closed" in str(outcome[0]), outcome
+
+
+async def test_a_consumer_iterating_when_its_client_closes_ends(client: Client) -> None:  # noqa: F811
+    """A task iterates a consumer (long-polling) while the program leaves ``async with
+    Client``: the fetch lost its connection and retried on a new session, forever."""
+    name = unique("iter-close")
+    await client.create_station(name)
+    received: list[object] = []
+
+    async def work(consumer: Consumer) -> None:
+        async for msg in consumer:
+            received.append(msg.data)
+
+    async with Client(client.url) as other:
+        consumer = other.station(name).consumer("g", consumer="w", wait_ms=20_000)
+        await consumer.start()
+        task = asyncio.create_task(work(consumer))
+        await asyncio.sleep(0.3)  # the fetch waits on the server
+    done, _ = await asyncio.wait([task], timeout=5)
+    if not done:
+        task.cancel()
+    assert done, "the consumer went on fetching after its client closed"
+    task.result()
+    assert received == []

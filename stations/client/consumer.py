@@ -173,6 +173,10 @@ class Consumer:
                     reply.status, reply.headers, reply.body, what=f"{action} on group {self.group}"
                 )
             except StationsError as exc:
+                if action == "fetch" and self._closed:
+                    # Closed meanwhile (its client too, maybe): retrying would go on forever on
+                    # a new session; leases it may have taken expire.
+                    return {}
                 # A nack or dead-letter the server may have carried out is not sent again: by
                 # then the message may be another consumer's lease, which it would take away
                 # (an ack by offset has no such effect). The lease expires; the message comes
