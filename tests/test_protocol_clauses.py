@@ -162,3 +162,29 @@ def test_etag_changes_when_retention_changes_the_body(http: httpx.Client) -> Non
     assert again.status_code == 200
     assert again.text == "m1;m2;"
     assert again.headers["ETag"] != etag
+
+
+# -- §10.1 caching at the tail ----------------------------------------------------------------
+
+
+def test_empty_read_at_an_open_tail_is_not_cacheable(http: httpx.Client) -> None:
+    """The closure signal (and new data) is found by reading at the tail offset again (§10.1):
+    an empty answer there that a shared cache kept for a minute would hide both from everyone
+    behind that cache. Data chunks, and the EOF answer of a closed stream, stay cacheable."""
+    name = _name()
+    made = http.put(_path(name), headers=TEXT)
+    tail = made.headers["Stream-Next-Offset"]
+    empty = http.get(_path(name), params={"offset": tail})
+    assert empty.status_code == 200
+    assert empty.content == b""
+    assert empty.headers["Stream-Up-To-Date"] == "true"
+    assert empty.headers["Cache-Control"] == "no-store"
+    assert http.post(_path(name), headers=TEXT, content=b"abc").status_code == 204
+    chunk = http.get(_path(name), params={"offset": tail})
+    assert chunk.content == b"abc"
+    assert "max-age=60" in chunk.headers["Cache-Control"]
+    assert http.post(_path(name), headers={"Stream-Closed": "true"}).status_code == 204
+    eof = http.get(_path(name), params={"offset": chunk.headers["Stream-Next-Offset"]})
+    assert eof.content == b""
+    assert eof.headers["Stream-Closed"] == "true"
+    assert "max-age=60" in eof.headers["Cache-Control"]

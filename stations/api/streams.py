@@ -393,7 +393,10 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     response = web.Response(status=200)
     _read_headers(response, result)
     response.headers["ETag"] = etag
-    response.headers["Cache-Control"] = _cacheable(request)
+    # Nothing yet at an open tail: the next read there finds new data or EOF (PROTOCOL.md
+    # §10.1), which a shared cache keeping this answer would hide for its max-age.
+    fresh = result.count or result.closed
+    response.headers["Cache-Control"] = _cacheable(request) if fresh else "no-store"
     return await reading.respond(request, response, result)
 
 
