@@ -234,3 +234,57 @@ def test_a_subscription_made_while_the_listen_connection_was_silent_is_known_aft
             r = ca.get(f"/v1/stream/{wake}", params={"offset": "-1", "live": "long-poll"})
             events = r.json() if r.status_code == 200 else []
         assert [e["subscription_id"] for e in events] == [sub]
+
+
+def test_readers_and_fetchers_recover_when_the_listen_connection_is_killed(
+    pg_url: str, make_server: Any
+) -> None:
+    """The database ends A's LISTEN connection (pg_terminate_backend, as a restart or an
+    operator does) while a long-poll and a group fetch wait at A. B then appends: both are
+    answered, and later appends at B wake readers at A promptly again."""
+    import psycopg
+
+    a = make_server(pg_url, "--long-poll-timeout-ms", "20000")
+    b = make_server(pg_url)
+    with httpx.Client(base_url=a.url, timeout=60) as ca, httpx.Client(base_url=b.url) as cb:
+        name = new_station(cb)
+        assert cb.put(f"/api/stations/{name}/groups/g", json={}).status_code == 201
+        answers: dict[str, httpx.Response] = {}
+
+        def poll(at: str) -> None:
+            params = {"offset": at, "live": "long-poll"}
+            answers["poll"] = ca.get(f"/v1/stream/{name}", params=params)
+
+        def fetch() -> None:
+            body = {"max": 5, "waitMs": 20_000, "consumer": "c"}
+            answers["fetch"] = ca.post(f"/api/stations/{name}/groups/g/fetch", json=body)
+
+        waiters = [threading.Thread(target=poll, args=(offset(0),)), threading.Thread(target=fetch)]
+        for t in waiters:
+            t.start()
+        time.sleep(0.5)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'stations listen'"
+            ).fetchall()
+        assert killed == [(True,), (True,)]  # A's and B's
+        time.sleep(0.2)
+        began = time.monotonic()
+        produce(cb, name, {"data": "x"})
+        for t in waiters:
+            t.join(30)
+        assert answers["poll"].status_code == 200 and answers["poll"].json() == ["x"]
+        assert answers["fetch"].status_code == 200
+        assert [m["data"] for m in answers["fetch"].json()["messages"]] == ["x"]
+        assert time.monotonic() - began < 5
+        # Heard again: the next append at B wakes a reader at A at once.
+        time.sleep(1.5)
+        waiter = threading.Thread(target=poll, args=(offset(1),))
+        waiter.start()
+        time.sleep(0.5)
+        began = time.monotonic()
+        produce(cb, name, {"data": "y"})
+        waiter.join(30)
+        assert answers["poll"].json() == ["y"]
+        assert time.monotonic() - began < 2

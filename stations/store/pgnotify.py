@@ -24,6 +24,7 @@ CHANNEL = "stations"
 HEARTBEAT_S = 3.0
 ANSWER_S = 5.0  # ...and replaces the connection when none comes this fast.
 CONNECT_S = 10  # libpq's connect_timeout: a reconnect into the same silence gives up too
+APPLICATION_NAME = "stations listen"  # tells operators (and tests) which connection this is
 logger = logging.getLogger("stations.store.pgnotify")
 
 
@@ -60,7 +61,10 @@ class Listener:
 
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, connect_timeout=CONNECT_S
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=CONNECT_S,
+                    application_name=APPLICATION_NAME,
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     # Commits made while no LISTEN ran were never announced: wake everyone.
