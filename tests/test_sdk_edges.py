@@ -263,3 +263,51 @@ async def test_a_consumer_iterating_when_its_client_closes_ends(client: Client) 
     assert done, "the consumer went on fetching after its client closed"
     task.result()
     assert received == []
+
+
+@pytest.mark.parametrize("final", [None, "last"])
+async def test_a_close_whose_answer_was_lost_is_retried_to_success(
+    client: Client,  # noqa: F811
+    final: str | None,
+) -> None:
+    """The server closed the stream (with or without a final message) and the answer was
+    lost: the retry must report success, with the final message stored once."""
+    name = unique("close-lost")
+    await client.create_station(name)
+    async with FaultProxy(client.url) as proxy:
+        producer = IdempotentProducer(
+            f"{proxy.url}/v1/stream/{name}", "p", content_type="application/json"
+        )
+        producer.append("a")
+        await producer.flush()
+        proxy.drop_after = {proxy.posts + 1}
+        offset = await (producer.close() if final is None else producer.close(final))
+        assert proxy.dropped == 1 and offset
+    expected = ["a"] if final is None else ["a", "last"]
+    assert await read_all(client.stream_url(name)) == expected
+
+
+async def test_an_ack_queued_before_a_seek_does_not_settle_the_replay(
+    client: Client,  # noqa: F811
+) -> None:
+    """``ack()`` queues; ``seek()`` went out first, the replay was fetched, and then the old ack
+    settled the replayed delivery (by offset), which had not been processed: a crash then and
+    the replay never had it."""
+    name = unique("seek-ack")
+    await client.create_station(name)
+    await client.station(name).produce({"n": 1})
+    consumer = client.station(name).consumer(
+        "g", consumer="c", wait_ms=0, ack_interval_ms=60_000, max_msg_deliveries=5
+    )
+    (msg,) = await consumer.fetch()
+    await msg.ack()  # queued
+    await consumer.seek("earliest")
+    (replayed,) = await consumer.fetch()
+    assert replayed.offset == msg.offset
+    await consumer.flush_acks()  # sends what was queued (before the fix: the old ack)
+    (group,) = await client.station(name).groups()
+    assert group.in_flight == 1  # the replay is still leased, waiting for its own ack
+    await replayed.ack()
+    await consumer.close()
+    (group,) = await client.station(name).groups()
+    assert group.in_flight == 0 and group.pending == 0

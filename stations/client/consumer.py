@@ -267,7 +267,9 @@ class Consumer:
 
     async def seek(self, to: Target) -> SeekResult:
         """Move this consumer's group (see ``Station.seek``); prefetched messages are dropped,
-        their leases being revoked by the seek."""
+        their leases being revoked by the seek. Queued acks go first: sent after the seek, an
+        ack (by offset) settled the replayed delivery of its message before it was processed."""
+        await self.flush_acks()
         self._buffer.clear()
         return await self.station.seek(self.group, to)
 
