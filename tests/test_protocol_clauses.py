@@ -188,3 +188,40 @@ def test_empty_read_at_an_open_tail_is_not_cacheable(http: httpx.Client) -> None
     assert eof.content == b""
     assert eof.headers["Stream-Closed"] == "true"
     assert "max-age=60" in eof.headers["Cache-Control"]
+
+
+# -- §5.8 SSE framing -------------------------------------------------------------------------
+
+
+def _sse_events(raw: str) -> list[tuple[str, str]]:
+    """(event, data) pairs as an SSE parser (WHATWG HTML §9.2.6, and the Durable Streams
+    client) reads them: one space after ``data:`` is dropped, lines joined with newlines."""
+    events: list[tuple[str, str]] = []
+    kind, data = "message", []
+    for line in raw.split("\n"):
+        if line == "":
+            if data:
+                events.append((kind, "\n".join(data)))
+            kind, data = "message", []
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)
+    return events
+
+
+def test_sse_text_lines_keep_their_leading_spaces(http: httpx.Client) -> None:
+    """An SSE parser drops one space after ``data:``: a text line that begins with spaces must
+    be framed so that the reader still gets every one of them."""
+    name = _name()
+    body = " lead\n  two\nthree "
+    assert http.put(_path(name), headers=TEXT, content=body.encode()).status_code == 201
+    assert http.post(_path(name), headers={"Stream-Closed": "true"}).status_code == 204
+    raw = http.get(_path(name), params={"offset": "-1", "live": "sse"}).text
+    events = _sse_events(raw)
+    assert [data for kind, data in events if kind == "data"] == [body], raw
+    control = json.loads([data for kind, data in events if kind == "control"][-1])
+    assert control["streamClosed"] is True
