@@ -20,7 +20,14 @@ from stations.client import (
 from stations.client.consumer import Consumer
 from stations.client.sync import SyncClient
 from tests.harness import Server
-from tests.test_sdk import FaultProxy, client, read_all, stations, unique  # noqa: F401
+from tests.test_sdk import (  # noqa: F401
+    FaultProxy,
+    client,
+    read_all,
+    stations,
+    stream_head,
+    unique,
+)
 
 __all__ = ["client", "stations"]
 
@@ -311,3 +318,24 @@ async def test_an_ack_queued_before_a_seek_does_not_settle_the_replay(
     await consumer.close()
     (group,) = await client.station(name).groups()
     assert group.in_flight == 0 and group.pending == 0
+
+
+async def test_leaving_the_producer_block_waits_for_a_close_whose_caller_gave_up(
+    client: Client,  # noqa: F811
+) -> None:
+    """``close()`` runs on in its own task when its caller is cancelled (a timeout around it);
+    leaving ``async with`` then closed the session under it and returned at once, so a program
+    ending there lost the message and left the stream open."""
+    name = unique("close-timeout")
+    await client.create_station(name)
+    async with FaultProxy(client.url) as proxy:
+        async with IdempotentProducer(
+            f"{proxy.url}/v1/stream/{name}", "p", content_type="application/json"
+        ) as producer:
+            producer.append("a")
+            proxy.gate.clear()  # the server stalls
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(producer.close(), 0.3)
+            proxy.gate.set()  # and recovers while the block ends
+        assert (await stream_head(client.stream_url(name))).get("Stream-Closed") == "true"
+    assert await read_all(client.stream_url(name)) == ["a"]

@@ -581,7 +581,12 @@ class IdempotentProducer:
         # Leaving the block normally flushes and detaches; the stream stays open (call close()
         # for EOF). On an exception, still deliver what was appended.
         if self._close_task is not None:
+            # close() was called; its caller may have stopped waiting (a timeout): let it end
+            # rather than close the session under it, and report its failure.
+            (outcome,) = await asyncio.gather(self._close_task, return_exceptions=True)
             await self._release()
+            if exc_type is None and isinstance(outcome, Exception):
+                raise outcome
             return
         try:
             if exc_type is None:
