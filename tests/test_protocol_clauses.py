@@ -225,3 +225,35 @@ def test_sse_text_lines_keep_their_leading_spaces(http: httpx.Client) -> None:
     assert [data for kind, data in events if kind == "data"] == [body], raw
     control = json.loads([data for kind, data in events if kind == "control"][-1])
     assert control["streamClosed"] is True
+
+
+def _sse_cursors(http: httpx.Client, name: str, params: dict[str, str], appends: int) -> list[int]:
+    """The streamCursor of each control event while ``appends`` appends arrive one by one."""
+    cursors: list[int] = []
+    with http.stream("GET", _path(name), params=params) as response:
+        lines = response.iter_lines()
+        for _ in range(appends):
+            assert http.post(_path(name), headers=TEXT, content=b"x").status_code == 204
+            for line in lines:
+                if line.startswith("data:{") and "streamCursor" in line:
+                    cursors.append(int(json.loads(line[5:])["streamCursor"]))
+                    break
+    return cursors
+
+
+def test_sse_cursor_follows_the_clock_not_the_event_count(http: httpx.Client) -> None:
+    """§10.1: a cursor is the current 20 s interval; only a client cursor at or past it is
+    moved on, by jitter of at most an hour (180 intervals). Within one SSE connection the
+    cursor never goes back, and many events do not push it hours ahead of the clock."""
+    name = _name()
+    assert http.put(_path(name), headers=TEXT).status_code == 201
+    cursors = _sse_cursors(http, name, {"offset": "-1", "live": "sse"}, 30)
+    assert cursors == sorted(cursors)
+    assert cursors[-1] - cursors[0] <= 2, cursors  # the clock's intervals, no jitter
+    # A client cursor at the current interval: answered above it, by one jitter at most.
+    echoed = _sse_cursors(
+        http, name, {"offset": "now", "live": "sse", "cursor": str(cursors[-1])}, 30
+    )
+    assert echoed == sorted(echoed)
+    assert cursors[-1] < echoed[0]
+    assert echoed[-1] - cursors[-1] <= 180 + 2, echoed

@@ -85,6 +85,7 @@ async def serve_sse(
         response.headers["Stream-SSE-Data-Encoding"] = "base64"
     await response.prepare(request)
     client_cursor = request.query.get("cursor")
+    sent_cursor = 0
     carry = reading.TextCarry() if ct.startswith("text/") and not is_json_type(ct) else None
     result, opening = first, True
     del first  # a page is held (and counted in the memory budget) only while it is sent
@@ -120,8 +121,12 @@ async def serve_sse(
                     control["streamClosed"] = True
                     control["upToDate"] = True
                 else:
-                    client_cursor = cursor(client_cursor)
-                    control["streamCursor"] = client_cursor
+                    # Each event answers the cursor the client sent, as a long-poll would,
+                    # never below the last one sent here. Answering the previous event's
+                    # instead added jitter on every event: hours ahead of the clock within
+                    # a minute, a cursor no other reader shares (no CDN collapsing).
+                    sent_cursor = max(sent_cursor, int(cursor(client_cursor)))
+                    control["streamCursor"] = str(sent_cursor)
                     if result.up_to_date:
                         control["upToDate"] = True
                 chunk += _event("control", json.dumps(control, separators=(",", ":")))
