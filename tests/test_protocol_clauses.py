@@ -257,3 +257,18 @@ def test_sse_cursor_follows_the_clock_not_the_event_count(http: httpx.Client) ->
     assert echoed == sorted(echoed)
     assert cursors[-1] < echoed[0]
     assert echoed[-1] - cursors[-1] <= 180 + 2, echoed
+
+
+def test_not_modified_carries_the_cache_control_of_the_read(http: httpx.Client) -> None:
+    """A 304 carries the Cache-Control a 200 would (RFC 9110 §15.4.5): a cache that
+    revalidated its copy takes its freshness from it. That is the chunk's max-age, and
+    no-store for the empty read at an open tail."""
+    name = _name()
+    assert http.put(_path(name), headers=TEXT, content=b"abc").status_code == 201
+    for offset in ("-1", http.head(_path(name)).headers["Stream-Next-Offset"]):
+        first = http.get(_path(name), params={"offset": offset})
+        again = http.get(
+            _path(name), params={"offset": offset}, headers={"If-None-Match": first.headers["ETag"]}
+        )
+        assert again.status_code == 304
+        assert again.headers.get("Cache-Control") == first.headers["Cache-Control"]

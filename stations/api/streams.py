@@ -385,18 +385,21 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         response.headers["Cache-Control"] = "no-store"
         return response
     etag = _etag(result)
+    # Nothing yet at an open tail: the next read there finds new data or EOF (PROTOCOL.md
+    # §10.1), which a shared cache keeping this answer would hide for its max-age.
+    fresh = result.count or result.closed
+    cache_control = _cacheable(request) if fresh else "no-store"
     if _none_match(request.headers.get("If-None-Match"), etag):
         response = web.Response(status=304)
         response.headers["ETag"] = etag
+        # A cache that revalidated takes the 304's Cache-Control (RFC 9110 §15.4.5).
+        response.headers["Cache-Control"] = cache_control
         response.headers["Stream-Next-Offset"] = encode(result.next)
         return response
     response = web.Response(status=200)
     _read_headers(response, result)
     response.headers["ETag"] = etag
-    # Nothing yet at an open tail: the next read there finds new data or EOF (PROTOCOL.md
-    # §10.1), which a shared cache keeping this answer would hide for its max-age.
-    fresh = result.count or result.closed
-    response.headers["Cache-Control"] = _cacheable(request) if fresh else "no-store"
+    response.headers["Cache-Control"] = cache_control
     return await reading.respond(request, response, result)
 
 
