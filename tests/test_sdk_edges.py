@@ -339,3 +339,26 @@ async def test_leaving_the_producer_block_waits_for_a_close_whose_caller_gave_up
             proxy.gate.set()  # and recovers while the block ends
         assert (await stream_head(client.stream_url(name))).get("Stream-Closed") == "true"
     assert await read_all(client.stream_url(name)) == ["a"]
+
+
+async def test_a_reader_tailing_when_its_client_closes_fails_clearly(
+    client: Client,  # noqa: F811
+) -> None:
+    """A task tails a station while the program leaves ``async with Client``: the read lost
+    its connection and retried on a new session (never closed), forever."""
+    name = unique("tail-close")
+    await client.create_station(name)
+
+    async def tail(other: Client) -> None:
+        async for _batch in other.station(name).read(offset="-1", live="long-poll"):
+            pass
+
+    async with Client(client.url) as other:
+        task = asyncio.create_task(tail(other))
+        await asyncio.sleep(0.3)  # the read waits on the server
+    done, _ = await asyncio.wait([task], timeout=5)
+    if not done:
+        task.cancel()
+    assert done, "the reader went on reading after its client closed"
+    with pytest.raises(StationsError, match="closed"):
+        task.result()

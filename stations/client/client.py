@@ -85,12 +85,13 @@ class Client:
 
     async def close(self) -> None:
         """Flush the producers and close the consumers its stations made (see their
-        ``detach()`` and ``close()``: the stream stays open), then close the session."""
+        ``detach()`` and ``close()``: the stream stays open), then close the session; later
+        requests (a reader still tailing) raise ``StationsError``."""
         try:
             children = [child.on_client_close() for child in list(self._children)]
             await asyncio.gather(*children, return_exceptions=True)
         finally:
-            await self.http.close()
+            await self.http.close(final=True)
 
     def _api(self, *parts: str) -> str:
         return "/".join([self.url + "/api/stations", *parts])

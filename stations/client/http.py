@@ -17,7 +17,7 @@ from stations.client.core import (
     path_segment,
     stream_path,
 )
-from stations.client.errors import ConnectionFailed, NotFound, StationNotFound
+from stations.client.errors import ConnectionFailed, NotFound, StationNotFound, StationsError
 
 __all__ = [
     "DEFAULT_URL",
@@ -45,8 +45,13 @@ class Http(BaseHttp):
         super().__init__(token, timeout=timeout, headers=headers)
         self._session = session
         self._owns_session = session is None
+        self._final = False
 
     def session(self) -> aiohttp.ClientSession:
+        if self._final:
+            # Not ConnectionFailed: that is retried, and a reader or retry outliving its client
+            # went on for ever on a new session that nobody closed.
+            raise StationsError("the client is closed")
         if self._session is None or self._session.closed:
             if not self._owns_session:
                 raise RuntimeError("the aiohttp session given to the client is closed")
@@ -55,7 +60,10 @@ class Http(BaseHttp):
             )
         return self._session
 
-    async def close(self) -> None:
+    async def close(self, *, final: bool = False) -> None:
+        """Close the session this object created. ``final`` (``Client.close()``): later
+        requests raise ``StationsError`` instead of opening a new session."""
+        self._final = self._final or final
         if self._owns_session and self._session is not None and not self._session.closed:
             await self._session.close()
 
