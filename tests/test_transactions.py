@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from stations.domain import groups, transactions
+from stations.domain import dls, groups, transactions
 from stations.domain.service import Service
 from stations.store.writer import Batch
 from tests.groupkit import ENGINES, Api, client, field_of, module_server, ms
@@ -491,6 +491,44 @@ def test_a_seek_never_lets_a_revoked_lease_settle_a_new_delivery(db_url: str) ->
                 raise AssertionError("a revoked lease's transaction acked the new delivery")
             fresh = transactions.Settle("ack", "ack.0", "s", "g", 1, 1, new.ack_deadline)
             assert (await svc.transact(transactions.TxRequest("c1", [fresh]))).acked == 1
+        finally:
+            await svc.close()
+
+    asyncio.run(run())
+
+
+def test_a_dls_replay_never_lets_a_dead_lettered_lease_settle_the_new_delivery(
+    db_url: str,
+) -> None:
+    """As a seek: a replayed message is delivered again from count 1, so within one clock
+    reading its new lease had the dead-lettered one's deadline, and a transaction naming that
+    lease acked the replayed delivery before anyone processed it."""
+
+    async def run() -> None:
+        svc = Service(db_url)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s"})
+            await svc.produce("s", {"messages": [{"data": 1}]})
+            await svc.ensure_group("s", "g", {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 5})
+
+            def round_trip(batch: Batch) -> tuple[groups.Fetched, groups.Fetched]:
+                first = groups.fetch(batch, "s", "g", 1, "c1")
+                groups.dead_letter(batch, "s", "g", [1], "bad")
+                assert dls.replay(batch, "s", {"all": True}) == 1
+                return first, groups.fetch(batch, "s", "g", 1, "c1")
+
+            first, second = await svc.write(round_trip)
+            (old,), (new,) = first.messages, second.messages
+            assert (old.seq, old.delivery_count) == (new.seq, new.delivery_count) == (1, 1)
+            assert new.ack_deadline != old.ack_deadline
+            stale = transactions.Settle("ack", "ack.0", "s", "g", 1, 1, old.ack_deadline)
+            try:
+                await svc.transact(transactions.TxRequest("c1", [stale]))
+            except Exception as exc:  # the dead-lettered lease is stale: 409
+                assert "another delivery" in str(exc), exc
+            else:
+                raise AssertionError("a dead-lettered lease's transaction acked the replay")
         finally:
             await svc.close()
 

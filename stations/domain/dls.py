@@ -163,6 +163,7 @@ def redrive_due(batch: Batch) -> int | None:
         batch.changed.add(station)
     for group_id, entries in back.items():
         group_store.requeue(batch.conn, group_id, entries, batch.now)
+        _fence_leases(batch, group_id)
     store.drop_ids(batch.conn, done)
     store.never_redrive(batch.conn, kept)
     if len(rows) == REDRIVE_CHUNK:
@@ -279,6 +280,19 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
     return Selection(state.id, numbers, group)
 
 
+def _fence_leases(batch: Batch, group_id: int) -> None:
+    """Messages back from the DLS are delivered again from count 1: their new leases must not
+    take the deadline of the lease that dead-lettered them (the same clock reading), or that
+    lease's late transaction settles them. As a seek does, lift the group's lease floor (see
+    ``groups.fetch``), in the row and in the batch's copy of it."""
+    floor = group_store.raise_lease_floor(batch.conn, group_id, batch.now)
+    if floor is None:
+        return
+    for key, group in batch.locked.items():
+        if key[0] == "group" and group.id == group_id:
+            group.lease_floor = floor
+
+
 def replay(batch: Batch, station: str, raw: Any) -> int:
     """Entries back to their groups, due after ``delayMs`` (0: at once). A replay keeps the
     entry's redrive count (it is not a redrive, but a capped message replayed by hand and dead
@@ -306,6 +320,7 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
             replayed += 1
     for group_id, entries in back.items():
         group_store.requeue(batch.conn, group_id, entries, batch.now + delay)
+        _fence_leases(batch, group_id)
     store.drop_ids(batch.conn, [row[0] for row in rows if row[0] not in gone])
     if replayed:
         batch.changed.add(state.name)

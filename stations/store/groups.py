@@ -337,6 +337,20 @@ def requeue(conn: Connection, group_id: int, entries: list[tuple[int, int]], due
         )
 
 
+def raise_lease_floor(conn: Connection, group_id: int, now: int) -> int | None:
+    """Lift the group's lease floor to ``now`` plus its ack time (every lease it handed out so
+    far is due by then, unless the ack time was longer); returns the floor, None without the
+    group."""
+    m = db.mark(conn)
+    found = sql.query(
+        conn,
+        f"UPDATE groups SET lease_floor = CASE WHEN lease_floor > {m} + max_ack_time_ms "
+        f"THEN lease_floor ELSE {m} + max_ack_time_ms END WHERE id = {m} RETURNING lease_floor",
+        (now, now, group_id),
+    )
+    return int(found[0][0]) if found else None
+
+
 def take(conn: Connection, group_id: int, seq: int) -> int:
     """Delete one delivery (it leaves the queue for the DLS); return how often it had been
     redriven from the DLS."""
