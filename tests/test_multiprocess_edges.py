@@ -288,3 +288,41 @@ def test_readers_and_fetchers_recover_when_the_listen_connection_is_killed(
         waiter.join(30)
         assert answers["poll"].json() == ["y"]
         assert time.monotonic() - began < 2
+
+
+def test_a_process_lets_go_of_the_ids_it_cached_for_a_station_another_deleted(
+    pg_url: str,
+) -> None:
+    """A process caches the ids it stores (up to 50,000 per station). Deleted through another
+    process, the station's cache stayed for good: short-lived stations grew the process without
+    bound. The id sweep lets go of caches of stations that are gone."""
+    import asyncio
+
+    from stations.domain.scheduler import Scheduler
+    from stations.domain.service import Service
+
+    async def run() -> None:
+        a, b = Service(pg_url), Service(pg_url)
+        await a.start()
+        await b.start()
+        try:
+            await a.create_station({"name": "short"})
+            await a.create_station({"name": "kept"})
+            for name in ("short", "kept"):
+                await a.produce(name, {"messages": [{"id": f"m{k}", "data": k} for k in range(3)]})
+            short = (await a.station("short"))["name"]
+            assert short == "short"
+            cached = set(a.ids._caches)
+            assert len(cached) == 2
+            await b.delete("short")
+            await Scheduler(a).sweep_ids()
+            left = set(a.ids._caches)
+            assert len(left) == 1 and left < cached, (cached, left)
+            # The kept station's ids still answer retries from RAM and the table alike.
+            again = await a.produce("kept", {"messages": [{"id": "m1", "data": 1}]})
+            assert again[0].results[0][1] is True
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(run())

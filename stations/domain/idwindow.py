@@ -20,6 +20,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from stations.store import idtable
+from stations.store import streams as stream_rows
 from stations.store.idruns import IdRuns
 
 if TYPE_CHECKING:
@@ -184,6 +185,16 @@ class IdWindow:
                 restore_runs()
 
         batch.undo.append(restore)
+
+    def let_go_of_gone(self, batch: Batch) -> None:
+        """Drop the caches of stations that no longer exist: deleted (or expired) through
+        another process (PostgreSQL), this one never heard of it, and each cache holds up to
+        ``cache_size`` ids. One statement, over the stations cached here only."""
+        if not self._caches:
+            return
+        live = stream_rows.live_of(batch.conn, sorted(self._caches))
+        for stream_id in [s for s in self._caches if s not in live]:
+            del self._caches[stream_id]
 
     def forget_older(self, batch: Batch, state: StreamState) -> None:
         """The station's window just shrank to ``state.window_ms``: forget, for good, the ids it

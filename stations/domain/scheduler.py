@@ -85,11 +85,16 @@ class LeaseTimer:
             self.arm(now_ms() + 1000)
 
 
+# How often the id sweep drops this process's id caches of stations deleted elsewhere (ms).
+LET_GO_EVERY_MS = 60_000
+
+
 class Scheduler:
     def __init__(self, service: Host) -> None:
         self.service = service
         self._sched = AsyncIOScheduler()
         self.leases = LeaseTimer(service, self._sched)
+        self._next_let_go = 0  # when the id sweep next drops caches of deleted stations
 
     def start(self) -> None:
         self._sched.add_job(self.sweep_ids, "interval", seconds=1.0, id="ids")
@@ -135,6 +140,9 @@ class Scheduler:
             # station's failure stays its own.
             due = upkeep.ids_due(batch.conn, batch.now)
             each_station(batch, "id sweep", due, lambda s: s.name, lambda s: ids.sweep(batch, s))
+            if batch.now >= self._next_let_go:  # now and then: the sweep may run every 25 ms
+                self._next_let_go = batch.now + LET_GO_EVERY_MS
+                ids.let_go_of_gone(batch)
             return (upkeep.smallest_window(batch.conn) or 240_000) / 4000
 
         try:

@@ -28,6 +28,17 @@ def load_by_id(tx: Tx, stream_id: int) -> StreamState | None:
     return StreamState.from_row(row) if row else None
 
 
+def live_of(tx: Tx, stream_ids: list[int]) -> set[int]:
+    """Those of ``stream_ids`` whose stream exists and is not deleted."""
+    conn = db.conn_of(tx)
+    found = sql.query(
+        conn,
+        f"SELECT id FROM streams WHERE {db.int_list_match(conn, 'id')} AND NOT deleted",
+        (db.int_list(conn, stream_ids),),
+    )
+    return {int(r[0]) for r in found}
+
+
 def every(tx: Tx) -> list[StreamState]:
     """Every stream row, deleted and expired ones too, by name."""
     rows = db.conn_of(tx).execute(select(streams).order_by(streams.c.name)).all()
