@@ -199,10 +199,6 @@ def drop_group(batch: Batch, group_id: int) -> None:
     store.drop_group(batch.conn, group_id)
 
 
-def count_group(conn: Connection, group_id: int) -> int:
-    return store.count_group(conn, group_id)
-
-
 # A page of entries carries at most this much message data (always at least one entry), as a
 # fetch does: 1000 entries of a few MB each were read, and answered, all at once.
 MAX_PAGE_BYTES = 8 << 20

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stations.domain import catalog
+from stations.domain import catalog, groups
 from stations.store import groups as group_store
 
 BatchObserver = Callable[[int, float], None]  # (ops in the transaction, seconds to commit)
@@ -79,10 +79,9 @@ def snapshot(conn: Any, now: int, limit: int, group_limit: int = MAX_GROUPS) -> 
         queues = group_store.queue_figures(conn, [row.id for row in rows])
         for row in rows:
             waiting, in_flight, dead = queues[row.id]
-            # As ``groups.views`` counts them: the messages after the cursor not yet dropped.
-            lag = max(0, row.tail - max(row.cursor, row.head))
+            behind = groups.lag(row.tail, row.cursor, row.head)
             out[row.station].groups.append(
-                GroupFigures(row.name, lag + waiting, in_flight, lag, dead)
+                GroupFigures(row.name, behind + waiting, in_flight, behind, dead)
             )
         reported = len(rows)
     return Snapshot(

@@ -172,22 +172,28 @@ def remove(batch: Batch, station: str, name: str) -> None:
     batch.locked.pop(("group", state.id, name), None)
 
 
+def lag(tail: int, cursor: int, head: int) -> int:
+    """Messages after a group's cursor that retention has not dropped."""
+    return max(0, tail - max(cursor, head))
+
+
 def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
     state = live_stream(load(conn, station), station, now)
+    rows = [Group(**row) for row in store.of_stream(conn, state.id)]
+    queues = store.queue_figures(conn, [group.id for group in rows])  # one statement for all
     out = []
-    for row in store.of_stream(conn, state.id):
-        group = Group(**row)
-        waiting, in_flight = store.queue_sizes(conn, group.id)
-        lag = max(0, state.tail - max(group.cursor, state.head))
+    for group in rows:
+        waiting, in_flight, dead = queues[group.id]
+        behind = lag(state.tail, group.cursor, state.head)
         out.append(
             {
                 "name": group.name,
                 "maxAckTimeMs": group.max_ack_time_ms,
                 "maxMsgDeliveries": group.max_msg_deliveries,
-                "pending": lag + waiting,
+                "pending": behind + waiting,
                 "inFlight": in_flight,
-                "deadLettered": dls.count_group(conn, group.id),
-                "lag": lag,
+                "deadLettered": dead,
+                "lag": behind,
                 "cursor": encode(group.cursor),
             }
         )

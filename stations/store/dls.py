@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, delete, func, select, update
 
 from stations.store import db
-from stations.store.groups import FEW_STATIONS
+from stations.store.groups import count_by_stream
 from stations.store.schema import dls, streams
 
 __all__ = ["Connection", "Selection"]
@@ -111,13 +111,6 @@ def next_redrive(conn: Connection) -> int | None:
     return None if value is None else int(value)
 
 
-def count_group(conn: Connection, group_id: int) -> int:
-    n: int = conn.execute(
-        select(func.count()).select_from(dls).where(dls.c.group_id == group_id)
-    ).scalar_one()
-    return n
-
-
 def page(
     conn: Connection, stream_id: int, group: str | None, after: int | None, limit: int
 ) -> list[Any]:
@@ -131,8 +124,4 @@ def page(
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
-    query = select(dls.c.stream_id, func.count()).group_by(dls.c.stream_id)
-    if len(stream_ids) <= FEW_STATIONS:  # else every station's (see ``groups.stats``)
-        query = query.where(dls.c.stream_id.in_(stream_ids))
-    wanted = set(stream_ids)
-    return {sid: n for sid, n in conn.execute(query) if sid in wanted}
+    return count_by_stream(conn, dls, stream_ids)

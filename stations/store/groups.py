@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Table, and_, delete, func, insert, select, update
 
 from stations.store import db, sql
 from stations.store.schema import deliveries, dls, groups, lease_ranges, messages, streams
@@ -460,9 +460,8 @@ def first_groups(conn: Connection, upto: str, limit: int) -> list[Any]:
 
 
 def queue_figures(conn: Connection, group_ids: list[int]) -> dict[int, tuple[int, int, int]]:
-    """(waiting, in flight, dead-lettered) of each group, as ``queue_sizes`` and
-    ``dls.count_group`` give them: one statement for all, each figure a subquery on the
-    group's own index range."""
+    """(waiting, in flight, dead-lettered) of each group, as ``queue_sizes`` counts the first
+    two: one statement for all, each figure a subquery on the group's own index range."""
     if not group_ids:
         return {}
     d, r = deliveries, lease_ranges
@@ -487,18 +486,22 @@ def queue_figures(conn: Connection, group_ids: list[int]) -> dict[int, tuple[int
     return {gid: (int(w), int(f) + int(rs), int(x)) for gid, w, f, rs, x in rows}
 
 
-# Up to this many stations their ids go into the statement; more (a list of every station)
-# count every station's: PostgreSQL's driver takes at most 65535 parameters, and building a
-# statement with thousands cost more than counting the rest.
-FEW_STATIONS = 100
+def count_by_stream(conn: Connection, table: Table, stream_ids: list[int]) -> dict[int, int]:
+    """Rows of ``table`` per station of ``stream_ids``: the ids go as one parameter, however
+    many (a list of every station: PostgreSQL's driver takes at most 65,535 parameters)."""
+    if not stream_ids:
+        return {}
+    found = sql.query(
+        conn,
+        f"SELECT stream_id, count(*) FROM {table.name} "
+        f"WHERE {db.int_list_match(conn, 'stream_id')} GROUP BY stream_id",
+        (db.int_list(conn, stream_ids),),
+    )
+    return {int(sid): int(n) for sid, n in found}
 
 
 def stats(conn: Connection, stream_ids: list[int]) -> dict[int, int]:
-    query = select(groups.c.stream_id, func.count()).group_by(groups.c.stream_id)
-    if len(stream_ids) <= FEW_STATIONS:
-        query = query.where(groups.c.stream_id.in_(stream_ids))
-    wanted = set(stream_ids)
-    return {sid: n for sid, n in conn.execute(query) if sid in wanted}
+    return count_by_stream(conn, groups, stream_ids)
 
 
 def purge_stream(conn: Connection, stream_id: int) -> None:
