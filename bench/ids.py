@@ -530,6 +530,9 @@ def summary(runs: list[Run]) -> Run:
     ok = "yes" if all(r.verified for r in runs) else "NO"
     print(fmt(line), flush=True)
     print(f"            rounds (msg/s sent): {rounds};  stored == unique: {ok}", flush=True)
+    if all(r.disk_written is not None and r.sent for r in runs):
+        written = " / ".join(f"{(r.disk_written or 0) / r.sent / 1e3:.2f}" for r in runs)
+        print(f"            rounds (kB written per message): {written}", flush=True)
     if line.target == "JetStream" and line.client_cpu >= 0.85:
         print(
             f"            (the load generator used {line.client_cpu:.0%} of a core on JetStream: "
