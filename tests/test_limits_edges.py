@@ -207,6 +207,28 @@ def test_a_subscription_request_names_at_most_1000_streams(http: httpx.Client) -
     assert http.post(f"{subs}/some/streams", json={"streams": ["q1"]}).status_code == 204
 
 
+def test_a_subscription_holds_at_most_10000_named_streams(http: httpx.Client) -> None:
+    """Each request names at most 1000 paths, but requests added up without bound: every wake
+    of the subscription carries, and every change of it re-reads, all of its streams."""
+    http.put("/v1/stream/wake2", headers=JSON)
+    subs = "/v1/stream/__ds/subscriptions"
+    spec = {"type": "pull-wake", "wake_stream": "wake2", "streams": ["s-0-0"]}
+    assert http.put(f"{subs}/full", json=spec).status_code == 201
+    for k in range(10):
+        paths = [f"s-{k}-{i}" for i in range(1000)]  # s-0-0 named again: it counts once
+        r = http.post(f"{subs}/full/streams", json={"streams": paths})
+        assert r.status_code == 204, (k, r.text[:200])
+    assert len(http.get(f"{subs}/full").json()["streams"]) == 10_000
+    r = http.post(f"{subs}/full/streams", json={"streams": ["s-0-1", "one-more"]})
+    assert r.status_code == 400, r.text[:200]
+    assert "10000" in r.text and "streams" in r.text
+    assert len(http.get(f"{subs}/full").json()["streams"]) == 10_000
+    # Paths it already names are no growth; after a removal there is room again.
+    assert http.post(f"{subs}/full/streams", json={"streams": ["s-0-1"]}).status_code == 204
+    assert http.delete(f"{subs}/full/streams/s-0-1").status_code in (200, 204)
+    assert http.post(f"{subs}/full/streams", json={"streams": ["one-more"]}).status_code == 204
+
+
 # -- odd headers ------------------------------------------------------------------------------------
 
 

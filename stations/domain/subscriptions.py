@@ -46,6 +46,9 @@ MAX_PATH = 1024
 # Stream paths one request may name: they are stored in one write transaction, which holds up
 # every other write meanwhile (100,000 held appends back about 5 s).
 MAX_STREAMS = 1000
+# Streams one subscription may name, over all its requests: each change of it re-reads all its
+# links and each wake carries their tails. (Streams a pattern matches are not counted.)
+MAX_SUBSCRIPTION_STREAMS = 10_000
 RETRY_BASE_MS = 1_000
 RETRY_MAX_MS = 60_000
 RETRY_JITTER = 0.2
@@ -468,6 +471,15 @@ def add_streams(batch: Batch, sub_id: str, paths: list[str]) -> None:
             "the wake stream cannot be one of the subscription's streams", "streams"
         )
     existing = {link.path: link for link in _links(batch, sub_id)}
+    named = sum(link.explicit for link in existing.values())
+    # The subscription's row is locked (``_get``): no other request adds meanwhile.
+    adding = {p for p in paths if (link := existing.get(p)) is None or not link.explicit}
+    if named + len(adding) > MAX_SUBSCRIPTION_STREAMS:
+        raise InvalidRequest(
+            f"a subscription may name at most {MAX_SUBSCRIPTION_STREAMS} streams "
+            f"(it names {named}; this request adds {len(adding)})",
+            "streams",
+        )
     tails = _tails(batch, paths)
     for path in paths:
         _link(batch, sub_id, path, explicit=True, acked=tails.get(path, 0), existing=existing)
