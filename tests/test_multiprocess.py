@@ -451,6 +451,7 @@ def test_retention_enforced_by_two_processes_at_once_counts_once(pg_url: str) ->
     from stations.domain.idwindow import IdWindow
     from stations.domain.lifecycle import CreateRequest, create
     from stations.domain.log import AppendRequest, append
+    from stations.domain.offsets import EARLIEST
     from stations.domain.station import parse_config
     from stations.store import db
     from stations.store.schema import streams
@@ -486,7 +487,9 @@ def test_retention_enforced_by_two_processes_at_once_counts_once(pg_url: str) ->
         with engine.connect() as conn:
             count = conn.execute(select(streams.c.msg_count)).scalar_one()
             # Retained messages as a reader sees them (one row may hold several messages).
-            page = reads.read_messages(conn, "r", 0, now=now_ms(), limit=100, max_bytes=1 << 20)
+            page = reads.read_messages(
+                conn, "r", EARLIEST, now=now_ms(), limit=100, max_bytes=1 << 20
+            )
         assert (count, len(page.messages)) == (2, 2)
     finally:
         engine.dispose()

@@ -1,7 +1,8 @@
 """Durable Streams PROTOCOL.md clauses the conformance suite does not check, each against a real
 ``stations serve`` on both engines: idempotent fork re-creation that names the defaults the
 fork resolved (§4.2), reads from an offset that retention dropped (§5.6: 410, not a silent
-skip), and ETags that change when retention changes a read's body (§10.1)."""
+skip, on the management browse too), and ETags that change when retention changes a read's
+body (§10.1)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,25 @@ def test_zero_offset_after_retention_is_410(http: httpx.Client, live: str | None
         assert json.loads(gone.read())["error"]["field"] == "offset"
     params["offset"] = "-1"
     assert _first_data(http, name, params) == "m3;m4;"
+
+
+def test_management_browse_from_a_dropped_offset_is_410(http: httpx.Client) -> None:
+    """The management browse follows the same rule as the Durable Streams read: an offset the
+    client names that retention dropped, the zero offset included, is 410 (it started silently
+    at the earliest kept message); ``-1`` (the default) is the earliest retained message."""
+    name = _retained(http, keep=2, count=5)
+    browse = f"/api/stations/{name}/messages"
+    for offset in (ZERO, "0000000000000002_0000000000000000"):
+        gone = http.get(browse, params={"offset": offset})
+        assert gone.status_code == 410, (offset, gone.text)
+        assert gone.json()["error"]["field"] == "offset"
+    for params in ({"offset": "-1"}, {}):
+        page = http.get(browse, params=params)
+        assert page.status_code == 200, page.text
+        assert [m["data"] for m in page.json()["messages"]] == ["m3;", "m4;"]
+    # The earliest retained message's own offset is still there.
+    kept = http.get(browse, params={"offset": "0000000000000003_0000000000000000"})
+    assert [m["data"] for m in kept.json()["messages"]] == ["m3;", "m4;"]
 
 
 def _first_data(http: httpx.Client, name: str, params: dict[str, str]) -> str:

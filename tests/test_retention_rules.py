@@ -14,7 +14,7 @@ from stations.domain.errors import Conflict, Gone
 from stations.domain.idwindow import IdWindow
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, append
-from stations.domain.offsets import encode
+from stations.domain.offsets import EARLIEST, encode
 from stations.domain.service import Service
 from stations.store import db
 from stations.store.streams import load
@@ -38,7 +38,7 @@ def _append(name: str, k: int) -> Any:
 
 def _kept(engine: Any, name: str, now: int) -> list[bytes]:
     with engine.connect() as conn, conn.begin():
-        return reads.read(conn, name, 0, now=now, max_bytes=1 << 20).parts
+        return reads.read(conn, name, EARLIEST, now=now, max_bytes=1 << 20).parts
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,31 @@ def test_a_fork_answers_gone_for_what_its_sources_retention_dropped(engine: Any)
             reads.read(conn, name, 1, now=T0 + 1, max_bytes=1 << 20)
     with engine.connect() as conn, conn.begin():
         # From the beginning: what is left, the fork's own message.
-        page = reads.read(conn, "fork", 0, now=T0 + 1, max_bytes=1 << 20)
+        page = reads.read(conn, "fork", EARLIEST, now=T0 + 1, max_bytes=1 << 20)
         assert page.parts == [b'{"k":00007}']
+
+
+def test_position_zero_is_gone_once_retention_dropped_and_earliest_is_not(engine: Any) -> None:
+    """The zero offset names position 0, gone once retention dropped the first message: the
+    domain answers 410 for it on every read (catch-up, browse), as for any later dropped
+    position; ``EARLIEST`` (``-1``) reads from the earliest message kept. The API told the two
+    apart itself, so the management browse started at the earliest kept message in silence."""
+    write(engine, T0, station("a", retention={"maxMessages": 2}))
+    for k in range(4):
+        write(engine, T0, _append("a", k))
+    with engine.connect() as conn, conn.begin():  # nothing dropped yet: 0 is the start
+        page = reads.read_messages(conn, "a", 0, now=T0, limit=9, max_bytes=1 << 20)
+        assert [m.seq for m in page.messages] == [1, 2, 3, 4]
+    write(engine, T0 + 1, retention.enforce)
+    with engine.connect() as conn, conn.begin():
+        for position in (0, 1):
+            with pytest.raises(Gone):
+                reads.read(conn, "a", position, now=T0 + 1, max_bytes=1 << 20)
+            with pytest.raises(Gone):
+                reads.read_messages(conn, "a", position, now=T0 + 1, limit=9, max_bytes=1 << 20)
+        page = reads.read_messages(conn, "a", EARLIEST, now=T0 + 1, limit=9, max_bytes=1 << 20)
+        assert [m.seq for m in page.messages] == [3, 4]
+        assert reads.read(conn, "a", 2, now=T0 + 1, max_bytes=1 << 20).count == 2
 
 
 def test_a_waiting_reader_is_not_carried_into_a_stream_created_again(tmp_path: Path) -> None:

@@ -680,3 +680,29 @@ def test_a_latest_start_is_the_same_each_time_spark_asks(srv: Server, api: httpx
             assert restarted.initialOffset() == first
         else:  # a reader without a cursor has nothing that outlives it
             assert restarted.initialOffset() != first
+
+
+def test_a_stream_from_the_start_reads_what_retention_kept(srv: Server, api: httpx.Client) -> None:
+    """A streaming read from ``-1`` plans its first batch from position 0. Once retention
+    dropped the first messages, the zero offset is 410 on the server: the first page is asked
+    for as ``-1`` (the earliest kept), so the batch reads what is kept, no data-loss error."""
+    import time
+
+    from pyspark.sql.types import StructType
+
+    from stations.spark.read import read_pages
+    from stations.spark.stream_read import StationsStreamReader
+
+    name = new_station(api, retention={"maxMessages": 2})
+    produce(api, name, [{"data": k} for k in range(5)])
+    deadline = time.monotonic() + 10
+    while [m["data"] for m in all_messages(api, name)] != [3, 4]:
+        assert time.monotonic() < deadline, "retention did not drop the oldest messages"
+        time.sleep(0.1)
+    cfg = Config.parse({"url": srv.url, "station": name, "numPartitions": "1"})
+    stream = StationsStreamReader(cfg, StructType())
+    start = stream.initialOffset()
+    end = stream.latestOffset(start, stream.getDefaultReadLimit())
+    [part] = stream.partitions(start, end)
+    read = [m["data"] for page in read_pages(cfg, part) for m in page]  # type: ignore[arg-type]
+    assert read == [3, 4]

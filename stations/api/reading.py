@@ -21,7 +21,6 @@ from datetime import datetime
 from aiohttp import web
 
 from stations.domain import framing
-from stations.domain.errors import Gone
 from stations.domain.reads import ReadResult
 from stations.domain.streams import StreamState
 
@@ -46,18 +45,6 @@ def cursor(client_cursor: str | None) -> str:
         ahead = int(client_cursor) + random.randint(1, 3600 // CURSOR_INTERVAL_S)
         return str(min(ahead, MAX_CURSOR))
     return str(current)
-
-
-def check_retained(state: StreamState) -> None:
-    """410 for the zero offset once retention dropped the messages after it.
-
-    ``-1`` and the zero offset are one position to the domain, which reads from the earliest
-    retained message there. But the zero offset is a token clients were given (a new stream's
-    Stream-Next-Offset, the first message's Msg-Offset): a reader resuming from it must learn
-    that messages are gone (PROTOCOL.md §5.6), as it would at any later dropped offset.
-    """
-    if state.head > 0:
-        raise Gone("offset is before the earliest retained message", "offset")
 
 
 def _join(state: StreamState, result: ReadResult) -> bytes:

@@ -15,7 +15,7 @@ from stations.api import reading
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.budget import Overloaded
 from stations.domain.errors import StationsError
-from stations.domain.offsets import encode
+from stations.domain.offsets import Start, encode
 from stations.domain.service import Service
 from stations.domain.streams import is_json_type
 
@@ -63,18 +63,12 @@ async def _lead_bytes(svc: Service, name: str, position: int, stream: tuple[int,
     return bytes(decoder.getstate()[0])
 
 
-async def serve_sse(
-    request: web.Request, name: str, position: int | None, *, from_zero: bool = False
-) -> web.StreamResponse:
-    """``from_zero``: the client named the zero offset (not ``-1``), which is gone once
-    retention dropped messages (``reading.check_retained``)."""
+async def serve_sse(request: web.Request, name: str, position: Start | None) -> web.StreamResponse:
     svc = request.app["service"]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + request.app["sse_lifetime_s"]
     # A shared read (timeout 0: at once, even empty), like the long-poll's.
     first = await svc.read_or_wait(name, position, 0, max_bytes=MAX_READ_BYTES)
-    if from_zero:
-        reading.check_retained(first.state)
     await svc.touch(first.state)
     state = first.state
     response = web.StreamResponse(status=200)

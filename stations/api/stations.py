@@ -12,7 +12,7 @@ from aiohttp import web
 from stations.api.auth import needs, require_station
 from stations.domain import messages
 from stations.domain.errors import BadRequest
-from stations.domain.offsets import BadOffset, decode, encode, encode_template
+from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
@@ -132,9 +132,11 @@ async def browse(request: web.Request) -> web.Response:
     if len(tokens) > 1:
         raise BadRequest("offset may be given once", "offset")
     try:
-        position = decode(token)
+        # ``-1`` is the earliest retained message; an offset the client names is that position,
+        # 410 once retention dropped it (the zero offset too), as on the Durable Streams read.
+        position = decode_start(token)
         # Only the exact tokens the server mints (``decode`` lets a trailing newline through).
-        if token != "-1" and encode(position) != token:
+        if position is not EARLIEST and encode(position) != token:
             raise BadOffset(token)
     except BadOffset:
         raise BadRequest(f"malformed offset {token[:80]!r}", "offset") from None

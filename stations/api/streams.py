@@ -16,14 +16,13 @@ from stations.domain import framing
 from stations.domain.errors import BadRequest
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, AppendResult
-from stations.domain.offsets import NOW, BadOffset, decode, encode
+from stations.domain.offsets import EARLIEST, NOW, BadOffset, Start, decode_start, encode
 from stations.domain.producers import parse_headers
 from stations.domain.reads import ReadResult
 from stations.domain.station import default_config, validate_name
 from stations.domain.streams import StreamState, is_json_type
 
 PREFIX = "/v1/stream/"
-ZERO = encode(0)
 _TTL = re.compile(r"^(0|[1-9][0-9]*)$")
 _SUB = re.compile(r"^(0|[1-9][0-9]*)$")
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,256}$")
@@ -75,8 +74,8 @@ def _is_true(value: str | None) -> bool:
     return value is not None and value.lower() == "true"
 
 
-def _offset(request: web.Request, param: str = "offset") -> int | None:
-    """The requested position; None means ``now`` (the tail)."""
+def _offset(request: web.Request, param: str = "offset") -> Start | None:
+    """Where the read starts (``EARLIEST`` for ``-1``); None means ``now`` (the tail)."""
     values = request.query.getall(param, [])
     if len(values) > 1:
         raise BadRequest("offset may be given once", param)
@@ -84,14 +83,9 @@ def _offset(request: web.Request, param: str = "offset") -> int | None:
     if token == NOW:
         return None
     try:
-        return decode(token)
+        return decode_start(token)
     except BadOffset:
         raise BadRequest(f"malformed offset {token!r}", param) from None
-
-
-def _from_zero(request: web.Request) -> bool:
-    """Whether the client named the zero offset itself rather than ``-1``."""
-    return request.query.get("offset") == ZERO
 
 
 def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
@@ -177,7 +171,9 @@ async def put_stream(request: web.Request) -> web.Response:
         if "Stream-Fork-Offset" in h:
             token = h["Stream-Fork-Offset"]
             try:
-                fork_offset = decode(token)
+                start = decode_start(token)
+                # ``-1``, the beginning: a fork that holds none of its source, as at offset 0.
+                fork_offset = 0 if start is EARLIEST else start
             except BadOffset:
                 raise BadRequest("malformed Stream-Fork-Offset", "Stream-Fork-Offset") from None
         if "Stream-Fork-Sub-Offset" in h:
@@ -342,19 +338,14 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     if live is not None and "offset" not in request.query:
         raise BadRequest("live reads need an offset", "offset")
     position = _offset(request)
-    from_zero = _from_zero(request)
     svc = service(request)
     if live == "sse":
-        return await serve_sse(request, name, position, from_zero=from_zero)
+        return await serve_sse(request, name, position)
     if live == "long-poll":
         # No read of the stream first: the many readers of one stream share reads, and a
         # reader at a tail they already saw waits without touching the database.
         timeout = request.app["long_poll_timeout_s"]
-        if from_zero:  # not a wait for data after messages already dropped
-            reading.check_retained(await svc.stream(name))
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
-        if from_zero:  # retention may have dropped messages while it waited
-            reading.check_retained(result.state)
         await svc.touch(result.state)
         if not result.count:
             response = web.Response(status=204)
@@ -376,8 +367,6 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     result = await svc.read(
         name, position, max_bytes=MAX_READ_BYTES, alive=lambda: reading.connected(request)
     )
-    if from_zero:
-        reading.check_retained(result.state)
     if position is None:
         response = web.Response(status=200, body=b"[]" if state.is_json else b"")
         _read_headers(response, result)

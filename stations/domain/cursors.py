@@ -12,7 +12,7 @@ from typing import Any
 from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
-from stations.domain.offsets import BadOffset, decode, encode
+from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode
 from stations.domain.streams import StreamState
 from stations.store import cursors as store
 from stations.store.db import Tx
@@ -44,9 +44,11 @@ def _position(raw: Any, state: StreamState) -> int:
     if not isinstance(offset, str):
         raise BadRequest("offset must be an offset string", "offset")
     try:
-        position = decode(offset)
+        start = decode_start(offset)
     except BadOffset:
         raise BadRequest("offset is not an offset of this server", "offset") from None
+    # ``-1``: a reader that has read nothing yet (lag counts from the earliest retained).
+    position = 0 if start is EARLIEST else start
     if position > state.tail:
         raise BadRequest("offset is beyond the station's tail", "offset")
     return position

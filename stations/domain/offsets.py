@@ -10,7 +10,9 @@ reference server's, whose zero offset clients and the conformance suite write li
 
 from __future__ import annotations
 
+import enum
 import re
+from typing import Final, TypeAlias
 
 WIDTH = 16
 BEGINNING = "-1"
@@ -23,6 +25,18 @@ class BadOffset(ValueError):
     """An offset token that this server did not mint."""
 
 
+class Earliest(enum.Enum):
+    """``-1``: from the earliest retained message, wherever retention has moved it. Not a
+    position: the zero offset names position 0 itself, which is gone once retention dropped
+    the first message (410), while ``-1`` then starts at the earliest one kept."""
+
+    EARLIEST = BEGINNING
+
+
+EARLIEST: Final = Earliest.EARLIEST
+Start: TypeAlias = int | Earliest  # where a read starts: a position the client named, or ``-1``
+
+
 def encode(position: int) -> str:
     return f"{position:0{WIDTH}d}_{_ZERO_SUB}"
 
@@ -33,10 +47,14 @@ def encode_template() -> str:
 
 
 def decode(token: str) -> int:
-    """Turn a token this server minted back into a position (``-1`` means the start)."""
-    if token == BEGINNING:
-        return 0
+    """Turn a token this server minted back into a position. ``-1`` is not one (BadOffset):
+    where it is taken, ``decode_start`` says so."""
     match = _VALID.fullmatch(token)
     if match is None or match.group(2) != _ZERO_SUB:
         raise BadOffset(token)
     return int(match.group(1))
+
+
+def decode_start(token: str) -> Start:
+    """Where a read starts: ``EARLIEST`` for ``-1``, else the position ``token`` names."""
+    return EARLIEST if token == BEGINNING else decode(token)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from stations.domain.errors import BadRequest, Gone
 from stations.domain.log import live_stream, unpack
+from stations.domain.offsets import EARLIEST, Start
 from stations.domain.streams import StreamState
 from stations.store import messages as stored
 from stations.store.db import Tx
@@ -61,18 +62,23 @@ def _split(row: Row) -> list[bytes]:
     return row[2].split(SEP) if row[1] > 1 else [row[2]]
 
 
-def _begin(state: StreamState, position: int | None) -> tuple[int, int]:
-    """(where the client asked to start, where reading really starts)."""
+def _begin(state: StreamState, position: Start | None) -> tuple[int, int]:
+    """(where the client asked to start, where reading really starts). None is the tail."""
+    if position is EARLIEST:
+        return 0, state.head
     if position is None:
         position = state.tail
     if position > state.tail:
         raise BadRequest("offset is beyond the tail of the stream", "offset")
-    if 0 < position < state.head:
+    # Position 0 too: the zero offset is a token clients were given (a new stream's
+    # Stream-Next-Offset, the first message's offset), and a reader resuming there must learn
+    # that messages are gone (PROTOCOL.md §5.6), as at any later dropped offset.
+    if position < state.head:
         raise Gone("offset is before the earliest retained message", "offset")
-    return position, max(position, state.head)
+    return position, position
 
 
-def read(tx: Tx, name: str, position: int | None, *, now: int, max_bytes: int) -> ReadResult:
+def read(tx: Tx, name: str, position: Start | None, *, now: int, max_bytes: int) -> ReadResult:
     """A catch-up page after ``position`` (None: the tail), about ``max_bytes`` long."""
     state = open_stream(tx, name, now)
     position, start = _begin(state, position)
@@ -108,7 +114,7 @@ def scan(tx: Tx, state: StreamState, after: int) -> Iterator[Message]:
 
 
 def read_messages(
-    tx: Tx, name: str, position: int, *, now: int, limit: int, max_bytes: int
+    tx: Tx, name: str, position: Start, *, now: int, limit: int, max_bytes: int
 ) -> ReadResult:
     """Up to ``limit`` messages after ``position``, one by one (the management API)."""
     state = open_stream(tx, name, now)

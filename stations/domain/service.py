@@ -33,6 +33,7 @@ from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
 from stations.domain.notify import Notifier
+from stations.domain.offsets import EARLIEST, Start
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
 from stations.domain.streams import StreamState
@@ -267,7 +268,7 @@ class Service:
     async def read(
         self,
         name: str,
-        position: int | None,
+        position: Start | None,
         *,
         max_bytes: int,
         alive: Callable[[], bool] = lambda: True,
@@ -302,7 +303,7 @@ class Service:
     async def read_or_wait(
         self,
         name: str,
-        position: int | None,
+        position: Start | None,
         timeout: float,
         *,
         max_bytes: int,
@@ -317,7 +318,9 @@ class Service:
         ``stream``: the stream the reader's offsets belong to, as ``(id, created_at)`` (SQLite
         gives a new stream the id of one deleted; by default, the first read's); should the
         name come to be another stream's (deleted and created again while the reader waited),
-        the offset is not one of it: 410.
+        the offset is not one of it: 410. ``EARLIEST`` stays the earliest retained message
+        through the wait; a position the client named is 410 once retention dropped it, before
+        or while it waits (``reads._begin``).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -370,7 +373,7 @@ class Service:
         finally:
             self.notifier.detach(name)
 
-    def _at_known_tail(self, name: str, position: int | None) -> ReadResult | None:
+    def _at_known_tail(self, name: str, position: Start | None) -> ReadResult | None:
         """An empty page at ``position`` if a read of this generation ended there; else None."""
         state: StreamState | None = self.notifier.snapshot(name)
         if state is None:
@@ -381,6 +384,8 @@ class Service:
             return None  # let a real read answer (another reader may have renewed the TTL)
         if position is None:
             position = state.tail
+        elif position is EARLIEST:
+            position = state.head  # nothing retained, or nothing yet: the start is the tail
         if position != state.tail:
             return None
         return ReadResult(state, position, position, True)

@@ -54,8 +54,11 @@ def read_pages(cfg: Config, part: OffsetRange) -> Iterator[list[dict[str, Any]]]
         cur = part.start
         while cur < part.end:
             limit = min(cfg.page_size, part.end - cur)
+            # Position 0 is where ``-1`` (the start) plans from: asked as ``-1``, it reads the
+            # earliest retained message on; the zero offset is 410 once retention dropped any.
+            asked = token(cur) if cur else "-1"
             try:
-                page = _page(http, cfg, token(cur), limit)
+                page = _page(http, cfg, asked, limit)
             except Gone:
                 if cfg.fail_on_data_loss:
                     raise Gone(
