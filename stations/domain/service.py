@@ -421,7 +421,7 @@ class Service:
         result, state = await _committed(produced)
         return result, state
 
-    async def browse(self, name: str, position: int, limit: int) -> ReadResult:
+    async def browse(self, name: str, position: Start, limit: int) -> ReadResult:
         return await self.read_db(
             reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
         )
