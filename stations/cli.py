@@ -184,6 +184,14 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "(default %(default)s)",
     )
     limits.add_argument(
+        "--max-append-messages",
+        type=int,
+        default=100_000,
+        help="messages one JSON append may carry (a top-level array's elements); beyond, "
+        "the append is refused whole: 413 on /v1/stream, 400 on the management produce, "
+        "which also keeps its own limit of 10000 (default %(default)s)",
+    )
+    limits.add_argument(
         "--drain-timeout-s",
         type=float,
         default=10,
@@ -262,7 +270,7 @@ def serve(args: argparse.Namespace) -> None:
             _fail(f"--{option.replace('_', '-')} must be a positive number of seconds")
     if not (math.isfinite(args.read_budget_mb) and args.read_budget_mb > 0):
         _fail("--read-budget-mb must be a positive number")
-    for option in ("max_connections", "max_waiting_readers"):
+    for option in ("max_connections", "max_waiting_readers", "max_append_messages"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             _fail(f"--{option.replace('_', '-')} must be at least 1")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
@@ -341,6 +349,7 @@ async def _serve(args: argparse.Namespace) -> None:
         body_timeout_s=args.body_timeout_s,
         idle_timeout_s=args.idle_timeout_s,
         send_timeout_s=args.send_timeout_s,
+        max_append_messages=args.max_append_messages,
     )
 
     try:

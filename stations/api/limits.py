@@ -9,6 +9,10 @@
   (slowloris); ``body_timeout_s``: a request body not complete in time is answered ``408``.
 - ``idle_timeout_s``: a keep-alive connection with no request closes.
 - ``send_timeout_s``: a response the client stops reading (the socket stays full) closes.
+- ``max_append_messages``: messages one JSON append may carry (an array's elements); beyond
+  it the append is refused (``413`` on ``/v1/stream``, ``400`` on the management produce) as
+  soon as its body is parsed, so one 64 MiB body of ``[0,0,...]`` cannot become 33 million
+  messages to write out, store and index in one transaction.
 
 Request bodies are taken as sent: a body with a ``Content-Encoding`` is refused (``415``).
 """
@@ -48,6 +52,7 @@ class Limits:
     body_timeout_s: float = 60.0
     idle_timeout_s: float = 75.0
     send_timeout_s: float = 30.0
+    max_append_messages: int = 100_000
 
 
 def raise_nofile() -> int:

@@ -34,12 +34,14 @@ _DUPLICATE = f'{{"offset":"{encode_template()}","duplicate":true}}'
 _UNKNOWN = '{"offset":null,"duplicate":true}'
 
 
-async def json_body(request: web.Request) -> Any:
+async def json_body(request: web.Request, max_messages: int | None = None) -> Any:
+    """The request's JSON body; with ``max_messages``, a produce body of more messages is
+    refused as soon as it is parsed (see ``messages.check_count``)."""
     if not request.can_read_body:
         raise BadRequest("a JSON body is required", None)
     raw = await request.read()
     try:
-        return messages.loads_body(raw)
+        return messages.loads_body(raw, max_messages)
     except messages.LoneSurrogate as exc:
         raise BadRequest(str(exc), exc.field or None) from None
     except UnicodeDecodeError:
@@ -112,8 +114,9 @@ async def delete_station(request: web.Request) -> web.Response:
 
 @needs("produce")
 async def produce(request: web.Request) -> web.Response:
-    body = await json_body(request)
-    result, _state = await service(request).produce(station_name(request), body)
+    cap = request.app["limits"].max_append_messages
+    body = await json_body(request, cap)
+    result, _state = await service(request).produce(station_name(request), body, cap)
     # Written directly: a dict per message for a JSON encoder cost twice as much.
     answer = ",".join(
         [

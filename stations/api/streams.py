@@ -13,7 +13,7 @@ from stations.api.auth import needs, require_station
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing
-from stations.domain.errors import BadRequest
+from stations.domain.errors import BadRequest, TooLarge
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import EARLIEST, NOW, BadOffset, Start, decode_start, encode
@@ -188,7 +188,12 @@ async def put_stream(request: web.Request) -> web.Response:
     body = await request.read()
     svc = service(request)
     json_mode = is_json_type(content_type)
-    initial = framing.split_json(body, allow_empty=True) if json_mode else ([body] if body else [])
+    cap = request.app["limits"].max_append_messages
+    initial = (
+        framing.split_json(body, allow_empty=True, max_messages=cap)
+        if json_mode
+        else ([body] if body else [])
+    )
     req = CreateRequest(
         name=name,
         content_type=content_type,
@@ -249,7 +254,9 @@ async def post_stream(request: web.Request) -> web.Response:
                 raise BadRequest("an append with a body needs a Content-Type", "Content-Type")
             _content_type(content_type)
             if is_json_type(content_type):
-                req.messages = framing.split_json(body, allow_empty=False)
+                req.messages = framing.split_json(
+                    body, allow_empty=False, max_messages=request.app["limits"].max_append_messages
+                )
             else:
                 req.messages = [body]
             if msg_id is not None:
@@ -258,7 +265,7 @@ async def post_stream(request: web.Request) -> web.Response:
                         "with Msg-Id the body must carry exactly one message", "Msg-Id"
                     )
                 req.msg_ids = [msg_id]
-        except BadRequest as exc:
+        except (BadRequest, TooLarge) as exc:
             req.body_error = exc
             req.messages = []
     elif msg_id is not None:

@@ -71,6 +71,7 @@ class IdempotentProducer:
         epoch: int = 0,
         auto_claim: bool = False,
         max_batch_bytes: int = 1024 * 1024,
+        max_batch_messages: int = 100_000,
         linger_ms: float = 5,
         max_in_flight: int = 5,
         max_buffered_bytes: int = 64 * 1024 * 1024,
@@ -80,7 +81,7 @@ class IdempotentProducer:
         token: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if max_batch_bytes <= 0 or max_in_flight <= 0 or linger_ms < 0:
+        if min(max_batch_bytes, max_batch_messages, max_in_flight) <= 0 or linger_ms < 0:
             raise ValueError("linger_ms must be >= 0, max_* must be > 0")
         if max_buffered_bytes < max_batch_bytes:
             raise ValueError("max_buffered_bytes must be at least max_batch_bytes")
@@ -97,6 +98,9 @@ class IdempotentProducer:
         self.producer_id = producer_id
         self.auto_claim = auto_claim
         self.max_batch_bytes = max_batch_bytes
+        # A server refuses an append of more messages than its --max-append-messages (413,
+        # default 100000): a megabyte of tiny messages ("0") would be half a million.
+        self.max_batch_messages = max_batch_messages
         self.linger = linger_ms / 1000
         self.max_in_flight = max_in_flight
         self.max_buffered_bytes = max_buffered_bytes
@@ -181,7 +185,8 @@ class IdempotentProducer:
 
     def append(self, data: Any) -> None:
         """Queue one message and return at once; it is sent within ``linger_ms``, when the batch
-        reaches ``max_batch_bytes``, or on ``flush()``. Needs a running event loop.
+        reaches ``max_batch_bytes`` or ``max_batch_messages``, or on ``flush()``. Needs a
+        running event loop.
 
         The batches go out while the caller's code lets the event loop run: any ``await``, and
         ``await wait_for_capacity()`` in an append loop does it whenever a batch is ready."""
@@ -209,7 +214,10 @@ class IdempotentProducer:
         self._pending_count += 1
         self._pending_bytes += size
         self._buffered += size
-        if self._pending_bytes >= self.max_batch_bytes:
+        if (
+            self._pending_bytes >= self.max_batch_bytes
+            or self._pending_count >= self.max_batch_messages
+        ):
             self._seal()
         elif self._linger_timer is None and not self._linger_due:
             self._linger_timer = asyncio.get_running_loop().call_later(self.linger, self._lingered)

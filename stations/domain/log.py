@@ -13,7 +13,7 @@ from typing import overload
 
 from stations.domain import framing
 from stations.domain import producers as sessions
-from stations.domain.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
+from stations.domain.errors import BadRequest, Conflict, Forbidden, Gone, NotFound, TooLarge
 from stations.domain.idwindow import IdWindow
 from stations.domain.producers import Producer, Verdict
 from stations.domain.streams import StreamState, same_content_type
@@ -84,7 +84,7 @@ class AppendRequest:
     producer: Producer | None = None
     stream_seq: str | None = None
     # A body error is reported only after the closed check, as the protocol orders them.
-    body_error: BadRequest | None = None
+    body_error: BadRequest | TooLarge | None = None
 
 
 Outcome = tuple[int | None, bool]  # (offset, duplicate) of one message

@@ -406,15 +406,25 @@ class Service:
     async def stations(self) -> list[dict[str, Any]]:
         return await self.read_db(catalog.views, now_ms())
 
-    async def produce(self, name: str, body: Any) -> tuple[AppendResult, StreamState]:
+    async def produce(
+        self, name: str, body: Any, max_messages: int = messages.MAX_BATCH
+    ) -> tuple[AppendResult, StreamState]:
         """Messages with ids and headers, as one append (one transaction)."""
+        messages.check_count(body, max_messages)  # before the request waits for the writer
 
         def tallied(out: tuple[AppendResult, StreamState]) -> None:
             self.tally.appended(name, out[0].results, out[0].producer_duplicate)
 
         produced = self.db.enqueue(
             _then(
-                functools.partial(messages.produce, window=self.ids, name=name, body=body), tallied
+                functools.partial(
+                    messages.produce,
+                    window=self.ids,
+                    name=name,
+                    body=body,
+                    max_messages=max_messages,
+                ),
+                tallied,
             )
         )
         self._serve_parked(name)  # waiting fetches ride on this transaction
