@@ -24,20 +24,23 @@ import json
 import logging
 import math
 import re
+from bisect import bisect_right
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from stations.domain import text
 from stations.domain.errors import BadRequest, StationsError
 from stations.domain.idwindow import IdWindow
-from stations.domain.log import AppendRequest, append, live_stream
+from stations.domain.log import AppendRequest, append, live_stream, unpack
 from stations.domain.messages import iso, to_view
-from stations.domain.reads import Message, messages_at
+from stations.domain.reads import SEP, Message, Piece
 from stations.domain.streams import StreamState
 from stations.store import dls as store
 from stations.store import groups as group_store
+from stations.store import messages as stored
 from stations.store.dls import Connection, Selection
-from stations.store.streams import load
+from stations.store.streams import load, segments
 from stations.store.writer import Batch
 
 logger = logging.getLogger("stations.domain.dls")
@@ -58,59 +61,118 @@ def parse_entry_id(value: object) -> int | None:
     return None
 
 
+# Messages are read, and their entries written, a chunk of rows of about this much data at a
+# time: a dead letter of thousands of large messages must not hold them all in memory.
+CHUNK_BYTES = 8 << 20
+
+
 def add(
     batch: Batch,
     state: StreamState,
     group_id: int,
     group_name: str,
-    seq: int,
-    count: int,
+    counts: list[tuple[int, int]],
     reason: str,
     error: str | None,
     *,
     always: bool = False,
 ) -> None:
-    """Take ``seq`` out of the group's queue; keep it in the DLS unless poison-keeping is off."""
+    """Take the messages of ``counts``, (seq, delivery count), out of the group's queue; keep
+    them in the DLS unless poison-keeping is off. A fixed number of statements however many:
+    2,500 at a statement or five each held the writer (every append) for seconds."""
+    if not counts:
+        return
     conn = batch.conn
-    redrives = group_store.take(conn, group_id, seq)
+    redrives = group_store.take(conn, group_id, [seq for seq, _ in counts])
     batch.changed.add(state.name)
     settings = state.config.get("dls") or {}
     if not (always or settings.get("poison", True)):
         return
-    found = messages_at(conn, state, [seq])
-    if not found:
-        return  # dropped by retention in the meantime: nothing to keep
-    msg_id, headers, data = found[0].msg_id, found[0].headers, found[0].data
-    redrive_at = None
+    count_of = dict(counts)
     policy = settings.get("redrive")
-    if policy:
-        if redrives < policy["maxRedrives"]:
-            redrive_at = batch.now + redrive_delay(policy, redrives)
-        else:
-            # Capped: it stays; the error still says why it died this last time.
-            error = f"{reason}: {error}" if error else reason
-            reason = "max_redrives"
-    store.add(
-        conn,
-        {
-            "stream_id": state.id,
-            "group_id": group_id,
-            "group_name": group_name,
-            "seq": seq,
-            "msg_id": msg_id,
-            "headers": headers,
-            "data": data,
-            "delivery_count": count,
-            "reason": reason,
-            "error": error,
-            "dead_lettered_at": batch.now,
-            "redrives": redrives,
-            "redrive_at": redrive_at,
-        },
-    )
     target = settings.get("forwardTo")
-    if target:
-        _forward(batch, state, group_name, reason, target, headers, data)
+    # Retention may have dropped some in the meantime: nothing to keep of those.
+    for pieces in _pieces(conn, state, sorted(count_of)):
+        rows: list[dict[str, Any]] = []
+        forwards: list[tuple[str, str | None, bytes]] = []
+        for seq, data, msg_id, headers, _ in pieces:
+            n = redrives.get(seq, 0)
+            entry_reason, entry_error, redrive_at = reason, error, None
+            if policy:
+                if n < policy["maxRedrives"]:
+                    redrive_at = batch.now + redrive_delay(policy, n)
+                else:
+                    # Capped: it stays; the error still says why it died this last time.
+                    entry_error = f"{reason}: {error}" if error else reason
+                    entry_reason = "max_redrives"
+            rows.append(
+                {
+                    "stream_id": state.id,
+                    "group_id": group_id,
+                    "group_name": group_name,
+                    "seq": seq,
+                    "msg_id": msg_id,
+                    "headers": headers,
+                    "data": data,
+                    "delivery_count": count_of[seq],
+                    "reason": entry_reason,
+                    "error": entry_error,
+                    "dead_lettered_at": batch.now,
+                    "redrives": n,
+                    "redrive_at": redrive_at,
+                }
+            )
+            forwards.append((entry_reason, headers, data))
+        store.add(conn, rows)
+        if target:
+            _forward(batch, state, group_name, target, forwards)
+
+
+def _pieces(conn: Connection, state: StreamState, positions: list[int]) -> Iterator[list[Piece]]:
+    """The messages at ``positions`` that still exist, as ``reads.pieces_at`` finds them, in
+    chunks of rows of about ``CHUNK_BYTES`` (at least one row each), by position. A fixed number
+    of statements however many and however spread out (``pieces_at`` scans once per run of
+    consecutive positions): one finds the rows holding them, in each stream a fork reads
+    from, then one reads each chunk's rows."""
+    wanted = [p for p in positions if p > state.head]  # retention dropped the rest
+    found: list[tuple[int, int, int]] = []  # (stream id, seq, bytes) of the rows to read
+    for stream_id, lo, hi in segments(conn, state):
+        inside = [p for p in wanted if p > lo and (hi is None or p <= hi)]
+        found += [
+            (stream_id, seq, size) for seq, _, size in stored.holding(conn, stream_id, inside)
+        ]
+    chunk: list[tuple[int, int, int]] = []
+    size = 0
+    for k, row in enumerate(found):
+        chunk.append(row)
+        size += row[2]
+        if size >= CHUNK_BYTES or k == len(found) - 1:
+            yield _pieces_of(conn, chunk, wanted)
+            chunk, size = [], 0
+
+
+def _pieces_of(
+    conn: Connection, chunk: list[tuple[int, int, int]], wanted: list[int]
+) -> list[Piece]:
+    """The messages at ``wanted`` in the rows of ``chunk``."""
+    out: list[Piece] = []
+    for stream_id in dict.fromkeys(stream_id for stream_id, _, _ in chunk):
+        seqs = [seq for of, seq, _ in chunk if of == stream_id]
+        for seq, span, data, msg_id, headers, stored_at in stored.rows_at(conn, stream_id, seqs):
+            first = seq - span  # the position before the row's first message
+            inside = wanted[bisect_right(wanted, first) : bisect_right(wanted, seq)]
+            if span == 1:
+                out.extend((p, data, msg_id, headers, stored_at) for p in inside)
+            elif msg_id is None and headers is None:  # a Durable Streams batch append
+                parts = data.split(SEP)
+                out.extend((p, parts[p - first - 1], None, None, stored_at) for p in inside)
+            else:  # a produce's messages, their ids and headers packed beside them
+                parts, ids, heads = data.split(SEP), unpack(msg_id, span), unpack(headers, span)
+                out.extend(
+                    (p, parts[p - first - 1], ids[p - first - 1], heads[p - first - 1], stored_at)
+                    for p in inside
+                )
+    return out
 
 
 def stream_and_forward(batch: Batch, name: str) -> StreamState | None:
@@ -175,24 +237,29 @@ def _forward(
     batch: Batch,
     state: StreamState,
     group: str,
-    reason: str,
     target: str,
-    headers: str | None,
-    data: bytes,
+    forwards: list[tuple[str, str | None, bytes]],
 ) -> None:
-    merged = json.loads(headers) if headers else {}
-    merged.update({"dls-source": state.name, "dls-group": group, "dls-reason": reason})
+    """Copies of dead letters, (reason, headers, data), appended to ``target`` as one append
+    (a message each, as one at a time did)."""
+    if not forwards:
+        return
+    tagged = []
+    for reason, headers, _ in forwards:
+        merged = json.loads(headers) if headers else {}
+        merged.update({"dls-source": state.name, "dls-group": group, "dls-reason": reason})
+        tagged.append(json.dumps(merged, separators=(",", ":")))
     req = AppendRequest(
         name=target,
         content_type=state.content_type,
-        messages=[data],
-        headers=[json.dumps(merged, separators=(",", ":"))],
+        messages=[data for _, _, data in forwards],
+        headers=list(tagged),
     )
     try:
         append(batch, _NO_IDS, req)
     except StationsError as exc:
-        # The entry stays in this station's DLS; the forward target is misconfigured.
-        logger.warning("cannot forward DLS entry of %s to %s: %s", state.name, target, exc)
+        # The entries stay in this station's DLS; the forward target is misconfigured.
+        logger.warning("cannot forward DLS entries of %s to %s: %s", state.name, target, exc)
 
 
 def drop_group(batch: Batch, group_id: int) -> None:

@@ -222,18 +222,8 @@ def _settle_expired(
         # at their deadline.
         batch.changed.add(state.name)
         return again
-    for seq, count in expired:
-        if count >= group.max_msg_deliveries:
-            dls.add(
-                batch,
-                state,
-                group.id,
-                group.name,
-                seq,
-                count,
-                "max_deliveries",
-                "ack deadline passed",
-            )
+    last = [(seq, count) for seq, count in expired if count >= group.max_msg_deliveries]
+    dls.add(batch, state, group.id, group.name, last, "max_deliveries", "ack deadline passed")
     batch.changed.add(state.name)
     return again
 
@@ -346,9 +336,8 @@ def nack(
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
     if again:
         store.postpone(batch.conn, group.id, again, batch.now + delay_ms)
-    for seq, count in known.items():
-        if count >= group.max_msg_deliveries:
-            dls.add(batch, state, group.id, group.name, seq, count, "max_deliveries", "nacked")
+    last = sorted((s, count) for s, count in known.items() if count >= group.max_msg_deliveries)
+    dls.add(batch, state, group.id, group.name, last, "max_deliveries", "nacked")
     batch.changed.add(state.name)
     return len(known), _split(seqs, known)
 
@@ -359,8 +348,16 @@ def dead_letter(
     state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
-    for seq, count in sorted(known.items()):
-        dls.add(batch, state, group.id, group.name, seq, count, "dead_letter", reason, always=True)
+    dls.add(
+        batch,
+        state,
+        group.id,
+        group.name,
+        sorted(known.items()),
+        "dead_letter",
+        reason,
+        always=True,
+    )
     return len(known), _split(seqs, known)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, delete, func, select, update
 
-from stations.store import db
+from stations.store import db, sql
 from stations.store.groups import count_by_stream
 from stations.store.schema import dls, streams
 
@@ -34,8 +34,35 @@ def _where(sel: Selection) -> ColumnElement[bool]:
     return cond
 
 
-def add(conn: Connection, values: dict[str, Any]) -> None:
-    conn.execute(dls.insert().values(**values))
+# Entries per INSERT on SQLite: 13 parameters each stay under its 32,766.
+INSERT_ROWS = 1000
+_COLUMNS = [c for c in dls.columns if c.name != "id"]
+
+
+def add(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """New entries (dicts of every column but the id) in a statement or a few however many,
+    where an executemany runs one per row. PostgreSQL takes one array per column (a VALUES
+    list of thousands of placeholders cost its driver more to parse than the insert took);
+    SQLite multi-row VALUES."""
+    if not rows:
+        return
+    names = ", ".join(c.name for c in _COLUMNS)
+    if db.shared(conn):
+        casts = ", ".join(f"%s::{c.type.compile(dialect=conn.dialect)}[]" for c in _COLUMNS)
+        sql.execute(
+            conn,
+            f"INSERT INTO dls ({names}) SELECT * FROM unnest({casts})",
+            tuple([row[c.name] for row in rows] for c in _COLUMNS),
+        )
+        return
+    one = "(" + ", ".join([db.mark(conn)] * len(_COLUMNS)) + ")"
+    for k in range(0, len(rows), INSERT_ROWS):
+        part = rows[k : k + INSERT_ROWS]
+        sql.execute(
+            conn,
+            f"INSERT INTO dls ({names}) VALUES " + ", ".join([one] * len(part)),
+            tuple(row[c.name] for row in part for c in _COLUMNS),
+        )
 
 
 def _delete(conn: Connection, cond: ColumnElement[bool]) -> int:

@@ -97,8 +97,6 @@ def _sql(mark: str, lock: str) -> dict[str, str]:
         "RETURNING first_seq, last_seq, consumer, due",
         "ranges_over": "SELECT first_seq, last_seq, consumer, due FROM lease_ranges "
         f"WHERE group_id = {m} AND first_seq <= {m} AND last_seq >= {m}",
-        "insert_delivery": "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due,"
-        f" redrives) VALUES ({m}, {m}, 1, {m}, {m}, 0)",
     }
 
 
@@ -147,11 +145,18 @@ def _expand_expired(conn: Connection, group_id: int, now: int) -> list[Lease]:
 
 
 def _insert_leases(conn: Connection, group_id: int, leases: list[Lease]) -> None:
-    if leases:
+    """One INSERT ... SELECT per consumer, not an executemany: SQLite runs that row by row,
+    and a dead letter or nack of thousands cuts thousands of leases out of ranges."""
+    by_consumer: dict[str, list[tuple[int, int]]] = {}
+    for seq, consumer, due in leases:
+        by_consumer.setdefault(consumer, []).append((seq, due))
+    m = db.mark(conn)
+    for consumer, pairs in by_consumer.items():
         sql.execute(
             conn,
-            _statement(conn, "insert_delivery"),
-            [(group_id, seq, consumer, due) for seq, consumer, due in leases],
+            "INSERT INTO deliveries (group_id, seq, delivery_count, consumer, due, redrives) "
+            f"SELECT {m}, p.a, 1, {m}, p.b, 0 FROM ({db.int_pairs_rows(conn)}) AS p",
+            (group_id, consumer, *db.int_pairs(conn, pairs)),
         )
 
 
@@ -178,9 +183,29 @@ def _cut(conn: Connection, group_id: int, seqs: list[int]) -> list[Lease]:
                 run_start = seq
         if run_start is not None:
             rest.append((group_id, run_start, last, consumer, due))
-    if rest:
-        sql.execute(conn, _statement(conn, "lease_range"), rest)
+    _insert_ranges(conn, rest)
     return out
+
+
+def _insert_ranges(conn: Connection, ranges: list[tuple[int, int, int, str, int]]) -> None:
+    """Lease ranges (group id, first, last, consumer, due): one INSERT ... SELECT per lease
+    (consumer and deadline), not an executemany, which SQLite runs row by row (a dead letter
+    of every other message of a fetch leaves a range between each two)."""
+    if len(ranges) <= 1:  # a partial ack: the plain statement
+        if ranges:
+            sql.execute(conn, _statement(conn, "lease_range"), ranges[0])
+        return
+    by_lease: dict[tuple[int, str, int], list[tuple[int, int]]] = {}
+    for group_id, first, last, consumer, due in ranges:
+        by_lease.setdefault((group_id, consumer, due), []).append((first, last))
+    m = db.mark(conn)
+    for (group_id, consumer, due), pairs in by_lease.items():
+        sql.execute(
+            conn,
+            "INSERT INTO lease_ranges (group_id, first_seq, last_seq, consumer, due) "
+            f"SELECT {m}, p.a, p.b, {m}, {m} FROM ({db.int_pairs_rows(conn)}) AS p",
+            (group_id, consumer, due, *db.int_pairs(conn, pairs)),
+        )
 
 
 def expired_leases(conn: Connection, group_id: int, now: int) -> list[tuple[int, int]]:
@@ -271,14 +296,14 @@ def open_deliveries(conn: Connection, group_id: int, seqs: list[int]) -> dict[in
     The positions asked for leave their lease ranges for ``deliveries`` rows, which a nack,
     a dead-letter or a transaction then changes one by one."""
     _insert_leases(conn, group_id, _cut(conn, group_id, seqs))
-    rows = conn.execute(
-        select(deliveries.c.seq, deliveries.c.delivery_count).where(
-            deliveries.c.group_id == group_id,
-            deliveries.c.seq.in_(seqs),
-            deliveries.c.delivery_count > 0,
-        )
-    ).all()
-    return {seq: count for seq, count in rows}
+    # One parameter for the list: SQLAlchemy's IN of thousands cost more than the query.
+    rows = sql.query(
+        conn,
+        f"SELECT seq, delivery_count FROM deliveries WHERE group_id = {db.mark(conn)} AND "
+        f"{db.int_list_match(conn, 'seq')} AND delivery_count > 0",
+        (group_id, db.int_list(conn, sorted(set(seqs)))),
+    )
+    return {int(seq): int(count) for seq, count in rows}
 
 
 def leases(
@@ -351,16 +376,21 @@ def raise_lease_floor(conn: Connection, group_id: int, now: int) -> int | None:
     return int(found[0][0]) if found else None
 
 
-def take(conn: Connection, group_id: int, seq: int) -> int:
-    """Delete one delivery (it leaves the queue for the DLS); return how often it had been
-    redriven from the DLS."""
-    redrives = conn.execute(
-        select(deliveries.c.redrives).where(
-            deliveries.c.group_id == group_id, deliveries.c.seq == seq
-        )
-    ).scalar()
-    forget(conn, group_id, [seq])
-    return int(redrives or 0)
+def take(conn: Connection, group_id: int, seqs: list[int]) -> dict[int, int]:
+    """Delete the deliveries at ``seqs`` (they leave the queue for the DLS), however many in a
+    fixed number of statements; returns seq → how often each had been redriven from the DLS
+    (a lease of a range never was: it is missing, as is a position without a delivery)."""
+    m = db.mark(conn)
+    rows = sql.query(
+        conn,
+        f"DELETE FROM deliveries WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')} "
+        "RETURNING seq, redrives",
+        (group_id, db.int_list(conn, sorted(set(seqs)))),
+    )
+    taken = {int(seq): int(redrives) for seq, redrives in rows}
+    # Callers cut their positions out of ranges already (to read their delivery counts).
+    _cut(conn, group_id, [seq for seq in seqs if seq not in taken])
+    return taken
 
 
 def clear(conn: Connection, group_id: int) -> tuple[int, int, int]:

@@ -7,12 +7,13 @@ processing would cost more than SQLite itself.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
 
 from sqlalchemy import and_, delete, func, or_, select
 
 from stations.domain.streams import StreamState
-from stations.store import db
+from stations.store import db, sql
 from stations.store.db import Tx
 from stations.store.schema import messages, streams
 from stations.store.streams import segments
@@ -55,6 +56,56 @@ def rows(tx: Tx, state: StreamState, after: int) -> Iterator[tuple[Row, int, int
                 break
     finally:
         raw.close()
+
+
+def holding(tx: Tx, stream_id: int, positions: list[int]) -> list[tuple[int, int, int]]:
+    """(seq, span, data bytes) of the rows of ``stream_id`` that hold ``positions``, by seq, in
+    two statements however many positions and however spread out: one probes the primary key
+    for the first row at or after each position (a row may hold many positions), one reads
+    those rows' sizes (a join of the two scanned every row of the stream on PostgreSQL). A
+    position retention dropped has no row."""
+    if not positions:
+        return []
+    conn = db.conn_of(tx)
+    m = db.mark(conn)
+    firsts = sql.query(
+        conn,
+        f"SELECT DISTINCT (SELECT min(seq) FROM messages WHERE stream_id = {m} AND seq >= p.a) "
+        f"FROM ({db.int_rows(conn)}) AS p",
+        (stream_id, db.int_list(conn, positions)),
+    )
+    seqs = sorted(int(seq) for (seq,) in firsts if seq is not None)
+    if not seqs:
+        return []
+    found = sql.query(
+        conn,
+        f"SELECT seq, span, length(data) FROM messages WHERE stream_id = {m} AND "
+        f"{db.int_list_match(conn, 'seq')} ORDER BY seq",
+        (stream_id, db.int_list(conn, seqs)),
+    )
+    wanted = sorted(positions)
+    out = []
+    for seq, span, size in found:
+        # The first row at or after a position holds it unless a gap (retention) lies between.
+        k = bisect_right(wanted, int(seq) - int(span))
+        if k < len(wanted) and wanted[k] <= seq:
+            out.append((int(seq), int(span), int(size)))
+    return out
+
+
+def rows_at(tx: Tx, stream_id: int, seqs: list[int]) -> list[Row]:
+    """The rows of ``stream_id`` ending at ``seqs`` (see ``holding``), by seq, in one
+    statement."""
+    if not seqs:
+        return []
+    conn = db.conn_of(tx)
+    found = sql.query(
+        conn,
+        "SELECT seq, span, data, msg_id, headers, stored_at FROM messages "
+        f"WHERE stream_id = {db.mark(conn)} AND {db.int_list_match(conn, 'seq')} ORDER BY seq",
+        (stream_id, db.int_list(conn, seqs)),
+    )
+    return [(int(q), int(n), bytes(d), i, h, int(t)) for q, n, d, i, h, t in found]
 
 
 def newest_stored_by(tx: Tx, stream_id: int, after: int, cutoff: int) -> int | None:
