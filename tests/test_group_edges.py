@@ -233,3 +233,35 @@ def test_what_follows_a_commit_happens_though_the_client_left(
             await svc.close()
 
     asyncio.run(run())
+
+
+def test_more_expired_leases_than_postgresql_takes_parameters_go_round_again(
+    db_url: str,
+) -> None:
+    """A consumer that fetched 70,000 messages and died: the lease timer released them in one
+    statement with a parameter per position, which PostgreSQL's driver refuses past 65,535, so
+    its every pass failed (fetches still took expired leases, a fetch's worth at a time)."""
+
+    async def run() -> None:
+        svc = Service(db_url)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s"})
+            for k in range(7):
+                await svc.produce("s", {"messages": [{"data": k} for _ in range(10_000)]})
+            await svc.ensure_group("s", "g", {"maxAckTimeMs": 1000, "maxMsgDeliveries": 5})
+            for _ in range(70):
+                assert len((await svc.fetch("s", "g", 1000, 0, "c")).messages) == 1000
+            await asyncio.sleep(1.0)  # past the deadline: the lease timer releases them
+            for _ in range(300):  # 70,000 rows: give a loaded machine time
+                (view,) = await svc.groups("s")
+                if view["inFlight"] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert (view["inFlight"], view["pending"]) == (0, 70_000), view
+            got = (await svc.fetch("s", "g", 1000, 0, "d")).messages
+            assert [(d.seq, d.delivery_count) for d in got] == [(s, 2) for s in range(1, 1001)]
+        finally:
+            await svc.close()
+
+    asyncio.run(run())

@@ -223,10 +223,13 @@ def expired_leases(conn: Connection, group_id: int, now: int) -> list[tuple[int,
 
 def release(conn: Connection, group_id: int, seqs: list[int]) -> None:
     """Expired leases wait for the next fetch, due at once (their deadline has passed)."""
-    conn.execute(
-        update(deliveries)
-        .where(deliveries.c.group_id == group_id, deliveries.c.seq.in_(seqs))
-        .values(consumer=None)
+    # One parameter for the whole list: PostgreSQL's driver takes at most 65,535, and a
+    # consumer that died may hold more leases than that.
+    sql.execute(
+        conn,
+        f"UPDATE deliveries SET consumer = NULL WHERE group_id = {db.mark(conn)} AND "
+        f"{db.int_list_match(conn, 'seq')}",
+        (group_id, db.int_list(conn, seqs)),
     )
 
 
@@ -249,14 +252,12 @@ def lease_new(
 def lease_again(
     conn: Connection, group_id: int, seqs: list[int], consumer: str, deadline: int
 ) -> None:
-    conn.execute(
-        update(deliveries)
-        .where(deliveries.c.group_id == group_id, deliveries.c.seq.in_(seqs))
-        .values(
-            delivery_count=func.abs(deliveries.c.delivery_count) + 1,
-            consumer=consumer,
-            due=deadline,
-        )
+    m = db.mark(conn)
+    sql.execute(
+        conn,
+        f"UPDATE deliveries SET delivery_count = abs(delivery_count) + 1, consumer = {m}, "
+        f"due = {m} WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')}",
+        (consumer, deadline, group_id, db.int_list(conn, seqs)),
     )
 
 
