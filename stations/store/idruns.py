@@ -644,13 +644,12 @@ def _sorted_newest(blocks: list[Block]) -> tuple[list[str], array[int], array[in
         ids += block.ids
         seqs.extend(block.seqs)
         ats.extend(repeat(block.stored_at, len(block.ids)))
-    # Sorting positions, not (id, seq, at) tuples: the ids compare as strings, in C.
-    order = sorted(range(len(ids)), key=ids.__getitem__)  # stable: older copies first
-    ordered = list(map(ids.__getitem__, order))
-    if any(map(str.__eq__, ordered, ordered[1:])):
-        last = [k + 1 == len(ordered) or ordered[k] != ordered[k + 1] for k in range(len(order))]
-        order = [i for i, keep in zip(order, last, strict=True) if keep]
-        ordered = list(map(ids.__getitem__, order))
+    # Each id's index, the newest copy's (blocks go oldest first, a later key wins), then the
+    # ids sorted as strings in C: a quarter less time than sorting indexes by id and looking
+    # for repeats beside them (a move of 50,000 ids spent most of its time here).
+    index = dict(zip(ids, range(len(ids)), strict=True))
+    ordered = sorted(index)
+    order = list(map(index.__getitem__, ordered))
     return (
         ordered,
         array("q", map(seqs.__getitem__, order)),
