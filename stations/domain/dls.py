@@ -136,8 +136,12 @@ def _pieces(conn: Connection, state: StreamState, positions: list[int]) -> Itera
     from, then one reads each chunk's rows."""
     wanted = [p for p in positions if p > state.head]  # retention dropped the rest
     found: list[tuple[int, int, int]] = []  # (stream id, seq, bytes) of the rows to read
+    # Each stream's own positions: a source's row may run past the fork offset, and the
+    # positions there are the fork's messages, not the ones of that row.
+    within: dict[int, list[int]] = {}
     for stream_id, lo, hi in segments(conn, state):
         inside = [p for p in wanted if p > lo and (hi is None or p <= hi)]
+        within[stream_id] = inside
         found += [
             (stream_id, seq, size) for seq, _, size in stored.holding(conn, stream_id, inside)
         ]
@@ -147,17 +151,18 @@ def _pieces(conn: Connection, state: StreamState, positions: list[int]) -> Itera
         chunk.append(row)
         size += row[2]
         if size >= CHUNK_BYTES or k == len(found) - 1:
-            yield _pieces_of(conn, chunk, wanted)
+            yield _pieces_of(conn, chunk, within)
             chunk, size = [], 0
 
 
 def _pieces_of(
-    conn: Connection, chunk: list[tuple[int, int, int]], wanted: list[int]
+    conn: Connection, chunk: list[tuple[int, int, int]], within: dict[int, list[int]]
 ) -> list[Piece]:
-    """The messages at ``wanted`` in the rows of ``chunk``."""
+    """The messages at the positions ``within`` each stream in the rows of ``chunk``."""
     out: list[Piece] = []
     for stream_id in dict.fromkeys(stream_id for stream_id, _, _ in chunk):
         seqs = [seq for of, seq, _ in chunk if of == stream_id]
+        wanted = within[stream_id]
         for seq, span, data, msg_id, headers, stored_at in stored.rows_at(conn, stream_id, seqs):
             first = seq - span  # the position before the row's first message
             inside = wanted[bisect_right(wanted, first) : bisect_right(wanted, seq)]
