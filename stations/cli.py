@@ -327,7 +327,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
-    from stations.store.db import ArgumentError, InUse, OperationalError, claim_file
+    from stations.store.db import ArgumentError, InUse, OperationalError, Unusable, claim_file
 
     nofile = raise_nofile()
     max_connections = args.max_connections or default_max_connections(nofile)
@@ -422,6 +422,9 @@ async def _serve(args: argparse.Namespace) -> None:
     stop = _on_signals()
     try:
         await runner.setup()
+    except Unusable as exc:
+        # Exit 1, not 2: installing the newer version (or granting writes) and restarting cures it.
+        _fail(str(exc), EXIT_CANNOT_START)
     except OperationalError as exc:
         _fail(
             f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}",

@@ -235,3 +235,64 @@ def test_the_wheel_is_typed_and_builds_without_deprecated_metadata(tmp_path: Pat
     )
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert 'Argument 1 to "station"' in checked.stdout, checked.stdout
+
+
+def _schema(url: str) -> None:
+    """A database at this version's newest schema, as a first ``stations serve`` leaves it."""
+    from stations.store import db
+
+    engine = db.make_engine(url, writer=True)
+    try:
+        db.upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def _revision(url: str, set_to: str | None = None) -> str:
+    from sqlalchemy import text
+
+    from stations.store import db
+
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as conn:
+            if set_to is not None:
+                conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": set_to})
+            return str(conn.execute(text("SELECT version_num FROM alembic_version")).scalar())
+    finally:
+        engine.dispose()
+
+
+def test_a_database_from_a_newer_version_is_refused_untouched(db_url: str, tmp_path: Path) -> None:
+    """A schema revision this version does not know (a newer Stations wrote it, or another
+    application's Alembic) was "cannot open the database: Can't locate revision identified by
+    '9999'" with exit 2, the code of a bad command line: a supervisor gave up for good, where
+    installing the newer version and restarting is the cure."""
+    _schema(db_url)
+    _revision(db_url, set_to="9999")
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", db_url], tmp_path)
+    assert_one_line_error(proc, "revision 9999", "newer version of Stations")
+    assert proc.returncode == 1
+    assert _revision(db_url) == "9999"
+
+
+def _read_only(url: str) -> str:
+    """The same database through a connection that may not write: SQLite opened read-only (as
+    a file the service's user cannot write is), PostgreSQL in read-only transactions (as a hot
+    standby or a role with default_transaction_read_only)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return f"sqlite:///file:{parsed.database}?mode=ro&uri=true"
+    options = {"options": "-c default_transaction_read_only=on"}
+    return parsed.update_query_dict(options).render_as_string(hide_password=False)
+
+
+def test_a_database_it_cannot_write_is_refused_at_start(db_url: str, tmp_path: Path) -> None:
+    """A read-only database was served: /healthz and /readyz said ok, and every write (the
+    scheduler's too) failed with 503 "the database is unavailable, retry later"."""
+    _schema(db_url)
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", _read_only(db_url)], tmp_path)
+    assert_one_line_error(proc, "cannot write to the database")
+    assert proc.returncode == 1

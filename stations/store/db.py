@@ -294,10 +294,19 @@ def checkpoint_in_commits(conn: Connection, pages: int) -> None:
     raw.cursor().execute(f"PRAGMA wal_autocheckpoint={int(pages)}")
 
 
+class Unusable(Exception):
+    """A database this process cannot serve, whatever the command line: a schema this version
+    does not know, or no right to write."""
+
+
 def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest Alembic revision."""
+    """Bring the schema to the newest Alembic revision, and make sure this process may write:
+    raises ``Unusable`` for a schema revision it does not know (left untouched) or a database
+    that refuses writes."""
     from alembic import command
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import DBAPIError
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
@@ -305,12 +314,27 @@ def upgrade(engine: Engine) -> None:
 
     with engine.begin() as conn:
         before = MigrationContext.configure(conn).get_current_revision()
+        script = ScriptDirectory.from_config(cfg)
+        if before is not None and before not in {r.revision for r in script.walk_revisions()}:
+            raise Unusable(
+                f"the database's schema is at revision {before}, which this version of "
+                f"Stations (schema revision {script.get_current_head()}) does not know: a newer "
+                "version of Stations upgraded it (run that version), or it is another "
+                "application's database"
+            )
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
         if MigrationContext.configure(conn).get_current_revision() != before:
             # New or changed tables: statistics before the first statement plans on them.
             # Otherwise start-up is not held up; the scheduler refreshes what grew.
             analyze(conn)
+        # A read-only database (a file the service's user may not write, a hot standby) was
+        # served as healthy while every write failed: try one write now.
+        try:
+            conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        except DBAPIError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise Unusable(f"cannot write to the database (is it read-only?): {reason}") from None
 
 
 # -- what the store's queries ask of the engine (they never name the dialect) -----------------
