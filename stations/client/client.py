@@ -13,6 +13,7 @@ import aiohttp
 
 from stations.client.consumer import Consumer
 from stations.client.errors import StationsError, is_retryable, may_have_acted
+from stations.client.handle import ClientChild
 from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
 from stations.client.models import (
     ConsumerDefaults,
@@ -73,9 +74,11 @@ class Client:
     ) -> None:
         self.url = url.rstrip("/")
         self.http = Http(token, timeout=timeout, session=session)
-        # Producers and consumers made by its stations: their appends and acks are only queued,
-        # so close() delivers them before the session goes (they were silently lost).
-        self._children: weakref.WeakSet[IdempotentProducer | Consumer] = weakref.WeakSet()
+        # Producers and consumers on its session, made by its stations or directly: their
+        # appends and acks are only queued, so close() delivers them before the session goes
+        # (they were silently lost). Weak: one the program dropped has nothing left queued
+        # (a pending timer or send keeps it alive until then).
+        self._children: weakref.WeakSet[ClientChild] = weakref.WeakSet()
 
     async def __aenter__(self) -> Client:
         return self
@@ -83,10 +86,13 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _adopt(self, child: ClientChild) -> None:
+        self._children.add(child)
+
     async def close(self) -> None:
-        """Flush the producers and close the consumers its stations made (see their
-        ``detach()`` and ``close()``: the stream stays open), then close the session; later
-        requests (a reader still tailing) raise ``StationsError``."""
+        """Flush the producers and close the consumers on this client, made by its stations
+        or directly (see their ``detach()`` and ``close()``: the stream stays open), then close
+        the session; later requests (a reader still tailing) raise ``StationsError``."""
         try:
             children = [child.on_client_close() for child in list(self._children)]
             await asyncio.gather(*children, return_exceptions=True)
@@ -291,18 +297,14 @@ class Station:
     def producer(self, producer_id: str, **options: Any) -> IdempotentProducer:
         """An ``IdempotentProducer`` on this station (see its options); closing the client
         flushes it."""
-        producer = IdempotentProducer(self, producer_id, **options)
-        self.client._children.add(producer)
-        return producer
+        return IdempotentProducer(self, producer_id, **options)
 
     # -- consumer groups ------------------------------------------------------------------------------
 
     def consumer(self, group: str, **options: Any) -> Consumer:
         """A ``Consumer`` of ``group`` (created on start if needed); see its options. Closing
         the client closes it (its queued acks are sent)."""
-        consumer = Consumer(self, group, **options)
-        self.client._children.add(consumer)
-        return consumer
+        return Consumer(self, group, **options)
 
     async def ensure_group(
         self,

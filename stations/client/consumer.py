@@ -2,7 +2,9 @@
 
 Acks are batched: ``await msg.ack()`` queues the offset and returns; queued acks go out in one
 request after ``ack_interval_ms``, before the next fetch once ``ack_batch_size`` are waiting, and
-on ``close()``. ``await msg.ack(wait=True)`` waits for the server's answer.
+on ``close()``. ``await msg.ack(wait=True)`` sends at once (with whatever else is queued) and waits
+for the server's answer. A request carries at most 10,000 offsets (the server's limit); more go
+in several.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from stations.client.seek import SeekResult, Target
 from stations.client.transaction import Transaction
 
 logger = logging.getLogger("stations.client.consumer")
+
+# Offsets per ack request: the server refuses more (400 naming ``offsets``).
+MAX_SETTLE_OFFSETS = 10_000
 
 
 def default_consumer_name() -> str:
@@ -47,8 +52,9 @@ class Message:
     lease: str | None = field(default=None, repr=False)
 
     async def ack(self, *, wait: bool = False) -> bool | None:
-        """Queue the ack (batched). With ``wait=True`` send it now-ish and return True when the
-        server settled it, False when it no longer knew the delivery (it was delivered again)."""
+        """Queue the ack (batched). With ``wait=True`` send it at once (with the acks queued
+        meanwhile) and return True when the server settled it, False when it no longer knew
+        the delivery (it was delivered again)."""
         return await self._consumer._ack(self.offset, wait)
 
     async def nack(self, delay_ms: int = 0) -> bool:
@@ -98,9 +104,16 @@ class Consumer:
         self._closed = False
         self._buffer: deque[Message] = deque()
         self._acks: dict[str, list[asyncio.Future[bool]]] = {}
-        self._ack_timer: asyncio.TimerHandle | None = None
+        self._ack_timer: asyncio.Handle | None = None
+        self._ack_now = False  # _ack_timer is a flush on the next turn of the loop
         self._flushes: set[asyncio.Task[None]] = set()
+        # One future per flush_acks() under way, in any task: close() waits for them, or the
+        # client closed the session under an ack request and the ack was lost.
+        self._sending: set[asyncio.Future[None]] = set()
+        self._close_task: asyncio.Task[None] | None = None
         self.info: GroupInfo | None = None
+        # Closing its client closes it, however it was made (station.consumer() or directly).
+        station.client._adopt(self)
 
     def _url(self, action: str) -> str:
         return self.station.group_url(self.group) + "/" + action
@@ -195,42 +208,85 @@ class Consumer:
             waiters.append(future)
         if len(self._acks) >= max(self.ack_batch_size, 1000):
             await self.flush_acks()
-        elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(
-                self.ack_interval, self._flush_soon
-            )
+        else:
+            self._schedule_flush(now=wait)
         return await future if future is not None else None
+
+    def _schedule_flush(self, *, now: bool) -> None:
+        """Flush after ``ack_interval_ms``, or with ``now`` (someone waits for the answer) on
+        the next turn of the loop, so that acks made in the same moment (a gather) share a
+        request."""
+        loop = asyncio.get_running_loop()
+        if now and not self._ack_now:
+            if self._ack_timer is not None:
+                self._ack_timer.cancel()
+            self._ack_timer = loop.call_soon(self._flush_soon)
+            self._ack_now = True
+        elif self._ack_timer is None:
+            self._ack_timer = loop.call_later(self.ack_interval, self._flush_soon)
+
+    def _cancel_timer(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self._ack_now = False
 
     def _flush_soon(self) -> None:
         self._ack_timer = None
+        self._ack_now = False
         task = asyncio.get_running_loop().create_task(self.flush_acks())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
     async def flush_acks(self) -> None:
-        """Send every queued ack now, in one request."""
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
+        """Send every queued ack now: one request per 10,000 offsets (the server's limit)."""
+        self._cancel_timer()
         if not self._acks:
             return
         acks, self._acks = self._acks, {}
+        sending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sending.add(sending)
         try:
-            answer = await self._call("ack", {"offsets": list(acks)})
-        except asyncio.CancelledError:
-            # The caller was cancelled (a timeout around fetch(), a shutdown): queue the acks
-            # again, so the next flush or close() sends them (acks by offset may go twice).
-            for offset, waiters in acks.items():
-                self._acks.setdefault(offset, []).extend(waiters)
-            raise
-        except StationsError as exc:
-            # The leases expire and the messages come again: at-least-once, never lost.
-            logger.warning("acking %d messages failed: %s", len(acks), exc)
-            for waiters in acks.values():
-                for future in waiters:
-                    if not future.done():
-                        future.set_exception(exc)
-            return
+            offsets = list(acks)
+            for start in range(0, len(offsets), MAX_SETTLE_OFFSETS):
+                chunk = {o: acks[o] for o in offsets[start : start + MAX_SETTLE_OFFSETS]}
+                try:
+                    answer = await self._call("ack", {"offsets": list(chunk)})
+                except asyncio.CancelledError:
+                    # The caller was cancelled (a timeout around fetch(), a shutdown): queue
+                    # what was not answered again, so the next flush or close() sends it
+                    # (acks by offset may go twice).
+                    requeued = offsets[start:]
+                    for offset in requeued:
+                        self._acks.setdefault(offset, []).extend(acks[offset])
+                    # And without waiting for one: an ack(wait=True) of another task among them
+                    # waited forever when this consumer was not used again.
+                    self._schedule_flush(now=any(acks[offset] for offset in requeued))
+                    raise
+                except Exception as exc:
+                    # A StationsError: the leases expire and the messages come again
+                    # (at-least-once, never lost). Anything else (the caller's own aiohttp
+                    # session closed, a bug) too, but it must reach the waiters: in a
+                    # background flush it was lost, and ack(wait=True) waited forever.
+                    logger.warning(
+                        "acking %d messages failed: %s",
+                        len(chunk),
+                        exc,
+                        exc_info=not isinstance(exc, StationsError),
+                    )
+                    for waiters in chunk.values():
+                        for future in waiters:
+                            if not future.done():
+                                future.set_exception(exc)
+                    continue
+                self._answered(chunk, answer)
+        finally:
+            self._sending.discard(sending)
+            sending.set_result(None)
+
+    def _answered(
+        self, acks: dict[str, list[asyncio.Future[bool]]], answer: dict[str, Any]
+    ) -> None:
         unknown = set(answer.get("unknown") or [])
         unheard = sorted(offset for offset in unknown if not acks.get(offset))
         if unheard:
@@ -279,13 +335,20 @@ class Consumer:
 
     async def close(self) -> None:
         """Send queued acks and give back prefetched messages that were never handed out, so
-        they are delivered again at once instead of after their lease."""
-        if self._closed:
-            await self.flush_acks()  # those a cancelled close() queued again
-            return
-        self._closed = True
-        if self._flushes:
-            await asyncio.gather(*self._flushes, return_exceptions=True)
+        they are delivered again at once instead of after their lease. Ack requests other tasks
+        have under way are waited for. Called again, or by several tasks, it waits for the same
+        close and then sends acks queued since (or queued again by a cancelled flush)."""
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.get_running_loop().create_task(self._close())
+        # Shielded: a caller that stops waiting (a timeout) leaves the close running, and the
+        # client's close() waits for it instead of closing the session under its requests.
+        await asyncio.shield(self._close_task)
+        await self.flush_acks()
+
+    async def _close(self) -> None:
+        while self._flushes or self._sending:
+            await asyncio.gather(*self._flushes, *self._sending, return_exceptions=True)
         await self.flush_acks()
         unread = [m.offset for m in self._buffer]
         self._buffer.clear()

@@ -14,11 +14,20 @@ from stations.client.models import GroupInfo
 from stations.client.seek import SeekResult, Target
 
 
+class ClientChild(Protocol):
+    """A producer or consumer on a client's session, with work that is only queued."""
+
+    async def on_client_close(self) -> None: ...
+
+
 class ClientHandle(Protocol):
     """The server a station lives on: its base URL and its HTTP session (with the token)."""
 
     url: str
     http: Http
+
+    def _adopt(self, child: ClientChild) -> None:
+        """Have ``close()`` deliver what ``child`` holds before the session goes."""
 
 
 class StationHandle(Protocol):

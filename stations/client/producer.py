@@ -140,6 +140,10 @@ class IdempotentProducer:
         self._close_task: asyncio.Task[str | None] | None = None
         self._changed = asyncio.Event()
         self._last_offset: str | None = None
+        if not isinstance(target, str):
+            # Closing its client flushes it, however it was made (station.producer() or
+            # directly): appends are only queued, and the session is the client's.
+            target.client._adopt(self)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -313,6 +317,13 @@ class IdempotentProducer:
                 except StationsError:
                     self._fail(exc)
                     return
+            except Exception as exc:
+                # Not an answer (the caller's own aiohttp session closed, a bug): stop loudly.
+                # Lost in this background task, it left flush() waiting forever.
+                error = StationsError(f"learning the content type of {self.url} failed: {exc!r}")
+                error.__cause__ = exc
+                self._fail(error)
+                return
         self._content_type = reply.header("Content-Type") or "application/octet-stream"
         self._session.content_type = self._content_type
         self._json = is_json_type(self._content_type)

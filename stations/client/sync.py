@@ -93,7 +93,11 @@ def _has_async_api(cls: type) -> bool:
 
 
 def _wrap(loop: _Loop, value: Any) -> Any:
-    """SDK objects with async methods come back blocking; results (dataclasses) as they are."""
+    """SDK objects with async methods come back blocking, in a list too (``fetch()``'s
+    messages: unwrapped, ``msg.ack()`` made a coroutine nobody awaited, and the ack was never
+    sent); results (dataclasses) as they are."""
+    if isinstance(value, list):
+        return [_wrap(loop, item) for item in value]
     if type(value).__module__.startswith(_SDK_MODULE) and _has_async_api(type(value)):
         return Blocking(loop, value)
     return value
@@ -149,12 +153,20 @@ class SyncClient(Blocking):
     ):
         loop = _Loop()
         super().__init__(loop, loop.run(lambda: Client(url, token, **options)))
+        # Threads that close it at once (each worker at its end): one closes, the others wait
+        # for that and return. Unguarded, a second close() ran on and raised from the loop the
+        # first one had stopped.
+        self._close_lock = threading.Lock()
 
     def close(self) -> None:
         """Flush and close (see ``Client.close``), then end calls other threads still wait in
         (they raise ``RuntimeError``) and stop the loop."""
-        if self._loop.closed:
-            return
+        with self._close_lock:
+            if self._loop.closed:
+                return
+            self._close()
+
+    def _close(self) -> None:
         try:
             self._loop.run(self._target.close)
         finally:
