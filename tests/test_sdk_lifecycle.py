@@ -311,3 +311,25 @@ def _close_together(
         sync.close()
     except BaseException as exc:  # the test reports any
         errors.append(exc)
+
+
+async def test_a_consumer_close_that_fails_inside_client_close_is_reported(
+    stations: Server,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Client.close()`` closes its consumers and gathers their outcomes; one that failed with
+    anything but a ``StationsError`` (giving back prefetched messages on the caller's own,
+    closed, aiohttp session) vanished without a word."""
+    name = unique("close-fails")
+    async with Client(stations.url) as setup:
+        await setup.create_station(name)
+        await setup.station(name).produce_many([{"n": 1}, {"n": 2}])
+    session = aiohttp.ClientSession()
+    own = Client(stations.url, session=session)
+    consumer = own.station(name).consumer("g", consumer="c", wait_ms=0, batch_size=2)
+    await anext(consumer)  # the other message stays prefetched
+    await session.close()
+    caplog.set_level("WARNING", logger="stations.client")
+    await own.close()
+    failures = [r for r in caplog.records if r.name == "stations.client" and r.exc_info]
+    assert failures and "closed" in str(failures[0].exc_info[1]), caplog.records

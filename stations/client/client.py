@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,6 +39,8 @@ from stations.client.seek import SeekResult, Target, seek
 from stations.client.transaction import Transaction
 
 Settings = Mapping[str, Any]
+
+logger = logging.getLogger("stations.client")
 
 
 def _settings(
@@ -94,8 +97,19 @@ class Client:
         or directly (see their ``detach()`` and ``close()``: the stream stays open), then close
         the session; later requests (a reader still tailing) raise ``StationsError``."""
         try:
-            children = [child.on_client_close() for child in list(self._children)]
-            await asyncio.gather(*children, return_exceptions=True)
+            children = list(self._children)
+            outcomes = await asyncio.gather(
+                *(child.on_client_close() for child in children), return_exceptions=True
+            )
+            for child, outcome in zip(children, outcomes, strict=True):
+                # Closing goes on for the others, but a failure is not swallowed unseen.
+                if isinstance(outcome, Exception):
+                    logger.warning(
+                        "closing %r with its client failed: %s",
+                        child,
+                        outcome,
+                        exc_info=outcome,
+                    )
         finally:
             await self.http.close(final=True)
 
