@@ -82,8 +82,9 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument(
         "--db",
         default=os.environ.get("STATIONS_DB_URL"),
-        help="SQLAlchemy URL, e.g. postgresql://user@host:5432/db (needs stations[postgresql]) "
-        "(default: $STATIONS_DB_URL or SQLite under ./stations-data/)",
+        help="SQLite or PostgreSQL URL: sqlite:///PATH, or postgresql://user@host:5432/db "
+        "(needs stations[postgresql]) (default: $STATIONS_DB_URL or "
+        "sqlite:///stations-data/stations.db, relative to the working directory)",
     )
     p.add_argument(
         "--long-poll-timeout-ms",
@@ -232,11 +233,15 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def _require_driver(url: str | None) -> None:
-    """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line."""
+    """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line.
+    A database the store cannot use is named before anything is created."""
     if not url:
         return
-    from stations.store.db import missing_driver
+    from stations.store.db import missing_driver, unsupported
 
+    why = unsupported(url)
+    if why is not None:
+        _fail(f"--db: {why}")
     if missing_driver(url) is not None:
         _fail(
             "--db is a PostgreSQL URL but the psycopg driver is not installed; "

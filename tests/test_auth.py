@@ -272,9 +272,8 @@ def test_tokens_never_reach_the_log(srv: Server, http: httpx.Client, tmp_path: P
     # A tokens file the server rejects does not echo the token either.
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"tokens": [{"token": "short77", "role": "admin"}]}))
-    proc = _serve(
-        "--port", str(free_port()), "--db", "sqlite://", "--tokens", str(bad), cwd=tmp_path
-    )
+    db = f"sqlite:///{tmp_path / 'bad.db'}"  # a file: an in-memory database is refused first
+    proc = _serve("--port", str(free_port()), "--db", db, "--tokens", str(bad), cwd=tmp_path)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert b"at least 8 characters" in err

@@ -172,9 +172,34 @@ def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
         assert_one_line_error(proc, "stations.db", "another process", f"pid {first.proc.pid}")
         alias = tmp_path / "alias.db"
         alias.symlink_to(tmp_path / "stations-data" / "stations.db")  # the file, another name
-        proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{alias}"], tmp_path)
+        proc = run_cli(
+            ["serve", "--port", str(free_port()), "--db", f"sqlite:///{alias}"], tmp_path
+        )
         assert_one_line_error(proc, "another process")
     finally:
         first.kill()
     again = Server(url, tmp_path).start()
     again.kill()
+
+
+@pytest.mark.parametrize(
+    ("db", "fragment"),
+    [
+        ("mysql://u@127.0.0.1/db", "SQLite or PostgreSQL"),
+        ("foo://bar", "SQLite or PostgreSQL"),
+        ("sqlite://", "in-memory"),
+        ("sqlite:///:memory:", "in-memory"),
+        ("sqlite:///file:mem?mode=memory&uri=true", "in-memory"),
+    ],
+)
+def test_a_database_stations_cannot_store_on_is_a_usage_error(
+    tmp_path: Path, db: str, fragment: str
+) -> None:
+    """``--db`` was "any SQLAlchemy URL" and another database said "cannot open the database:
+    No module named 'MySQLdb'" (installing it would not help: the store speaks SQLite and
+    PostgreSQL), an in-memory SQLite "Invalid argument(s) 'max_overflow' sent to
+    create_engine()"."""
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", db], tmp_path)
+    assert_one_line_error(proc, "--db", fragment)
+    assert proc.returncode == 2
+    assert not (tmp_path / "stations-data").exists()

@@ -80,6 +80,32 @@ def missing_driver(url: str) -> str | None:
     return None
 
 
+def unsupported(url: str) -> str | None:
+    """Why Stations cannot store on the database a URL names, or None: its SQL is SQLite's and
+    PostgreSQL's (another database failed on connecting, with a message about a driver or a
+    setting), and SQLite needs a file (in memory, each connection would see a database of its
+    own)."""
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # reported as "--db is not a database URL" by the service
+    # From the name alone: asking SQLAlchemy for the backend loads its dialect, which fails
+    # for one it does not know.
+    backend = parsed.drivername.partition("+")[0]
+    if backend == "sqlite":
+        if database_file(url) is None:
+            return (
+                "an in-memory SQLite database cannot be served (each connection would see one "
+                "of its own): give a file, e.g. sqlite:///data/stations.db"
+            )
+        return None
+    if backend in ("postgresql", "postgres"):
+        return None
+    return f"Stations stores on SQLite or PostgreSQL, not {backend}"
+
+
 def embedded(url: str) -> bool:
     """One process owns the database (SQLite): process-local indexes of stored data are safe.
     Otherwise several ``stations serve`` processes may write it at once."""
