@@ -296,3 +296,49 @@ def test_a_database_it_cannot_write_is_refused_at_start(db_url: str, tmp_path: P
     proc = run_cli(["serve", "--port", str(free_port()), "--db", _read_only(db_url)], tmp_path)
     assert_one_line_error(proc, "cannot write to the database")
     assert proc.returncode == 1
+
+
+def test_a_postgresql_url_with_connection_options_wakes_other_processes(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The LISTEN connection's DSN was the URL rendered again, a space as ``+``, which libpq
+    does not decode: with ``options=-c ...`` in --db every LISTEN failed ("unrecognized
+    configuration parameter"), so a long-poll at one process slept out its timeout while
+    another appended."""
+    from sqlalchemy.engine import make_url
+
+    url = (
+        make_url(pg_url)
+        .update_query_dict({"options": "-c statement_timeout=600000"})
+        .render_as_string(hide_password=False)
+    )
+    args = ["--long-poll-timeout-ms", "20000"]
+    waiter, appender = Server(url, tmp_path, args).start(), Server(url, tmp_path, args).start()
+    try:
+        put = httpx.put(f"{waiter.url}/v1/stream/w", headers={"Content-Type": "text/plain"})
+        assert put.status_code == 201
+        answer: list[float] = []
+
+        def poll() -> None:
+            r = httpx.get(
+                f"{waiter.url}/v1/stream/w",
+                params={"offset": "now", "live": "long-poll"},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            answer.append(time.monotonic())
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        time.sleep(0.5)  # parked at the tail
+        appended = time.monotonic()
+        r = httpx.post(
+            f"{appender.url}/v1/stream/w", content=b"x", headers={"Content-Type": "text/plain"}
+        )
+        assert r.status_code == 204, r.text
+        thread.join(30)
+        assert answer and answer[0] - appended < 2, "the long-poll slept out its timeout"
+        assert "LISTEN connection lost" not in waiter.log()
+    finally:
+        waiter.kill()
+        appender.kill()

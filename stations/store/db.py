@@ -116,7 +116,14 @@ def listen_dsn(url: str) -> str | None:
     """Where to LISTEN for other processes' commits, or None when no other process writes."""
     if embedded(url):
         return None
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    from psycopg.conninfo import make_conninfo  # only PostgreSQL has other processes
+
+    # The parameters the engine's own connections use, quoted for libpq. The URL rendered
+    # again spelled a space as "+", which libpq does not decode: with options=-c ... in the
+    # URL every LISTEN failed, and waiters slept out their timeouts.
+    parsed = make_url(normalize_url(url))
+    args, params = parsed.get_dialect()().create_connect_args(parsed)
+    return make_conninfo(*args, **params)
 
 
 class Tx(Protocol):
