@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -70,6 +71,7 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(StationsDataSource)
     session.dataSource.register(FailingCommitSource)
+    session.dataSource.register(FailingWriteSource)
     yield session
     session.stop()
     for key, value in saved.items():
@@ -146,6 +148,40 @@ class FailingCommitSource(StationsDataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> FailOnceCommitWriter:
         writer = FailOnceCommitWriter(self.cfg, schema, overwrite)
+        writer.marker = self.options["failMarker"]
+        return writer
+
+
+class FailWriteWriter(StationsStreamWriter):
+    """While ``marker`` exists, every task fails after reading 50 rows (and sending the
+    first chunks of them)."""
+
+    marker = ""
+
+    def write(self, iterator: Any) -> Any:
+        if not os.path.exists(self.marker):
+            return super().write(iterator)
+
+        def rows() -> Iterator[Any]:
+            n = 0
+            for batch in iterator:
+                for i in range(batch.num_rows):
+                    if n == 50:
+                        time.sleep(2)  # the other running task sends its first chunk meanwhile
+                        raise RuntimeError("injected failure in a task")
+                    n += 1
+                    yield batch.slice(i, 1)
+
+        return super().write(rows())
+
+
+class FailingWriteSource(StationsDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "stations_fail_write"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> FailWriteWriter:
+        writer = FailWriteWriter(self.cfg, schema, overwrite)
         writer.marker = self.options["failMarker"]
         return writer
 
@@ -313,6 +349,59 @@ def test_stream_write_replayed_after_a_failed_commit_stores_once(
     assert query.recentProgress[0]["numInputRows"] == 300
     assert stats(api, sink)["messages"] == 300  # the replay was answered as duplicates
     assert sorted(m["data"]["n"] for m in all_messages(api, sink)) == list(range(300))
+
+
+def test_a_stream_write_failed_mid_batch_restarted_with_other_options_loses_no_row(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A batch whose tasks failed midway is replayed under the numPartitions and chunkSize of
+    the restart. Replayed under another split (or in other chunks), a task's producer sent
+    other rows under the sequence numbers its first attempt used, the server answered them as
+    duplicates, and rows never stored were lost (found by a review: 40 of 300 rows for
+    3 partitions then 2, 60 for chunks of 40 then 100)."""
+    for (parts, chunk), (parts_again, chunk_again) in (((3, 40), (2, 40)), ((1, 40), (1, 100))):
+        source = new_station(api)
+        produce(api, source, [{"data": {"n": i}} for i in range(300)])
+        sink = new_station(api)
+        marker = tmp_path / f"fail-{sink}"
+        options = {
+            "url": srv.url,
+            "station": sink,
+            "failMarker": str(marker),
+            "checkpointLocation": str(tmp_path / f"checkpoint-{sink}"),
+        }
+        stream = reader_stream(spark, srv, source)
+
+        marker.write_text("fail")
+        query = mirror(stream, parts, chunk, options)
+        with pytest.raises(StreamingQueryException, match="injected failure"):
+            query.awaitTermination(120)
+        assert 0 < stats(api, sink)["messages"] < 300  # a first chunk of 40 rows, or two
+        marker.unlink()
+        query = mirror(stream, parts_again, chunk_again, options)  # batch 0 again
+        query.awaitTermination(120)
+        assert query.exception() is None
+        stored = sorted(m["data"]["n"] for m in all_messages(api, sink))
+        assert sorted(set(range(300)) - set(stored)) == [], (parts, chunk)
+        if parts != parts_again:  # the replay keeps the first split: each row once
+            assert stored == list(range(300))
+
+
+def reader_stream(spark: SparkSession, srv: Server, station: str) -> Any:
+    return spark.readStream.format("stations").option("url", srv.url).option("station", station)
+
+
+def mirror(stream: Any, parts: int, chunk: int, options: dict[str, str]) -> Any:
+    """Start ``stream`` (read in ``parts`` ranges) into the failing sink, ``chunk`` rows a request."""
+    return (
+        stream.option("numPartitions", str(parts))
+        .load()
+        .writeStream.format("stations_fail_write")
+        .options(**options)
+        .option("chunkSize", str(chunk))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 def test_a_zombie_producer_of_an_older_batch_is_fenced(srv: Server, api: httpx.Client) -> None:
@@ -589,9 +678,12 @@ def test_batch_reads_push_offset_and_time_filters_to_the_server(
 
     early = df.where(F.col("timestamp") < since).where(F.col("offset") >= offsets[50]).count()
     assert early == 50
-    assert api.get(
-        f"/api/stations/{quote(name, safe='')}/offsets", params={"time": stored[100]["time"]}
-    ).json()["offset"] == offsets[100]
+    assert (
+        api.get(
+            f"/api/stations/{quote(name, safe='')}/offsets", params={"time": stored[100]["time"]}
+        ).json()["offset"]
+        == offsets[100]
+    )
 
 
 def test_a_streaming_write_to_a_missing_station_fails_when_it_starts(

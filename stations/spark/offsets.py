@@ -28,8 +28,21 @@ def token(pos: int) -> str:
 
 
 def offset_dict(pos: int) -> dict[str, str]:
-    # One key: Spark compares offsets as JSON text, so the shape must never vary.
+    # Spark compares offsets as JSON text: a start, and "no new data", keep this one shape.
     return {"offset": token(pos)}
+
+
+def batch_end(pos: int, parts: int) -> dict[str, str | int]:
+    """The end offset of a planned micro-batch, with the number of ranges it is split into:
+    a replay after a failure must give each task the rows its first attempt had (a streaming
+    write's producer sequence relies on it), whatever numPartitions the restart was given."""
+    return {"offset": token(pos), "partitions": parts}
+
+
+def batch_parts(end: dict[str, str | int], default: int) -> int:
+    """The split recorded in a batch's end offset (``default`` for one written before it was
+    recorded)."""
+    return int(end.get("partitions", default))
 
 
 class OffsetRange(InputPartition):

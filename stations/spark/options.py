@@ -17,6 +17,7 @@ from stations.spark.offsets import position
 NAME = "stations"
 MAX_PAGE = 1000  # the server's limit for one browse / DLS page
 MAX_MESSAGES_PER_POST = 10_000  # the server's limit for one produce request
+DEFAULT_CHUNK = 1000  # chunkSize: messages per request
 # A producer id is the prefix, the query and the partition: the server takes 256 characters.
 MAX_PRODUCER_PREFIX = 128
 _TRUE = {"true", "1", "yes", "on"}
@@ -78,7 +79,7 @@ class Config:
     allow_duplicates: bool = False
     data_column: str = "data"
     headers_column: str = "headers"
-    chunk_size: int = 1000
+    chunk_size: int = DEFAULT_CHUNK
     producer_prefix: str = "spark"
     report_path: str | None = None
     cursor: str | None = None
@@ -129,7 +130,7 @@ class Config:
             allow_duplicates=_flag(opts, "allowduplicates", False),
             data_column=opts.get("datacolumn", "data"),
             headers_column=opts.get("headerscolumn", "headers"),
-            chunk_size=_int(opts, "chunksize", 1000, 1, MAX_MESSAGES_PER_POST),
+            chunk_size=_int(opts, "chunksize", DEFAULT_CHUNK, 1, MAX_MESSAGES_PER_POST),
             producer_prefix=prefix,
             report_path=opts.get("reportpath") or None,
             cursor=opts.get("cursor") or None,

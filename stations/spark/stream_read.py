@@ -21,7 +21,15 @@ from pyspark.sql.types import StructType
 from stations.client.core import path_segment
 from stations.client.errors import NotFound, StationsError
 from stations.client.models import is_json_type
-from stations.spark.offsets import OffsetRange, offset_dict, position, split, token
+from stations.spark.offsets import (
+    OffsetRange,
+    batch_end,
+    batch_parts,
+    offset_dict,
+    position,
+    split,
+    token,
+)
 from stations.spark.options import Config, station_view
 from stations.spark.read import first_position, message_batches, tail
 
@@ -73,29 +81,34 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = tail(self.cfg)
 
-    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+    def latestOffset(self, start: dict[str, str | int], limit: ReadLimit) -> dict[str, str | int]:
         # Spark plans the next batch from ``start`` only after the batch ending there was
         # committed to the sink, so ``start`` is the query's progress. Spark's own commit(end)
         # for a batch comes only when the next batch starts, which leaves an idle query that
         # caught up one batch behind: the cursor moves here too.
-        self._commit_cursor(start["offset"])
-        lo = position(start["offset"])
+        self._commit_cursor(str(start["offset"]))
+        lo = position(str(start["offset"]))
         end = tail(self.cfg)
         if self._target is not None:
             end = min(end, self._target)
         if isinstance(limit, ReadMaxRows) and end > lo:
             first = first_position(self.cfg, lo)  # skip positions retention dropped
             end = min(end, max(lo, first) + limit.max_rows)
-        return offset_dict(max(lo, end))
+        if end <= lo:
+            return dict(start)  # the very offset Spark holds: no new data, no batch
+        return batch_end(end, self.cfg.num_partitions)
 
     def reportLatestOffset(self) -> dict[str, str]:
         return offset_dict(tail(self.cfg))
 
-    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
+    def partitions(
+        self, start: dict[str, str | int], end: dict[str, str | int]
+    ) -> Sequence[InputPartition]:
+        # The split the batch was planned with, not today's numPartitions (see batch_end).
         return split(
-            position(start["offset"]),
-            position(end["offset"]),
-            self.cfg.num_partitions,
+            position(str(start["offset"])),
+            position(str(end["offset"])),
+            batch_parts(end, self.cfg.num_partitions),
             self.is_json,
         )
 
@@ -103,9 +116,9 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, OffsetRange)
         return message_batches(self.cfg, partition, self.schema)
 
-    def commit(self, end: dict[str, str]) -> None:
+    def commit(self, end: dict[str, str | int]) -> None:
         """With ``cursor``, store the committed end offset on the server (see latestOffset)."""
-        self._commit_cursor(end["offset"])
+        self._commit_cursor(str(end["offset"]))
 
     def _cursor_path(self) -> str:
         return f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor or '')}"

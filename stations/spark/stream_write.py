@@ -14,7 +14,7 @@ from pyspark.sql.types import StructType
 from stations.client.blocking import BlockingProducer
 from stations.client.models import is_json_type
 from stations.client.session import ProducerSession
-from stations.spark.options import CONNECTOR_RETRY, Config, station_view
+from stations.spark.options import CONNECTOR_RETRY, DEFAULT_CHUNK, Config, station_view
 from stations.spark.rows import RowShape, chunks, dumpb, rows_of
 from stations.spark.write import WriteReport
 
@@ -28,6 +28,15 @@ def stream_producer(
     """The client core's blocking producer on ``cfg``'s station."""
     session = ProducerSession(producer_id, epoch=epoch, content_type=content_type)
     return BlockingProducer(cfg.http(), cfg.stream_path, session, CONNECTOR_RETRY)
+
+
+def producer_id(cfg: Config, query_id: str, partition: int, is_json: bool) -> str:
+    """The producer of one (query, partition). A JSON station takes ``chunkSize`` rows per
+    sequence number, so a chunkSize other than the default is part of the id: a batch replayed
+    under another chunkSize must not have its new chunks taken for duplicates of the old ones
+    (its rows are stored again instead). The default keeps the id that queries always had."""
+    base = f"{cfg.producer_prefix}:{query_id}:{partition}"
+    return base if not is_json or cfg.chunk_size == DEFAULT_CHUNK else f"{base}:c{cfg.chunk_size}"
 
 
 class StationsStreamWriter(DataSourceStreamArrowWriter):
@@ -62,7 +71,7 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
             raise RuntimeError("no streaming batch id / query id in the task context")
         producer = stream_producer(
             self.cfg,
-            producer_id=f"{self.cfg.producer_prefix}:{query_id}:{ctx.partitionId()}",
+            producer_id=producer_id(self.cfg, query_id, ctx.partitionId(), self.shape.is_json),
             epoch=int(batch_id),
             content_type=self.content_type,
         )
