@@ -137,3 +137,28 @@ async def test_leases_expire_across_processes(pg_url: str, make_server: MakeServ
         assert len(await b.dls_entries(st)) == 1
         assert await b.fetch(st, "g", wait_ms=300) == []
     assert_clean_log(one)
+
+
+async def test_a_waiting_fetch_gets_a_dead_process_lease_on_time(
+    pg_url: str, make_server: MakeServer
+) -> None:
+    """A consumer already waiting on one process is handed a message whose lease, taken on a
+    process since killed, expires: within the expiry slack of its deadline, not at the
+    survivor's next re-arm from the database (every 5 s). The survivor starts last, so its
+    first re-arm after start-up comes about 5 s later, well after the deadline."""
+    dead = make_server(pg_url)
+    survivor = make_server(pg_url)
+    async with client(survivor) as c1, client(dead) as c2:
+        a, b = Api(c1), Api(c2)
+        st = await a.station(consumerDefaults={"maxAckTimeMs": 1000, "maxMsgDeliveries": 3})
+        await a.put_group(st, "g")
+        [off] = await a.produce(st, ["x"])
+        [lease] = await b.fetch(st, "g", consumer="doomed")
+        dead.kill()
+        # Parked before the deadline: nothing of the dead process's will wake it.
+        got = await a.fetch(st, "g", wait_ms=8000, consumer="heir")
+        at = time.time()
+        deadline = ms(lease["ackDeadline"])
+        assert [(m["offset"], m["deliveryCount"]) for m in got] == [(off, 2)]
+        assert at < deadline + EXPIRY_SLACK_S, f"served {at - deadline:.2f} s after the deadline"
+    assert_clean_log(survivor)

@@ -70,6 +70,9 @@ class Fetched:
 
     is_json: bool
     messages: list[Delivered]
+    # An empty fetch on PostgreSQL: when the group's next lease expires or waiting delivery
+    # falls due, for the lease timer of the process where the consumer now waits.
+    next_due: int | None = None
 
 
 def validate_name(name: str) -> str:
@@ -285,7 +288,13 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     if len(out) < len(counts):  # dropped by retention while waiting: nothing left to deliver
         found = {d.seq for d in out}
         store.forget(batch.conn, group.id, [s for s in counts if s not in found])
-    return Fetched(state.is_json, out)
+    next_due = None
+    if not out and batch.row_locks:
+        # Another process may hold the group's leases (or have nacked with a delay), and only
+        # its own timer knows their deadlines: if it dies, a consumer parked here would wait
+        # for this process's re-arm from the database (every 5 s) instead of the deadline.
+        next_due = store.group_next_due(batch.conn, group.id, batch.now)
+    return Fetched(state.is_json, out, next_due)
 
 
 def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:

@@ -537,6 +537,8 @@ class Service:
             self.tally.delivered(station, group, (d.delivery_count for d in out.messages))
             if out.messages:  # their leases expire on time, whoever still waits for them
                 self.leases.arm(out.messages[0].ack_deadline)
+            else:  # a consumer may wait here for leases or delays of another process
+                self.leases.arm(out.next_due)
 
         return then
 

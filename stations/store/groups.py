@@ -467,6 +467,19 @@ def next_due(conn: Connection, now: int) -> int | None:
     return min(values) if values else None
 
 
+def group_next_due(conn: Connection, group_id: int, now: int) -> int | None:
+    """When the next lease of one group expires or its next waiting delivery falls due,
+    whichever process leased or nacked it."""
+    found = [
+        conn.execute(
+            select(func.min(table.c.due)).where(table.c.group_id == group_id, table.c.due > now)
+        ).scalar()
+        for table in (deliveries, lease_ranges)
+    ]
+    values = [int(v) for v in found if v is not None]
+    return min(values) if values else None
+
+
 def first_groups(conn: Connection, upto: str, limit: int) -> list[Any]:
     """The first ``limit`` groups by station and group name of the live stations named up to
     ``upto`` (``stream_id``, ``station``, ``name``, ``cursor`` and the station's ``tail`` and
