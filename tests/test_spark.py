@@ -741,13 +741,61 @@ def test_spark_failures_become_one_line_with_the_fix() -> None:
         ({"url": "notaurl"}, "option url"),
         ({"token": "a\nb"}, "option token"),
         ({"producerIdPrefix": "p" * 300}, "option producerIdPrefix"),
+        ({"numPartitions": "x"}, "option numPartitions must be an integer"),
+        ({"failOnDataLoss": "maybe"}, "option failOnDataLoss must be true or false"),
+        ({"startingOffsets": "-1"}, "option startingOffsets is not an option .* startingOffset"),
+        ({"maxOffsetsPerTrigger": "5"}, "did you mean maxMessagesPerTrigger"),
+        ({"maxMessagesPerTriger": "5"}, "did you mean maxMessagesPerTrigger"),
     ],
 )
 def test_connection_options_are_checked_and_named(options: dict[str, str], named: str) -> None:
     """Found by a review: these failed deep inside (a float() or the transport), or only at the
-    server on the first write, without naming the option."""
+    server on the first write, without naming the option. A later review: the names came
+    lowercased (numpartitions), and a near miss of an option (Kafka's startingOffsets, a typo)
+    was ignored, so the job silently read the whole station."""
     with pytest.raises(ValueError, match=named):
         Config.parse({"station": "s", **options})
+    others = {"checkpointLocation": "/cp", "queryName": "q", "failMarker": "m"}
+    assert Config.parse({"station": "s", **others}).station == "s"  # other layers' options
+
+
+def test_pipeline_errors_name_the_flag_and_the_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a review: a bad --from-offset was reported as "option startingOffset", and a
+    401 or 403 named neither the station nor whether a token was given."""
+    monkeypatch.delenv("STATIONS_TOKEN", raising=False)
+    tokens = tmp_path / "tokens.json"
+    admin, scoped = "admin-secret-0123456789", "shop-secret-0123456789"
+    tokens.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"token": admin, "role": "admin"},
+                    {"token": scoped, "role": "consumer", "stations": ["shop-*"]},
+                ]
+            }
+        )
+    )
+    server = Server(f"sqlite:///{tmp_path / 'stations.db'}", tmp_path, ["--tokens", str(tokens)])
+    server.start()
+    try:
+        headers = {"Authorization": f"Bearer {admin}"}
+        r = httpx.post(f"{server.url}/api/stations", json={"name": "orders"}, headers=headers)
+        assert r.status_code == 201, r.text
+        export = ["export", "--station", "orders", "--to", str(tmp_path / "out")]
+        export += ["--url", server.url]
+        for more, expected in (
+            (["--token", admin, "--from-offset", "abc"], "error: --from-offset: not a Stations"),
+            (["--token", admin, "--to-offset", "7"], "error: --to-offset: not a Stations offset"),
+            ([], f"station orders at {server.url}: a valid bearer token is required (no --token"),
+            (["--token", scoped], "this token does not cover that station (the --token given)"),
+        ):
+            assert pipeline.main(export + more) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and expected in err[0], err
+    finally:
+        server.kill()
 
 
 def test_a_latest_start_is_the_same_each_time_spark_asks(srv: Server, api: httpx.Client) -> None:

@@ -3,8 +3,9 @@ travels to the executors, and the client-core transport each task opens from it.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,58 @@ _FALSE = {"false", "0", "no", "off"}
 CONNECTOR_RETRY = RetryPolicy(initial_delay=0.1, max_delay=2.0, give_up_after=10.0)
 
 
+# Every option, as documented: Spark hands them over in any case, errors name them so.
+OPTIONS = (
+    "url",
+    "station",
+    "path",
+    "token",
+    "timeout",
+    "startingOffset",
+    "endingOffset",
+    "numPartitions",
+    "pageSize",
+    "maxMessagesPerTrigger",
+    "failOnDataLoss",
+    "dls",
+    "group",
+    "cursor",
+    "msgIdColumn",
+    "allowDuplicates",
+    "dataColumn",
+    "headersColumn",
+    "chunkSize",
+    "producerIdPrefix",
+    "reportPath",
+)
+_NAMES = {name.lower(): name for name in OPTIONS}
+# The Kafka source's names for ours, which a data engineer is likely to type.
+_KAFKA_NAMES = {
+    "startingoffsets": "startingOffset",
+    "endingoffsets": "endingOffset",
+    "maxoffsetspertrigger": "maxMessagesPerTrigger",
+    "minpartitions": "numPartitions",
+}
+
+
+def _check_names(keys: Iterable[str]) -> None:
+    """Refuse an option that looks like one of ours but is not: ignored, it silently changed
+    what the job does (``startingOffsets`` read the whole station). Others pass: Spark and
+    users give options meant for other layers (``checkpointLocation``, ...)."""
+    for key in keys:
+        low = key.lower()
+        if low in _NAMES:
+            continue
+        meant = _KAFKA_NAMES.get(low)
+        if meant is None:
+            close = difflib.get_close_matches(low, _NAMES, n=1, cutoff=0.8)
+            meant = _NAMES[close[0]] if close else None
+        if meant is not None:
+            raise ValueError(
+                f"option {key} is not an option of the stations format: did you mean {meant}?"
+            )
+
+
 def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
     raw = options.get(name)
     if raw is None:
@@ -38,7 +91,7 @@ def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"option {name} must be true or false (got {raw!r})")
+    raise ValueError(f"option {_NAMES[name]} must be true or false (got {raw!r})")
 
 
 def _int(options: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -53,9 +106,9 @@ def _maybe_int(options: Mapping[str, str], name: str, lo: int, hi: int) -> int |
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"option {name} must be an integer (got {raw!r})") from None
+        raise ValueError(f"option {_NAMES[name]} must be an integer (got {raw!r})") from None
     if not lo <= value <= hi:
-        raise ValueError(f"option {name} must be between {lo} and {hi} (got {value})")
+        raise ValueError(f"option {_NAMES[name]} must be between {lo} and {hi} (got {value})")
     return value
 
 
@@ -86,7 +139,9 @@ class Config:
 
     @classmethod
     def parse(cls, options: Any) -> Config:
-        opts = {str(k).lower(): str(v) for k, v in dict(options).items()}
+        given = {str(k): str(v) for k, v in dict(options).items()}
+        _check_names(given)
+        opts = {k.lower(): v for k, v in given.items()}
         station = opts.get("station") or opts.get("path")
         if not station:
             raise ValueError('the stations data source needs option("station", NAME)')

@@ -29,7 +29,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TextIO
 
 from stations.client.core import DEFAULT_URL
-from stations.client.errors import ConnectionFailed, StationNotFound, StationsError
+from stations.client.errors import (
+    ConnectionFailed,
+    Forbidden,
+    StationNotFound,
+    StationsError,
+    Unauthorized,
+)
 from stations.spark.launch import PipelineError, run_spark, spark_session
 from stations.spark.progress import progress
 
@@ -210,7 +216,9 @@ def preflight(args: argparse.Namespace) -> None:
                 }
             )
         except ValueError as exc:
-            raise PipelineError(str(exc)) from None
+            # Named by the flag the user typed, not the data source option it becomes.
+            words = str(exc).replace("option startingOffset", "--from-offset", 1)
+            raise PipelineError(words.replace("option endingOffset", "--to-offset", 1)) from None
         _check_station(args, create=False)
 
 
@@ -301,6 +309,9 @@ def _check_station(args: argparse.Namespace, *, create: bool) -> None:
                 return
     except ConnectionFailed as exc:
         raise PipelineError(f"cannot reach {args.url}: {exc}") from None
+    except (Unauthorized, Forbidden) as exc:
+        given = "the --token given" if args.token else "no --token (nor STATIONS_TOKEN) given"
+        raise PipelineError(f"station {args.station} at {args.url}: {exc} ({given})") from None
     except StationsError as exc:
         raise PipelineError(str(exc)) from None
     window = view.json().get("idempotencyWindowMs")
