@@ -746,6 +746,10 @@ def test_spark_failures_become_one_line_with_the_fix() -> None:
         ({"startingOffsets": "-1"}, "option startingOffsets is not an option .* startingOffset"),
         ({"maxOffsetsPerTrigger": "5"}, "did you mean maxMessagesPerTrigger"),
         ({"maxMessagesPerTriger": "5"}, "did you mean maxMessagesPerTrigger"),
+        (
+            {"startingOffset": "0000000000000009_0000000000000000", "endingOffset": "-1"},
+            "option startingOffset 0000000000000009_0000000000000000 is after option endingOffset",
+        ),
     ],
 )
 def test_connection_options_are_checked_and_named(options: dict[str, str], named: str) -> None:
@@ -757,6 +761,15 @@ def test_connection_options_are_checked_and_named(options: dict[str, str], named
         Config.parse({"station": "s", **options})
     others = {"checkpointLocation": "/cp", "queryName": "q", "failMarker": "m"}
     assert Config.parse({"station": "s", **others}).station == "s"  # other layers' options
+
+
+def test_a_stream_refuses_an_ending_offset() -> None:
+    """Found by a review: a streaming read ignored endingOffset and ran unbounded."""
+    from stations.spark.stream_read import StationsStreamReader
+
+    cfg = Config.parse({"station": "s", "endingOffset": "0000000000000009_0000000000000000"})
+    with pytest.raises(ValueError, match="option endingOffset is for batch reads"):
+        StationsStreamReader(cfg, StructType())
 
 
 def test_pipeline_errors_name_the_flag_and_the_token(

@@ -153,6 +153,11 @@ class Config:
                     position(value)
                 except ValueError as exc:
                     raise ValueError(f"option {name}: {exc}") from None
+        if "latest" not in (starting, ending) and position(starting) > position(ending):
+            raise ValueError(
+                f"option startingOffset {starting} is after option endingOffset {ending}: "
+                "the range is empty"
+            )
         url = (opts.get("url") or os.environ.get("STATIONS_URL") or DEFAULT_URL).rstrip("/")
         token = opts.get("token") or os.environ.get("STATIONS_TOKEN") or None
         try:

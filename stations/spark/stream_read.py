@@ -42,6 +42,11 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, cfg: Config, schema: StructType) -> None:
         if cfg.dls:
             raise ValueError("the DLS can be read in batch only (spark.read, not readStream)")
+        if cfg.ending != "latest":  # ignored, the query would run unbounded
+            raise ValueError(
+                "option endingOffset is for batch reads (spark.read): a streaming read runs "
+                "until it is stopped (trigger(availableNow=True) stops at the current end)"
+            )
         self.cfg = cfg
         self.schema = schema
         self.is_json = is_json_type(station_view(cfg)["contentType"])
