@@ -332,7 +332,14 @@ async def _serve(args: argparse.Namespace) -> None:
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
-    from stations.store.db import ArgumentError, InUse, OperationalError, Unusable, claim_file
+    from stations.store.db import (
+        ArgumentError,
+        InUse,
+        OperationalError,
+        Unusable,
+        claim_file,
+        describe,
+    )
 
     nofile = raise_nofile()
     max_connections = args.max_connections or default_max_connections(nofile)
@@ -439,10 +446,7 @@ async def _serve(args: argparse.Namespace) -> None:
         _fail(f"cannot open the database: {exc}")
     site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
-    print(
-        f"stations: serving http://{args.host}:{args.port} ({service.url.split(':')[0]})",
-        flush=True,
-    )
+    print(f"stations: serving http://{args.host}:{args.port} ({describe(service.url)})", flush=True)
     try:
         name = await stop
         print(f"stations: {name}: stopping; finishing the requests in progress", flush=True)

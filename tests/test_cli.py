@@ -203,3 +203,41 @@ def test_a_database_stations_cannot_store_on_is_a_usage_error(
     assert_one_line_error(proc, "--db", fragment)
     assert proc.returncode == 2
     assert not (tmp_path / "stations-data").exists()
+
+
+def _start_line(server: Server) -> str:
+    deadline = time.monotonic() + 10  # printed right after the port opens
+    while not (lines := [x for x in server.log().splitlines() if "serving" in x]):
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.05)
+    return lines[0]
+
+
+def test_the_start_line_says_where_the_data_goes(tmp_path: Path) -> None:
+    """It said "(sqlite)": an operator could not tell which file a relative --db (the default
+    is one) had opened, from wherever the service was started."""
+    server = Server("sqlite:///stations-data/stations.db", tmp_path).start()
+    try:
+        line = _start_line(server)
+    finally:
+        server.kill()
+    assert line == (
+        f"stations: serving http://127.0.0.1:{server.port} "
+        f"(sqlite: {tmp_path / 'stations-data' / 'stations.db'})"
+    )
+
+
+def test_the_start_line_names_the_postgresql_database_without_its_password(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(pg_url)
+    url = parsed.set(password="sekrit-pw").render_as_string(hide_password=False)
+    server = Server(url, tmp_path).start()
+    try:
+        line = _start_line(server)
+    finally:
+        server.kill()
+    where = f"{parsed.username}@{parsed.host}:{parsed.port or 5432}/{parsed.database}"
+    assert line == f"stations: serving http://127.0.0.1:{server.port} (postgresql: {where})"

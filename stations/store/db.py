@@ -106,6 +106,21 @@ def unsupported(url: str) -> str | None:
     return f"Stations stores on SQLite or PostgreSQL, not {backend}"
 
 
+def describe(url: str) -> str:
+    """Where the data goes, for the start-up line: the SQLite file's absolute path (a relative
+    URL, the default one included, depends on the working directory), or PostgreSQL's
+    ``user@host:port/database`` without the password."""
+    parsed = make_url(normalize_url(url))
+    backend = parsed.get_backend_name()
+    path = database_file(url)
+    if path is not None:
+        return f"{backend}: {path}"
+    user = f"{parsed.username}@" if parsed.username else ""
+    host = parsed.host or parsed.query.get("host") or "localhost"  # ?host=/run/postgresql
+    host = host if isinstance(host, str) else ",".join(host)
+    return f"{backend}: {user}{host}:{parsed.port or 5432}/{parsed.database}"
+
+
 def embedded(url: str) -> bool:
     """One process owns the database (SQLite): process-local indexes of stored data are safe.
     Otherwise several ``stations serve`` processes may write it at once."""
