@@ -400,3 +400,28 @@ def test_produce_failing_midway_says_what_was_stored(srv: Server, http: httpx.Cl
     assert f"through offset {stored - 1:016d}_" in line
     listed = table(proc.stdout)
     assert listed[0] == ["OFFSET", "ID", "DUPLICATE"] and len(listed) == stored + 1
+
+
+@pytest.mark.parametrize("output", [[], ["--json"]], ids=["table", "json"])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(
+    srv: Server, http: httpx.Client, output: list[str]
+) -> None:
+    """``stations read s | head -1`` printed a BrokenPipeError traceback and exited 1 (a
+    refusal, by the documented codes). Now it ends quietly with 141, as tools killed by
+    SIGPIPE do in a shell."""
+    ok(cli(srv, "station", "create", "cli-pipe"))
+    body = {"messages": [{"data": i} for i in range(5000)]}
+    assert http.post("/api/stations/cli-pipe/messages", json=body).status_code == 200
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stations", "read", "cli-pipe", *output],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()
+    proc.stdout.close()  # what `| head -1` does after its line
+    assert proc.wait(60) == 141
+    assert proc.stderr.read() == b""

@@ -16,7 +16,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from stations.commands import dls, group, produce, read, station
-from stations.commands.base import EXIT_CODES_HELP, Refused, Usage, exit_code
+from stations.commands.base import (
+    EXIT_CODES_HELP,
+    EXIT_STDOUT_CLOSED,
+    Refused,
+    Usage,
+    exit_code,
+)
 
 if TYPE_CHECKING:
     from stations.client import Client
@@ -78,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         return exit_code(exc)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout left (`| head`): end quietly, as tools killed by SIGPIPE do.
+        # (Network errors reach here wrapped by the SDK, never as a bare BrokenPipeError.)
+        # Python's own flush of stdout at exit would fail again, so it gets /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_STDOUT_CLOSED
     except Exception as exc:  # a StationsError from the SDK: its status says the exit code
         from stations.client import StationsError
 
