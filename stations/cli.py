@@ -446,7 +446,8 @@ async def _serve(args: argparse.Namespace) -> None:
         _fail(f"cannot open the database: {exc}")
     site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
-    print(f"stations: serving http://{args.host}:{args.port} ({describe(service.url)})", flush=True)
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
+    print(f"stations: serving http://{host}:{args.port} ({describe(service.url)})", flush=True)
     try:
         name = await stop
         print(f"stations: {name}: stopping; finishing the requests in progress", flush=True)

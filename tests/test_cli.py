@@ -241,3 +241,24 @@ def test_the_start_line_names_the_postgresql_database_without_its_password(
         server.kill()
     where = f"{parsed.username}@{parsed.host}:{parsed.port or 5432}/{parsed.database}"
     assert line == f"stations: serving http://127.0.0.1:{server.port} (postgresql: {where})"
+
+
+def test_the_start_line_brackets_an_ipv6_address(tmp_path: Path) -> None:
+    """It said "serving http://::1:PORT", which is no URL (a copy of it into a browser or
+    curl fails)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stations", "serve", "--host", "::1", "--port", str(port)]
+        + ["--db", sqlite_url(tmp_path)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert line.startswith(f"stations: serving http://[::1]:{port} "), line
