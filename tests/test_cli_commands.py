@@ -425,3 +425,14 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(
     proc.stdout.close()  # what `| head -1` does after its line
     assert proc.wait(60) == 141
     assert proc.stderr.read() == b""
+
+
+def test_list_is_ls(srv: Server, http: httpx.Client) -> None:
+    """``stations --help`` says "station: list, show, ..." and ``nats`` takes both words, but
+    ``stations station list`` was "invalid choice: 'list'"."""
+    ok(cli(srv, "station", "create", "cli-list"))
+    assert as_json(cli(srv, "station", "list", "--json")) == as_json(
+        cli(srv, "station", "ls", "--json")
+    )
+    assert as_json(cli(srv, "group", "list", "cli-list", "--json")) == []
+    assert as_json(cli(srv, "dls", "list", "cli-list", "--json")) == []

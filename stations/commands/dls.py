@@ -19,7 +19,9 @@ def add_parser(
     p = sub.add_parser("dls", help="list, replay and drop dead letters", epilog=epilog)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    ls = verbs.add_parser("ls", parents=[common], help="dead letters, oldest first", epilog=epilog)
+    ls = verbs.add_parser(
+        "ls", aliases=["list"], parents=[common], help="dead letters, oldest first", epilog=epilog
+    )
     ls.add_argument("station", help="station name")
     ls.add_argument("--group", help="only this group's dead letters")
     ls.add_argument(

@@ -21,7 +21,11 @@ def add_parser(
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     ls = verbs.add_parser(
-        "ls", parents=[common], help="a station's groups with pending and lag", epilog=epilog
+        "ls",
+        aliases=["list"],
+        parents=[common],
+        help="a station's groups with pending and lag",
+        epilog=epilog,
     )
     ls.add_argument("station", help="station name")
     ls.set_defaults(handler=list_groups)

@@ -28,7 +28,11 @@ def add_parser(
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     ls = verbs.add_parser(
-        "ls", parents=[common], help="list stations with their stats", epilog=epilog
+        "ls",
+        aliases=["list"],  # nats takes both; ``stations --help`` says "list"
+        parents=[common],
+        help="list stations with their stats",
+        epilog=epilog,
     )
     ls.set_defaults(handler=list_stations)
 
