@@ -436,3 +436,11 @@ def test_list_is_ls(srv: Server, http: httpx.Client) -> None:
     )
     assert as_json(cli(srv, "group", "list", "cli-list", "--json")) == []
     assert as_json(cli(srv, "dls", "list", "cli-list", "--json")) == []
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+@pytest.mark.parametrize("command", ["read", "tail"])
+def test_a_limit_below_one_is_a_usage_error(srv: Server, command: str, limit: str) -> None:
+    """``read -n 0`` (or ``-n -1``) printed nothing and exited 0 without asking the server,
+    so ``stations read no-such-station -n 0`` said the station was there."""
+    failed(cli(srv, command, "no-such-station", "-n", limit), 2, "-n/--limit")

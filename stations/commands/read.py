@@ -37,11 +37,22 @@ def add_parser(
         p.add_argument(
             "-n",
             "--limit",
-            type=int,
+            type=_at_least_one,
             default=None,
             help="stop after this many messages (default: no limit)",
         )
         p.set_defaults(handler=tail if follow else read, follow=follow)
+
+
+def _at_least_one(text: str) -> int:
+    # 0 or less read nothing and asked the server nothing: exit 0 even for no such station.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of messages: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
 
 
 def _print(args: argparse.Namespace, message: StoredMessage) -> None:
