@@ -342,3 +342,15 @@ def test_a_postgresql_url_with_connection_options_wakes_other_processes(
     finally:
         waiter.kill()
         appender.kill()
+
+
+def test_a_data_directory_serve_makes_is_private(tmp_path: Path) -> None:
+    """Messages are the users' data: a directory made with the umask's 755 let every local
+    account read the database, its WAL and the lock file (PostgreSQL insists on 0700)."""
+    data = tmp_path / "made" / "here"
+    server = Server(f"sqlite:///{data / 'stations.db'}", tmp_path).start()
+    try:
+        assert httpx.put(f"{server.url}/v1/stream/s", content=b"secret").status_code == 201
+    finally:
+        server.stop()
+    assert oct(data.stat().st_mode & 0o777) == oct(0o700)

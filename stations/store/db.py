@@ -229,10 +229,17 @@ def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) ->
     return engine
 
 
+def make_data_dir(database: str) -> None:
+    """The directory of an embedded database, made private (0700, as PostgreSQL insists on for
+    its own) when it has to be made: the database, its WAL and lock hold users' messages. One
+    that exists keeps the mode its owner gave it."""
+    os.makedirs(os.path.dirname(database) or ".", mode=0o700, exist_ok=True)
+
+
 def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
     database = database_file(url)
     if database is not None:
-        os.makedirs(os.path.dirname(database), exist_ok=True)
+        make_data_dir(database)
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": 30},
@@ -316,7 +323,7 @@ def claim_file(url: str) -> Any:
     path = database_file(url or default_url())
     if path is None:
         return None
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    make_data_dir(path)
     path = os.path.realpath(path)  # one lock per file, whatever name (symlink) it is given by
     lock = open(path + ".lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
