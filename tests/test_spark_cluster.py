@@ -67,6 +67,9 @@ def spark_home(where: Path) -> Path:
 def _env(home: Path | None = None) -> dict[str, str]:
     paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": os.pathsep.join(paths)}
+    # Spark's Python workers run PYSPARK_PYTHON, else whatever python3 PATH finds first: with
+    # the venv not on PATH that one has no pyspark ("Python worker failed to connect back").
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
     if home is not None:
         env.update(SPARK_HOME=str(home), SPARK_SCALA_VERSION="2.13")
     return env
