@@ -18,6 +18,7 @@ from tests.harness import Server
 from tests.test_sdk import (  # noqa: F401
     FaultProxy,
     client,
+    create_stream,
     read_all,
     stations,
     unique,
@@ -333,3 +334,36 @@ async def test_a_consumer_close_that_fails_inside_client_close_is_reported(
     await own.close()
     failures = [r for r in caplog.records if r.name == "stations.client" and r.exc_info]
     assert failures and "closed" in str(failures[0].exc_info[1]), caplog.records
+
+
+async def test_a_blocking_producer_never_reuses_the_seq_of_an_unknown_outcome(
+    stations: Server,  # noqa: F811
+) -> None:
+    """An append whose answer was lost may be stored: another body sent next went under its
+    Producer-Seq, was answered as a duplicate, and was dropped (``append`` returned False)."""
+    from stations.client.blocking import BlockingHttp, BlockingProducer
+    from stations.client.errors import ConnectionFailed
+    from stations.client.retry import RetryPolicy
+    from stations.client.session import ProducerSession
+
+    url = f"{stations.url}/v1/stream/{unique('blocking')}"
+    await create_stream(url, "application/octet-stream")
+    async with FaultProxy(stations.url) as proxy:
+        proxy.drop_after = {1, 2, 3, 4, 5, 6, 7, 8}  # stored, every answer lost
+        policy = RetryPolicy(initial_delay=0.01, max_delay=0.02, give_up_after=0.1)
+        producer = BlockingProducer(
+            BlockingHttp(proxy.url), url.replace(stations.url, proxy.url),
+            ProducerSession("p", content_type="application/octet-stream"), policy,
+        )  # fmt: skip
+        try:
+            with pytest.raises(ConnectionFailed):
+                await asyncio.to_thread(producer.append, b"first,")
+            proxy.drop_after = set()
+            with pytest.raises(StationsError, match="same body"):
+                await asyncio.to_thread(producer.append, b"second,")
+            assert await asyncio.to_thread(producer.append, b"first,") is False  # it was stored
+            assert await asyncio.to_thread(producer.append, b"second,") is True
+        finally:
+            producer.close()
+    async with aiohttp.ClientSession() as http, http.get(url, params={"offset": "-1"}) as r:
+        assert await r.read() == b"first,second,"

@@ -20,6 +20,8 @@ from stations.client.errors import (
     RateLimited,
     ServerError,
     StationNotFound,
+    StationsError,
+    may_have_acted,
 )
 from stations.client.retry import Backoff, RetryPolicy
 from stations.client.session import Appended, ProducerSession
@@ -159,18 +161,35 @@ class BlockingProducer:
         self.url = url
         self.session = session
         self.retry = retry
+        # The body of an append that failed after the server may have stored it: its seq is
+        # not used up, and another body under it would be answered as a duplicate and lost.
+        self._unsure: bytes | None = None
 
     def append(self, body: bytes) -> bool:
         """True when the server stored the body, False when it had it already (a replay).
-        Raises ``ProducerFenced`` when a newer epoch took over, other errors as they come."""
+        Raises ``ProducerFenced`` when a newer epoch took over, other errors as they come.
+        After an error that leaves the outcome unknown (no answer, a 5xx), only that same body
+        may be appended next: its answer then says whether it had been stored."""
+        if self._unsure is not None and body != self._unsure:
+            raise StationsError(
+                "the previous append's outcome is unknown (its answer was lost or it failed "
+                "with a 5xx): append the same body again to learn it, or start a new epoch"
+            )
         epoch, seq = self.session.epoch, self.session.next_seq
         headers = self.session.headers(epoch, seq)
 
         def attempt() -> Appended:
-            reply = self.http.request("POST", self.url, data=body, headers=headers)
-            return self.session.outcome(reply, epoch, seq)
+            try:
+                reply = self.http.request("POST", self.url, data=body, headers=headers)
+                return self.session.outcome(reply, epoch, seq)
+            except StationsError as exc:
+                # Any attempt, not only the last: a lost answer then a 503 may still be stored.
+                if may_have_acted(exc):
+                    self._unsure = body
+                raise
 
         appended = retrying(self.retry, attempt)
+        self._unsure = None
         self.session.next_seq = seq + 1
         return appended.stored
 
