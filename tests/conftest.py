@@ -69,3 +69,27 @@ def make_server(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
 @pytest.fixture
 def server(db_url: str, make_server) -> Server:  # type: ignore[no-untyped-def]
     return make_server(db_url, "--long-poll-timeout-ms", "1000")
+
+
+# The files that take longest, longest first (scripts/test.sh's `--durations` list says which).
+# Under pytest-xdist each worker takes a whole file at a time in collection order, so these go
+# first: the single two-and-a-half-minute Spark cluster test then runs beside a hundred short
+# files instead of after them, with the other worker idle.
+FIRST = (
+    "test_spark_cluster.py",
+    "test_conformance.py",
+    "test_spark.py",
+    "test_package.py",
+    "test_openapi_fuzz.py",
+    "test_quickstart.py",
+    "test_limits.py",
+    "test_subscriptions.py",
+    "test_multiprocess_edges.py",
+    "test_operate.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    # A stable sort: the other files keep their order.
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
