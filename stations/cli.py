@@ -189,8 +189,9 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         type=int,
         default=100_000,
         help="messages one JSON append may carry (a top-level array's elements); beyond, "
-        "the append is refused whole: 413 on /v1/stream, 400 on the management produce, "
-        "which also keeps its own limit of 10000 (default %(default)s)",
+        "the append is refused whole: 413 on /v1/stream, 400 on the management produce "
+        "(field messages) and on a transaction's produced messages, all stations together "
+        "(field produce); those two also keep their own limit of 10000 (default %(default)s)",
     )
     limits.add_argument(
         "--drain-timeout-s",

@@ -176,3 +176,86 @@ def test_split_json_counts_the_elements_whichever_parser_reads_the_body(head: by
     assert refused.value.field == "body" and f"at most {CAP}" in refused.value.message
     assert len(framing.split_json(body(CAP), allow_empty=False, max_messages=CAP)) == CAP
     assert gc.isenabled()  # the collector, off while parsing, is back on either way
+
+
+def _leased(c: httpx.Client, station: str, group: str) -> dict[str, object]:
+    """One message produced to ``station`` and fetched by ``group``: its lease."""
+    assert c.post("/api/stations", json={"name": station}).status_code == 201
+    r = c.post(f"/api/stations/{station}/messages", json={"messages": [{"data": "in"}]})
+    assert r.status_code == 200, r.text
+    assert c.put(f"/api/stations/{station}/groups/{group}", json={}).status_code == 201
+    r = c.post(
+        f"/api/stations/{station}/groups/{group}/fetch",
+        json={"max": 1, "waitMs": 0, "consumer": "c1"},
+    )
+    assert r.status_code == 200, r.text
+    (m,) = r.json()["messages"]
+    return {
+        "station": station,
+        "group": group,
+        "offset": m["offset"],
+        "deliveryCount": m["deliveryCount"],
+        "ackDeadline": m["ackDeadline"],
+    }
+
+
+def test_a_transaction_producing_more_than_the_cap_is_a_400_naming_produce_and_leaves_nothing(
+    capped: Server,
+) -> None:
+    with httpx.Client(base_url=capped.url, timeout=30) as c:
+        lease = _leased(c, "in", "g")
+        assert c.post("/api/stations", json={"name": "out"}).status_code == 201
+        produce = [{"station": "out", "id": f"id-{i}", "data": i} for i in range(CAP + 1)]
+        r = c.post("/api/transactions", json={"ack": [lease], "produce": produce})
+        _too_many(r, 400, "produce")
+        assert _stored(c, "out") == []
+        # Nothing of it committed: the ack did not (the lease is still held, so a transaction
+        # at the cap may settle it) and no msg-id was taken (none of them is a duplicate).
+        r = c.post("/api/transactions", json={"ack": [lease], "produce": produce[:CAP]})
+        assert r.status_code == 200, r.text
+        assert r.json()["acked"] == 1
+        assert [p["duplicate"] for p in r.json()["produced"]] == [False] * CAP
+        last = {"messages": [{"id": f"id-{CAP}", "data": CAP}]}
+        r = c.post("/api/stations/out/messages", json=last)
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["duplicate"] is False
+        assert _stored(c, "out") == list(range(CAP + 1))
+
+
+def test_the_cap_counts_a_transactions_produced_messages_across_stations(
+    capped: Server,
+) -> None:
+    with httpx.Client(base_url=capped.url, timeout=30) as c:
+        for name in ("x", "y"):
+            assert c.post("/api/stations", json={"name": name}).status_code == 201
+        # CAP + 1 messages in all, none of the stations' appends over the cap by itself.
+        produce = [{"station": "x" if i % 2 else "y", "data": i} for i in range(CAP + 1)]
+        _too_many(c.post("/api/transactions", json={"produce": produce}), 400, "produce")
+        assert _stored(c, "x") == [] and _stored(c, "y") == []
+        r = c.post("/api/transactions", json={"produce": produce[:CAP]})
+        assert r.status_code == 200, r.text
+        assert sorted(_stored(c, "x") + _stored(c, "y")) == list(range(CAP))  # type: ignore[type-var]
+
+
+def test_settlements_do_not_count_against_the_append_cap(capped: Server) -> None:
+    # The cap bounds messages written; acks write none (the transaction's own 10000 items
+    # still bound them).
+    with httpx.Client(base_url=capped.url, timeout=30) as c:
+        assert c.post("/api/stations", json={"name": "many"}).status_code == 201
+        items = {"messages": [{"data": i} for i in range(CAP)]}
+        for _ in range(2):
+            r = c.post("/api/stations/many/messages", json=items)
+            assert r.status_code == 200, r.text
+        assert c.put("/api/stations/many/groups/g", json={}).status_code == 201
+        r = c.post(
+            "/api/stations/many/groups/g/fetch",
+            json={"max": 2 * CAP, "waitMs": 0, "consumer": "c1"},
+        )
+        assert r.status_code == 200, r.text
+        acks = [
+            {"station": "many", "group": "g", "offset": m["offset"]} for m in r.json()["messages"]
+        ]
+        assert len(acks) == 2 * CAP
+        r = c.post("/api/transactions", json={"ack": acks})
+        assert r.status_code == 200, r.text
+        assert r.json()["acked"] == 2 * CAP

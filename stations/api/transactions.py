@@ -51,7 +51,8 @@ async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
 # Any valid token may ask; each item is checked by ``_authorize``.
 @needs("read")
 async def transact(request: web.Request) -> web.Response:
-    req = transactions.parse(await json_body(request))
+    cap = request.app["limits"].max_append_messages
+    req = transactions.parse(await json_body(request), cap)
     await _authorize(request, req)
     result = await service(request).transact(req)
     return web.json_response(

@@ -117,7 +117,10 @@ def _station_name(value: Any, field: str, known: set[str]) -> str:
     return name
 
 
-def parse(raw: Any) -> TxRequest:
+def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
+    """``max_produce``: the server's ``--max-append-messages``; produced messages are messages
+    appended like any produce's, so the cap on one append bounds them too (all stations'
+    together: the transaction writes them in one database transaction)."""
     if not isinstance(raw, dict):
         raise BadRequest('the body must be {"ack": [...], "produce": [...], ...}', None)
     unknown = set(raw) - {"consumer", "produce", *VERBS}
@@ -137,6 +140,12 @@ def parse(raw: Any) -> TxRequest:
     if total > MAX_ITEMS:
         longest = max(lists, key=lambda k: len(lists[k]))
         raise BadRequest(f"at most {MAX_ITEMS} items per transaction (got {total})", longest)
+    limit = min(MAX_ITEMS, max_produce)
+    if len(lists["produce"]) > limit:
+        raise BadRequest(
+            f"at most {limit} produced messages per transaction (got {len(lists['produce'])})",
+            "produce",
+        )
     seen: dict[tuple[str, str, int], str] = {}
     names: set[str] = set()
     group_names: set[str] = set()
