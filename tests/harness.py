@@ -108,3 +108,28 @@ class Server:
     def restart(self, *, hard: bool = True) -> Server:
         self.kill() if hard else self.stop()
         return self.start()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ClockServer(Server):
+    """A server whose ``time.time()`` runs as many seconds ahead as the file ``clock`` says
+    (tests/clock/sitecustomize.py): a test moves it past a window without sleeping, or gives
+    one of several processes a clock of its own."""
+
+    clock: Path = Path("clock")
+
+    def _spawn(self, log) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
+        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
+        command += ["--db", self.db_url, *self.args]
+        paths = [str(ROOT / "tests" / "clock"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+            "STATIONS_TEST_CLOCK": str(self.clock),
+        }
+        return subprocess.Popen(
+            command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env
+        )

@@ -21,7 +21,8 @@ from stations.domain import catalog, groups, lifecycle, retention
 from stations.domain.idwindow import IdWindow
 from stations.domain.isolate import each_station
 from stations.store import upkeep
-from stations.store.writer import Batch, now_ms
+from stations.store.clock import SYNC_S, local_s, now_ms
+from stations.store.writer import Batch
 
 logger = logging.getLogger("stations.domain.scheduler")
 MIN_SWEEP_S = 0.25
@@ -40,6 +41,8 @@ class Host(Protocol):
 
     async def refresh_statistics(self) -> None: ...
 
+    async def sync_clock(self) -> None: ...
+
 
 class LeaseTimer:
     """One date job at the earliest moment a lease expires or a nacked message falls due.
@@ -57,7 +60,7 @@ class LeaseTimer:
     def arm(self, when_ms: int | None) -> None:
         if when_ms is None:
             return
-        when = when_ms / 1000 + 0.005
+        when = local_s(when_ms) + 0.005  # APScheduler's date is on this machine's clock
         # APScheduler drops a date job from its store once it fires, so a stale ``_at`` never
         # holds back a new one.
         if self._at is not None and self._at <= when and self._sched.get_job("leases"):
@@ -108,6 +111,8 @@ class Scheduler:
         # autoanalyze (which may be off).
         self._sched.add_job(self.refresh_statistics, "interval", seconds=STATISTICS_S, id="stats")
         self._sched.add_job(self.refresh_statistics, id="stats-start")
+        # Deadlines and windows are reckoned on the database's clock (stations.store.clock).
+        self._sched.add_job(self.sync_clock, "interval", seconds=SYNC_S, id="clock")
         self._sched.start()
         catalog.window_listeners.append(self.window_set)
 
@@ -157,6 +162,12 @@ class Scheduler:
             await self.service.refresh_statistics()
         except Exception:
             logger.exception("refreshing statistics failed")
+
+    async def sync_clock(self) -> None:
+        try:
+            await self.service.sync_clock()
+        except Exception:
+            logger.exception("measuring the database's clock failed")
 
     async def expire_streams(self) -> None:
         try:

@@ -38,10 +38,11 @@ from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
 from stations.domain.streams import StreamState
 from stations.store.checkpoints import WalFigures
+from stations.store.clock import now_ms
 from stations.store.database import Database
 from stations.store.db import Tx
 from stations.store.idruns import SPILL_AT, IdRuns
-from stations.store.writer import Batch, now_ms
+from stations.store.writer import Batch
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
@@ -202,6 +203,9 @@ class Service:
 
     async def refresh_statistics(self) -> None:
         await self.db.refresh_statistics()
+
+    async def sync_clock(self) -> None:
+        await self.db.sync_clock()
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""

@@ -23,7 +23,7 @@ from stations.domain import subscriptions as subs
 from stations.domain.subscriptions import INDEX_KEY, WAKE_KEY, Context, Delivery, Outcome
 from stations.domain.subscriptions_keys import Signer
 from stations.store import subscriptions as store
-from stations.store.writer import now_ms
+from stations.store.clock import now_ms
 
 log = logging.getLogger("stations.subscriptions")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from stations.store import db
+from stations.store import clock, db
 from stations.store.checkpoints import Checkpoints, WalFigures
 from stations.store.db import Tx
 from stations.store.idruns import IdRuns
@@ -51,6 +51,7 @@ class Database:
         self.read_engine = db.make_engine(self.url, durability=self.durability)
         self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix="stations-read")
         await loop.run_in_executor(self._readers, db.upgrade, self.write_engine)
+        await loop.run_in_executor(self._readers, clock.sync, self.read_engine)
         if runs is not None:
             await loop.run_in_executor(self._readers, runs.load, self.read_engine)
         path = db.database_file(self.url)
@@ -135,6 +136,12 @@ class Database:
         """Refresh the planner's statistics of tables that grew (see ``db.analyze_grown``)."""
         return await asyncio.get_running_loop().run_in_executor(
             self._readers, db.analyze_grown, self.read_engine
+        )
+
+    async def sync_clock(self) -> None:
+        """Measure the database's clock again (see ``stations.store.clock``)."""
+        await asyncio.get_running_loop().run_in_executor(
+            self._readers, clock.sync, self.read_engine
         )
 
     async def ping(self) -> None:

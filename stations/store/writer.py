@@ -26,6 +26,7 @@ from stations.domain.errors import StationsError, Unavailable
 from stations.domain.streams import StreamState
 from stations.store import db, sql
 from stations.store.checkpoints import Checkpoints
+from stations.store.clock import now_ms
 from stations.store.pgnotify import CHANNEL
 from stations.store.schema import messages
 from stations.store.streams import load
@@ -52,10 +53,6 @@ NOTIFY = "SELECT pg_notify(%s, %s)"
 # way round. Nothing of an aborted transaction happened (its RAM effects are undone too).
 TRANSIENT_SQLSTATES = frozenset({"40P01", "40001"})
 TRANSIENT_TRIES = 5
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def transient(exc: BaseException) -> bool:
