@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -189,3 +189,20 @@ class Api:
 
 def client(server: Server) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=server.url, timeout=30)
+
+
+# The fixtures ``shared`` and ``api`` of the test modules that import these two: pytest registers
+# an imported fixture as the importing module's own, so module scope still gives each of those
+# modules its own server per engine. Named apart from the fixtures, so that a test's ``api`` or
+# ``shared`` parameter does not shadow the imported name (ruff F811).
+@pytest.fixture(name="shared", scope="module", params=ENGINES)
+def shared_fixture(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    yield from module_server(request, tmp_path_factory)
+
+
+@pytest.fixture(name="api")
+async def api_fixture(shared: Server) -> AsyncIterator[Api]:
+    async with client(shared) as c:
+        yield Api(c)

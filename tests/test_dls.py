@@ -5,36 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
-
 from tests.groupkit import (
-    ENGINES,
     EXPIRY_SLACK_S,
     Api,
+    api_fixture,  # noqa: F401 - the fixture api
     client,
     eventually,
     field_of,
-    module_server,
     ms,
+    shared_fixture,  # noqa: F401 - the fixture shared
     uniq,
 )
 from tests.harness import Server
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def shared(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    yield from module_server(request, tmp_path_factory)
-
-
-@pytest.fixture
-async def api(shared: Server) -> AsyncIterator[Api]:
-    async with client(shared) as c:
-        yield Api(c)
 
 
 def pairs(msgs: list[dict[str, Any]]) -> list[tuple[str, int]]:

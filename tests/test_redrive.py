@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
-
-from tests.groupkit import ENGINES, Api, assert_clean_log, client, field_of, module_server
+from tests.groupkit import (
+    Api,
+    api_fixture,  # noqa: F401 - the fixture api
+    assert_clean_log,
+    client,
+    field_of,
+    shared_fixture,  # noqa: F401 - the fixture shared
+)
 from tests.harness import Server
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def shared(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    yield from module_server(request, tmp_path_factory)
-
-
-@pytest.fixture
-async def api(shared: Server) -> AsyncIterator[Api]:
-    async with client(shared) as c:
-        yield Api(c)
 
 
 async def dead_letter_one(api: Api, st: str, wait_ms: int = 0) -> dict[str, Any]:

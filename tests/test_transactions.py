@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +19,14 @@ import pytest
 from stations.domain import dls, groups, transactions
 from stations.domain.service import Service
 from stations.store.writer import Batch
-from tests.groupkit import ENGINES, Api, client, field_of, module_server, ms
+from tests.groupkit import (
+    Api,
+    api_fixture,  # noqa: F401 - the fixture api
+    field_of,
+    ms,
+    shared_fixture,  # noqa: F401 - the fixture shared
+)
 from tests.harness import Server
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def shared(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    yield from module_server(request, tmp_path_factory)
-
-
-@pytest.fixture
-async def api(shared: Server) -> AsyncIterator[Api]:
-    async with client(shared) as c:
-        yield Api(c)
 
 
 async def tx(api: Api, body: dict[str, Any], status: int = 200) -> Any:
