@@ -481,6 +481,13 @@ def modifying_ctes(conn: Connection) -> bool:
     return _postgresql(conn)
 
 
+def arrays(conn: Connection) -> bool:
+    """Whether the database has arrays that ``unnest`` turns into rows and the driver binds a
+    Python list as an array (PostgreSQL with psycopg), so that any number of rows goes in one
+    statement with one parameter per column."""
+    return _postgresql(conn)
+
+
 def shared(bind: Connection | Engine) -> bool:
     """Several processes may write this database at once (PostgreSQL): ids are looked up in
     the shared table, rows are locked, and commits are announced to the other processes."""
@@ -497,7 +504,7 @@ def insert_many_sql(conn: Connection, table: Table) -> str | None:
     """One INSERT of many rows with one array parameter per column, for drivers that bind a
     list as an array (PostgreSQL): one round trip and one statement instead of one per row.
     None: insert row by row (executemany)."""
-    if not shared(conn):
+    if not arrays(conn):
         return None
     casts = ", ".join(f"%s::{c.type.compile(dialect=conn.dialect)}[]" for c in table.columns)
     columns = ", ".join(c.name for c in table.columns)
@@ -563,7 +570,7 @@ def upsert(
 ) -> Executable:
     """INSERT ... ON CONFLICT (keys) DO UPDATE SET changes: both dialects speak it, each
     under its own SQLAlchemy construct."""
-    if shared(conn):
+    if _postgresql(conn):
         pg = postgresql.insert(table).values(dict(values))
         return pg.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
     lite = sqlite.insert(table).values(dict(values))

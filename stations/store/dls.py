@@ -47,7 +47,7 @@ def add(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     names = ", ".join(c.name for c in _COLUMNS)
-    if db.shared(conn):
+    if db.arrays(conn):
         casts = ", ".join(f"%s::{c.type.compile(dialect=conn.dialect)}[]" for c in _COLUMNS)
         sql.execute(
             conn,

@@ -44,7 +44,7 @@ def lookup(conn: Connection, stream_id: int, wanted: list[str]) -> list[tuple[st
     """``(msg_id, seq, stored_at)`` of the wanted ids stored in ``msg_ids``."""
     if not wanted:
         return []
-    if db.shared(conn):
+    if db.arrays(conn):
         return _rows(
             conn,
             LOOKUP_SQL,

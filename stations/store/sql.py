@@ -135,7 +135,7 @@ _INSERT_IDS = (
 
 def insert_ids(conn: Connection, rows: list[tuple[int, str, int, int]]) -> None:
     """Store ``(stream_id, msg_id, seq, stored_at)`` rows in ``msg_ids``."""
-    if not db.shared(conn):
+    if not db.arrays(conn):
         insert_rows(conn, msg_ids, rows)
         return
     sids, ids, seqs, ats = zip(*rows, strict=True)
