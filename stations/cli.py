@@ -238,16 +238,17 @@ def _require_driver(url: str | None) -> None:
     A database the store cannot use is named before anything is created."""
     if not url:
         return
-    from stations.store.db import missing_driver, unsupported
+    from stations.store.db import why_not_servable
 
-    why = unsupported(url)
-    if why is not None:
-        _fail(f"--db: {why}")
-    if missing_driver(url) is not None:
+    why = why_not_servable(url)
+    if why is None:
+        return
+    if why.driver is not None:
         _fail(
-            "--db is a PostgreSQL URL but the psycopg driver is not installed; "
+            f"--db is a PostgreSQL URL but the {why.driver} driver is not installed; "
             "install it with: pip install 'stations[postgresql]'"
         )
+    _fail(f"--db: {why.reason}")
 
 
 def serve(args: argparse.Namespace) -> None:

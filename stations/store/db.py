@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -64,46 +65,43 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def missing_driver(url: str) -> str | None:
-    """The driver package a database URL needs and that is not installed (PostgreSQL's is the
-    optional extra ``stations[postgresql]``); None when nothing is missing or it is no URL."""
-    import importlib.util
+@dataclass(frozen=True)
+class NotServable:
+    """Why Stations cannot serve the database a URL names: ``reason`` in one line, and
+    ``driver``, the package to install when a missing driver is the reason (PostgreSQL's is
+    the optional extra ``stations[postgresql]``)."""
 
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        backend = make_url(url).get_backend_name()
-    except ArgumentError:
-        return None  # reported as "--db is not a database URL" by the service
-    if backend == "postgresql" and importlib.util.find_spec("psycopg") is None:
-        return "psycopg"
-    return None
+    reason: str
+    driver: str | None = None
 
 
-def unsupported(url: str) -> str | None:
+def why_not_servable(url: str) -> NotServable | None:
     """Why Stations cannot store on the database a URL names, or None: its SQL is SQLite's and
     PostgreSQL's (another database failed on connecting, with a message about a driver or a
-    setting), and SQLite needs a file (in memory, each connection would see a database of its
-    own)."""
-    from sqlalchemy.exc import ArgumentError
+    setting), SQLite needs a file (in memory, each connection would see a database of its
+    own), and PostgreSQL needs its driver. None too for no URL at all, which the service
+    reports as "--db is not a database URL"."""
+    import importlib.util
 
     try:
         parsed = make_url(url)
     except ArgumentError:
-        return None  # reported as "--db is not a database URL" by the service
+        return None
     # From the name alone: asking SQLAlchemy for the backend loads its dialect, which fails
     # for one it does not know.
     backend = parsed.drivername.partition("+")[0]
     if backend == "sqlite":
         if database_file(url) is None:
-            return (
+            return NotServable(
                 "an in-memory SQLite database cannot be served (each connection would see one "
                 "of its own): give a file, e.g. sqlite:///data/stations.db"
             )
         return None
-    if backend in ("postgresql", "postgres"):
-        return None
-    return f"Stations stores on SQLite or PostgreSQL, not {backend}"
+    if backend not in ("postgresql", "postgres"):
+        return NotServable(f"Stations stores on SQLite or PostgreSQL, not {backend}")
+    if backend == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        return NotServable("the psycopg driver is not installed", driver="psycopg")
+    return None
 
 
 def describe(url: str) -> str:
