@@ -22,9 +22,10 @@ Exactly-once, in each direction:
   twice. Spark cannot derive a stable id from arbitrary input, so without ``msgIdColumn`` the write
   is refused unless ``allowDuplicates`` is ``true``.
 - **Streaming writes** make each (query, partition) an idempotent producer (Durable Streams
-  §5.2.1): ``Producer-Id`` from the query id and partition, ``Producer-Epoch`` the batch id,
+  §5.2.1): ``Producer-Id`` from the query id and partition, ``Producer-Epoch`` from the batch id,
   ``Producer-Seq`` one per request. A batch replayed after a failure is answered as duplicates; a
-  zombie task of an older batch is fenced (403).
+  zombie task of an older batch is fenced (403). On a JSON station the epoch also records the
+  ``chunkSize`` the batch was first sent with, and a replay under another one sends those chunks.
 
 Options (all strings): ``url`` (default ``$STATIONS_URL`` or http://127.0.0.1:4437), ``station``
 (or the load/save path), ``token``; reads: ``startingOffset`` (``-1``, ``latest`` or an offset;

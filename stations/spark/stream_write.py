@@ -1,7 +1,11 @@
 """Streaming writes: each (query, partition) is an idempotent producer of the client core
 (Durable Streams §5.2.1): ``Producer-Id`` from the query id and partition, ``Producer-Epoch``
-the batch id, ``Producer-Seq`` one per request. A batch replayed after a failure is answered as
-duplicates; a zombie task of an older batch is fenced (403)."""
+from the batch id, ``Producer-Seq`` one per request. A batch replayed after a failure is
+answered as duplicates; a zombie task of an older batch is fenced (403).
+
+On a JSON station a request carries ``chunkSize`` rows, so which rows a seq covers depends on
+an option a restart may change. The batch's epoch therefore records the chunk size its first
+attempt sent with (see ``send_json``), and a replay sends the same chunks under the same seqs."""
 
 from __future__ import annotations
 
@@ -12,9 +16,15 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from stations.client.blocking import BlockingProducer
+from stations.client.errors import ProducerFenced
 from stations.client.models import is_json_type
 from stations.client.session import ProducerSession
-from stations.spark.options import CONNECTOR_RETRY, DEFAULT_CHUNK, Config, station_view
+from stations.spark.options import (
+    CONNECTOR_RETRY,
+    MAX_MESSAGES_PER_POST,
+    Config,
+    station_view,
+)
 from stations.spark.rows import RowShape, chunks, dumpb, rows_of
 from stations.spark.write import WriteReport
 
@@ -30,13 +40,18 @@ def stream_producer(
     return BlockingProducer(cfg.http(), cfg.stream_path, session, CONNECTOR_RETRY)
 
 
-def producer_id(cfg: Config, query_id: str, partition: int, is_json: bool) -> str:
-    """The producer of one (query, partition). A JSON station takes ``chunkSize`` rows per
-    sequence number, so a chunkSize other than the default is part of the id: a batch replayed
-    under another chunkSize must not have its new chunks taken for duplicates of the old ones
-    (its rows are stored again instead). The default keeps the id that queries always had."""
-    base = f"{cfg.producer_prefix}:{query_id}:{partition}"
-    return base if not is_json or cfg.chunk_size == DEFAULT_CHUNK else f"{base}:c{cfg.chunk_size}"
+def producer_id(cfg: Config, query_id: str, partition: int) -> str:
+    """The producer of one (query, partition)."""
+    return f"{cfg.producer_prefix}:{query_id}:{partition}"
+
+
+# Each batch owns this many epochs: the first for its first row alone, then one per chunk size.
+EPOCHS_PER_BATCH = MAX_MESSAGES_PER_POST + 1
+
+
+def batch_epoch(batch_id: int, chunk_size: int = 0) -> int:
+    """The epoch of batch ``batch_id`` sent in chunks of ``chunk_size`` (0: its first row)."""
+    return batch_id * EPOCHS_PER_BATCH + chunk_size
 
 
 class StationsStreamWriter(DataSourceStreamArrowWriter):
@@ -69,15 +84,24 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
         query_id = ctx.getLocalProperty("sql.streaming.queryId")
         if batch_id is None or query_id is None:
             raise RuntimeError("no streaming batch id / query id in the task context")
-        producer = stream_producer(
-            self.cfg,
-            producer_id=producer_id(self.cfg, query_id, ctx.partitionId(), self.shape.is_json),
-            epoch=int(batch_id),
-            content_type=self.content_type,
-        )
         report = WriteReport(partition=ctx.partitionId())
+        pid = producer_id(self.cfg, query_id, ctx.partitionId())
+        if self.shape.is_json:
+            send_json(
+                self.cfg,
+                pid,
+                int(batch_id),
+                self.content_type,
+                rows_of(iterator),
+                self.shape,
+                report,
+            )
+            return report
+        producer = stream_producer(
+            self.cfg, producer_id=pid, epoch=int(batch_id), content_type=self.content_type
+        )
         try:
-            send_rows(producer, rows_of(iterator), self.shape, self.cfg.chunk_size, report)
+            send_texts(producer, rows_of(iterator), self.shape, report)
         finally:
             producer.close()
         return report
@@ -89,18 +113,56 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
         """Nothing to undo: what was stored stays; a replay of the batch is deduplicated."""
 
 
-def send_rows(
-    producer: BlockingProducer,
+def send_json(
+    cfg: Config,
+    pid: str,
+    batch_id: int,
+    content_type: str,
     rows: Iterator[dict[str, object]],
     shape: RowShape,
-    chunk_size: int,
     report: WriteReport,
 ) -> None:
-    if shape.is_json:
+    """A batch's rows into a JSON station: the first row alone under ``batch_epoch(batch)``,
+    then the rest in chunks under ``batch_epoch(batch, chunk)``.
+
+    A first attempt that got past its first row left its session at the epoch of its chunk
+    size, so a replay's first row is fenced by that epoch: the replay takes the chunk size from
+    it and sends the same chunks under the same seqs (duplicates, then the rows not stored).
+    Otherwise the replay's own ``chunkSize`` is safe: nothing was stored in chunks yet."""
+    first = next(rows, None)
+    if first is None:
+        return
+    chunk_size = cfg.chunk_size
+    producer = stream_producer(
+        cfg, producer_id=pid, epoch=batch_epoch(batch_id), content_type=content_type
+    )
+    try:
+        report.add(1, 1 if producer.append(dumpb([shape.payload(first)])) else 0)
+    except ProducerFenced as exc:
+        if not batch_epoch(batch_id) < exc.current_epoch < batch_epoch(batch_id + 1):
+            raise  # a newer batch took over: this task is a zombie
+        chunk_size = exc.current_epoch - batch_epoch(batch_id)
+        report.add(1, 0)  # the first attempt stored the first row before its chunks
+    finally:
+        producer.close()
+    producer = stream_producer(
+        cfg, producer_id=pid, epoch=batch_epoch(batch_id, chunk_size), content_type=content_type
+    )
+    try:
         for chunk in chunks(rows, chunk_size):
             stored = producer.append(dumpb([shape.payload(r) for r in chunk]))
             report.add(len(chunk), len(chunk) if stored else 0)
-        return
+    finally:
+        producer.close()
+
+
+def send_texts(
+    producer: BlockingProducer,
+    rows: Iterator[dict[str, object]],
+    shape: RowShape,
+    report: WriteReport,
+) -> None:
+    """A batch's rows into a text or binary station, one row per request (one seq each)."""
     for row in rows:
         value = shape.payload(row)
         body = value if isinstance(value, bytes) else ("" if value is None else str(value)).encode()
