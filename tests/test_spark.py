@@ -804,6 +804,78 @@ def test_a_stream_refuses_an_ending_offset() -> None:
         StationsStreamReader(cfg, StructType())
 
 
+@pytest.mark.parametrize(
+    ("kind", "options", "named"),
+    [
+        ("read", {"group": "billing"}, "option group is for dead-letter reads .*dls=true"),
+        ("read", {"dls": "false", "group": "g"}, "option group is for dead-letter reads"),
+        ("read", {"cursor": "q"}, "option cursor is for streaming reads"),
+        ("read", {"maxMessagesPerTrigger": "5"}, "option maxMessagesPerTrigger is for streaming"),
+        ("read", {"msgIdColumn": "id"}, "option msgIdColumn is for writes"),
+        ("read", {"dls": "true", "startingOffset": "-1"}, "option startingOffset is for reads of"),
+        ("read", {"dls": "true", "numPartitions": "4"}, "option numPartitions is for reads of"),
+        ("stream_read", {"group": "g"}, "option group is for dead-letter reads"),
+        ("stream_read", {"chunkSize": "10"}, "option chunkSize is for writes"),
+        ("write", {"msgIdColumn": "id", "startingOffset": "-1"}, "option startingOffset is for r"),
+        ("write", {"msgIdColumn": "id", "cursor": "q"}, "option cursor is for reads"),
+        ("write", {"msgIdColumn": "id", "producerIdPrefix": "p"}, "option producerIdPrefix is for"),
+        ("stream_write", {"reportPath": "/tmp/r.json"}, "option reportPath is for batch writes"),
+        ("stream_write", {"allowDuplicates": "true"}, "option allowDuplicates is for batch writes"),
+        ("stream_write", {"numPartitions": "2"}, "option numPartitions is for reads"),
+    ],
+)
+def test_options_the_operation_would_ignore_are_refused_by_name(
+    kind: str, options: dict[str, str], named: str
+) -> None:
+    """Found by a review: these were silently ignored, so the job did something else than
+    asked (``group`` without ``dls=true`` read the messages, not a group's dead letters;
+    ``cursor`` on a batch read stored no progress anywhere)."""
+    from stations.spark.read import StationsReader
+    from stations.spark.stream_read import StationsStreamReader
+    from stations.spark.write import StationsWriter
+
+    cfg = Config.parse({"station": "s", **options})
+    with pytest.raises(ValueError, match=named):
+        if kind == "read":
+            StationsReader(cfg, StructType())
+        elif kind == "stream_read":
+            StationsStreamReader(cfg, StructType())
+        elif kind == "write":
+            StationsWriter(cfg, StructType(), False)
+        else:
+            StationsStreamWriter(cfg, StructType(), False)
+
+
+def test_options_refused_reach_the_user_and_own_options_pass(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    from stations.spark.read import StationsReader
+    from stations.spark.stream_read import StationsStreamReader
+    from stations.spark.write import StationsWriter
+
+    name = new_station(api)
+    produce(api, name, [{"data": {"n": 1}}])
+    with pytest.raises(Exception, match="option group is for dead-letter reads"):
+        reader(spark, srv, name).option("group", "g").load().collect()
+    assert reader(spark, srv, name).option("dls", "true").option("group", "g").load().count() == 0
+
+    def cfg(**options: str) -> Config:
+        return Config.parse({"url": srv.url, "station": name, **options})
+
+    StationsReader(
+        cfg(startingOffset="-1", numPartitions="2", failOnDataLoss="false"), StructType()
+    )
+    StationsStreamReader(cfg(cursor="q", maxMessagesPerTrigger="5"), StructType())
+    rows = StructType().add("id", "string").add("data", "string")
+    StationsWriter(cfg(msgIdColumn="id", chunkSize="5", reportPath="/tmp/r"), rows, False)
+    StationsStreamWriter(cfg(producerIdPrefix="p", chunkSize="5"), StructType(), False)
+    text = new_station(api, contentType="text/plain")
+    with pytest.raises(ValueError, match="option chunkSize is for JSON stations"):
+        StationsStreamWriter(
+            Config.parse({"url": srv.url, "station": text, "chunkSize": "5"}), StructType(), False
+        )
+
+
 def test_pipeline_errors_name_the_flag_and_the_token(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,7 +54,7 @@ def add_parser(
         default="application/json",
         help="payload type, fixed at creation (default %(default)s)",
     )
-    _settings_options(create, creating=True)
+    _settings_options(create)
     create.set_defaults(handler=create_station)
 
     edit = verbs.add_parser(
@@ -64,7 +64,7 @@ def add_parser(
         epilog=epilog,
     )
     edit.add_argument("name", help="station name")
-    _settings_options(edit, creating=False)
+    _settings_options(edit)
     edit.set_defaults(handler=edit_station)
 
     delete = verbs.add_parser(
@@ -77,14 +77,12 @@ def add_parser(
     delete.set_defaults(handler=delete_station)
 
 
-def _settings_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
-    # Defaults are shown for create only: edit leaves an option it is not given unchanged.
+def _settings_options(p: argparse.ArgumentParser) -> None:
     duration = duration_ms
     p.add_argument(
         "--window",
         type=duration,
-        help="idempotency window for message ids: 100ms to 24h, e.g. 10m"
-        + (" (default 2m)" if creating else ""),
+        help="idempotency window for message ids: 100ms to 24h, e.g. 10m (default 2m)",
     )
     p.add_argument("--max-age", type=duration, help="retention: drop messages older than this")
     p.add_argument("--max-messages", type=int, help="retention: keep at most this many messages")
@@ -93,8 +91,7 @@ def _settings_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
         "--dls-poison",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="dead-letter messages that reach their group's delivery limit"
-        + (" (default on)" if creating else ""),
+        help="dead-letter messages that reach their group's delivery limit (default on)",
     )
     p.add_argument("--dls-forward-to", help="also append dead letters to this station")
     p.add_argument("--dls-retention", type=duration, help="how long dead letters are kept")

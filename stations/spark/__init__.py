@@ -37,6 +37,11 @@ shows in ``/api/stations/{name}/cursors``, the console and ``/metrics``); writes
 ``allowDuplicates``, ``dataColumn`` (default ``data``), ``headersColumn`` (default
 ``headers``), ``chunkSize`` (messages per request, default 1000), ``reportPath`` (batch: a JSON
 summary written by the driver's commit), ``producerIdPrefix`` (streaming, default ``spark``).
+An option the operation would ignore is refused, naming it: write options on a read, read options
+on a write, ``group`` without ``dls=true``, the offset options with ``dls=true``, ``cursor`` and
+``maxMessagesPerTrigger`` on a batch read, ``producerIdPrefix`` on a batch write,
+``allowDuplicates`` and ``reportPath`` on a streaming write, ``chunkSize`` on a streaming write
+into a text or binary station (it sends one row per request).
 
 Modules: ``options`` (the options), ``offsets`` (offset tokens and ranges), ``rows`` (rows to
 messages and back), ``read`` / ``stream_read`` (batch and streaming reads), ``write`` /

@@ -55,6 +55,28 @@ OPTIONS = (
     "reportPath",
 )
 _NAMES = {name.lower(): name for name in OPTIONS}
+READ_OPTIONS = (
+    "startingOffset",
+    "endingOffset",
+    "numPartitions",
+    "pageSize",
+    "maxMessagesPerTrigger",
+    "failOnDataLoss",
+    "dls",
+    "group",
+    "cursor",
+)
+WRITE_OPTIONS = (
+    "msgIdColumn",
+    "allowDuplicates",
+    "dataColumn",
+    "headersColumn",
+    "chunkSize",
+    "producerIdPrefix",
+    "reportPath",
+)
+# What a dead-letter read (dls=true) leaves unused: it reads the whole store, by pages.
+_MESSAGE_READ_OPTIONS = ("startingOffset", "endingOffset", "numPartitions", "failOnDataLoss")
 # The Kafka source's names for ours, which a data engineer is likely to type.
 _KAFKA_NAMES = {
     "startingoffsets": "startingOffset",
@@ -136,6 +158,7 @@ class Config:
     producer_prefix: str = "spark"
     report_path: str | None = None
     cursor: str | None = None
+    given: frozenset[str] = frozenset()  # the options given, by their documented names
 
     @classmethod
     def parse(cls, options: Any) -> Config:
@@ -194,6 +217,7 @@ class Config:
             producer_prefix=prefix,
             report_path=opts.get("reportpath") or None,
             cursor=opts.get("cursor") or None,
+            given=frozenset(_NAMES[k] for k in opts if k in _NAMES),
         )
 
     @property
@@ -209,6 +233,59 @@ class Config:
     def http(self) -> BlockingHttp:
         """A blocking transport of the client core to the server (one connection)."""
         return BlockingHttp(self.url, self.token, timeout=self.timeout, retry=CONNECTOR_RETRY)
+
+
+def refuse(cfg: Config, names: Iterable[str], why: str) -> None:
+    """Refuse the first of ``names`` that was given: ``why`` says what it is for. Ignored, an
+    option silently changed nothing the user asked for (``group`` read every group's letters)."""
+    for name in names:
+        if name in cfg.given:
+            raise ValueError(f"option {name} is {why}")
+
+
+def check_read(cfg: Config, *, streaming: bool) -> None:
+    """Refuse the options a read (batch or streaming) would ignore."""
+    refuse(cfg, WRITE_OPTIONS, "for writes (df.write, writeStream): a read does not use it")
+    if not streaming:
+        refuse(
+            cfg,
+            ("cursor", "maxMessagesPerTrigger"),
+            "for streaming reads (spark.readStream): a batch read reads its whole range in one "
+            "job and stores no progress on the server",
+        )
+    if not cfg.dls:
+        refuse(
+            cfg,
+            ("group",),
+            "for dead-letter reads (with option dls=true): it picks the group whose dead "
+            "letters are read, and a read of the messages has no groups",
+        )
+    else:
+        refuse(
+            cfg,
+            _MESSAGE_READ_OPTIONS,
+            "for reads of the messages: a dead-letter read (dls=true) reads the whole "
+            "dead-letter store (filter by group with option group)",
+        )
+
+
+def check_write(cfg: Config, *, streaming: bool) -> None:
+    """Refuse the options a write (batch or streaming) would ignore."""
+    refuse(cfg, READ_OPTIONS, "for reads (spark.read, spark.readStream): a write does not use it")
+    if streaming:
+        refuse(
+            cfg,
+            ("allowDuplicates", "reportPath"),
+            "for batch writes (df.write): a streaming write deduplicates replayed batches by its "
+            "producer sequence, and Spark reports its progress",
+        )
+    else:
+        refuse(
+            cfg,
+            ("producerIdPrefix",),
+            "for streaming writes (writeStream): a batch write deduplicates by the ids of "
+            "msgIdColumn and sends no producer id",
+        )
 
 
 def station_view(cfg: Config) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from stations.client.blocking import BlockingHttp
 from stations.client.errors import Gone, StationsError
 from stations.client.models import is_json_type
 from stations.spark.offsets import OffsetRange, position, split, token
-from stations.spark.options import Config, station_view
+from stations.spark.options import Config, check_read, station_view
 from stations.spark.rows import _loads, data_text, parse_time
 
 if TYPE_CHECKING:
@@ -171,6 +171,7 @@ class StationsReader(DataSourceReader):
     """Batch read of ``[startingOffset, endingOffset)``, or of the DLS with ``dls=true``."""
 
     def __init__(self, cfg: Config, schema: StructType) -> None:
+        check_read(cfg, streaming=False)
         self.cfg = cfg
         self.schema = schema
 

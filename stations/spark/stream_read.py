@@ -30,7 +30,7 @@ from stations.spark.offsets import (
     split,
     token,
 )
-from stations.spark.options import Config, station_view
+from stations.spark.options import Config, check_read, station_view
 from stations.spark.read import first_position, message_batches, tail
 
 logger = logging.getLogger("stations.spark")
@@ -47,6 +47,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "option endingOffset is for batch reads (spark.read): a streaming read runs "
                 "until it is stopped (trigger(availableNow=True) stops at the current end)"
             )
+        check_read(cfg, streaming=True)
         self.cfg = cfg
         self.schema = schema
         self.is_json = is_json_type(station_view(cfg)["contentType"])

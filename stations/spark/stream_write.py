@@ -23,6 +23,8 @@ from stations.spark.options import (
     CONNECTOR_RETRY,
     MAX_MESSAGES_PER_POST,
     Config,
+    check_write,
+    refuse,
     station_view,
 )
 from stations.spark.rows import RowShape, chunks, dumpb, rows_of
@@ -70,8 +72,16 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
                 "msgIdColumn is for batch writes: a streaming write deduplicates replayed batches "
                 "by its producer sequence and sends no message ids"
             )
+        check_write(cfg, streaming=True)
         self.cfg = cfg
         self.content_type: str = station_view(cfg)["contentType"]
+        if not is_json_type(self.content_type):
+            refuse(
+                cfg,
+                ("chunkSize",),
+                f"for JSON stations: a streaming write into a {self.content_type} station "
+                "sends one row per request",
+            )
         self.shape = RowShape.of(cfg, schema, is_json_type(self.content_type))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:  # type: ignore[override]

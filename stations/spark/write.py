@@ -14,7 +14,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from stations.client.models import is_json_type
-from stations.spark.options import Config, station_view
+from stations.spark.options import Config, check_write, station_view
 from stations.spark.rows import RowShape, _loads, chunks, dumpb, rows_of
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class StationsWriter(DataSourceArrowWriter):
     def __init__(self, cfg: Config, schema: StructType, overwrite: bool) -> None:
         if overwrite:
             raise ValueError("a station is append-only: write with mode('append')")
+        check_write(cfg, streaming=False)
         if cfg.msg_id_column is None and not cfg.allow_duplicates:
             raise ValueError(
                 "writing to a station needs option('msgIdColumn', COLUMN): the message id is what "
