@@ -161,8 +161,8 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--head-timeout-s",
         type=float,
         default=10,
-        help="a request head begun but not complete in time closes the connection "
-        "(default %(default)s)",
+        help="a request head begun but not complete in time is answered 408 "
+        "(request_timeout) and the connection closed (default %(default)s)",
     )
     limits.add_argument(
         "--body-timeout-s",
@@ -221,8 +221,8 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         nargs="?",
         const="-",
         metavar="FILE",
-        help="log every request (client, request line, status, size, seconds) to FILE, "
-        "or to stderr when no FILE is given (default: no access log)",
+        help="log every request (client, request line, status, size, seconds, user agent) "
+        "to FILE, or to stderr when no FILE is given (default: no access log)",
     )
     p.add_argument(
         "--log-level",

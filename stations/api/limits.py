@@ -5,8 +5,9 @@
 - ``max_waiting_readers``: long-poll and SSE requests in progress; beyond it a reader gets
   ``503`` with ``Retry-After``, so waiting readers never take the slots producers and
   ``/healthz`` need.
-- ``head_timeout_s``: a request head begun but not complete in time closes the connection
-  (slowloris); ``body_timeout_s``: a request body not complete in time is answered ``408``.
+- ``head_timeout_s``: a request head begun but not complete in time is answered ``408``
+  and the connection closed (slowloris); ``body_timeout_s``: a request body not complete in
+  time is answered ``408``.
 - ``idle_timeout_s``: a keep-alive connection with no request closes.
 - ``send_timeout_s``: a response the client stops reading (the socket stays full) closes.
 - ``max_append_messages``: messages one JSON append may carry (an array's elements); beyond

@@ -21,7 +21,8 @@ EXIT_STDOUT_CLOSED = 141  # stdout's reader left (`| head`): a shell's code for 
 EXIT_CODES_HELP = (
     "exit codes: 0 ok, 1 request refused (bad input; also input refused after part of it "
     "was stored, which is listed), 2 usage error, 3 not found, "
-    "4 conflict, 5 unauthorized or forbidden, 6 server error or unreachable"
+    "4 conflict, 5 unauthorized or forbidden, 6 server error or unreachable, "
+    "141 standard output closed by its reader (as SIGPIPE)"
 )
 
 

@@ -54,7 +54,7 @@ def add_parser(
         default="application/json",
         help="payload type, fixed at creation (default %(default)s)",
     )
-    _settings_options(create)
+    _settings_options(create, creating=True)
     create.set_defaults(handler=create_station)
 
     edit = verbs.add_parser(
@@ -64,7 +64,7 @@ def add_parser(
         epilog=epilog,
     )
     edit.add_argument("name", help="station name")
-    _settings_options(edit)
+    _settings_options(edit, creating=False)
     edit.set_defaults(handler=edit_station)
 
     delete = verbs.add_parser(
@@ -77,12 +77,14 @@ def add_parser(
     delete.set_defaults(handler=delete_station)
 
 
-def _settings_options(p: argparse.ArgumentParser) -> None:
+def _settings_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
+    # Defaults are shown for create only: edit leaves an option it is not given unchanged.
     duration = duration_ms
     p.add_argument(
         "--window",
         type=duration,
-        help="idempotency window for message ids: 100ms to 24h, e.g. 10m (default 2m)",
+        help="idempotency window for message ids: 100ms to 24h, e.g. 10m"
+        + (" (default 2m)" if creating else ""),
     )
     p.add_argument("--max-age", type=duration, help="retention: drop messages older than this")
     p.add_argument("--max-messages", type=int, help="retention: keep at most this many messages")
@@ -91,7 +93,8 @@ def _settings_options(p: argparse.ArgumentParser) -> None:
         "--dls-poison",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="dead-letter messages that reach their group's delivery limit (default on)",
+        help="dead-letter messages that reach their group's delivery limit"
+        + (" (default on)" if creating else ""),
     )
     p.add_argument("--dls-forward-to", help="also append dead letters to this station")
     p.add_argument("--dls-retention", type=duration, help="how long dead letters are kept")
