@@ -48,22 +48,23 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path
     version = run([venv / "bin" / "stations", "--version"]).stdout.strip()
     assert version == f"stations {__version__}"
 
-    # Without the extra, a PostgreSQL URL is one clear line, not a traceback.
+    # Without the extra, a PostgreSQL URL is one clear line, not a traceback, in either spelling.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    refused = subprocess.run(
-        [venv / "bin" / "stations", "serve", "--db", "postgresql://u@127.0.0.1:5432/db"],
-        cwd=elsewhere,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.strip().splitlines() == [
-        "stations: error: --db is a PostgreSQL URL but the psycopg driver is not installed; "
-        "install it with: pip install 'stations[postgresql]'"
-    ]
+    for scheme in ("postgresql", "postgres"):
+        refused = subprocess.run(
+            [venv / "bin" / "stations", "serve", "--db", f"{scheme}://u@127.0.0.1:5432/db"],
+            cwd=elsewhere,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.strip().splitlines() == [
+            "stations: error: --db is a PostgreSQL URL but the psycopg driver is not installed; "
+            "install it with: pip install 'stations[postgresql]'"
+        ], scheme
 
     port = free_port()
     log = (tmp_path / "serve.log").open("wb")

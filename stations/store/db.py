@@ -87,8 +87,7 @@ def why_not_servable(url: str) -> NotServable | None:
         parsed = make_url(url)
     except ArgumentError:
         return None
-    # From the name alone: asking SQLAlchemy for the backend loads its dialect, which fails
-    # for one it does not know.
+    # From the name alone, before anything loads a dialect (one SQLAlchemy does not know fails).
     backend = parsed.drivername.partition("+")[0]
     if backend == "sqlite":
         if database_file(url) is None:
@@ -99,7 +98,7 @@ def why_not_servable(url: str) -> NotServable | None:
         return None
     if backend not in ("postgresql", "postgres"):
         return NotServable(f"Stations stores on SQLite or PostgreSQL, not {backend}")
-    if backend == "postgresql" and importlib.util.find_spec("psycopg") is None:
+    if importlib.util.find_spec("psycopg") is None:  # either spelling: normalize_url picks it
         return NotServable("the psycopg driver is not installed", driver="psycopg")
     return None
 
