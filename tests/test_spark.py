@@ -915,6 +915,20 @@ def test_pipeline_errors_name_the_flag_and_the_token(
         server.kill()
 
 
+def test_pipeline_export_of_the_dls_refuses_an_offset_range(
+    srv: Server, api: httpx.Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a review: export --dls took --from-offset / --to-offset and ignored them (the
+    DLS read reads the whole store), so the files held more than the range asked for."""
+    name = new_station(api)
+    export = ["export", "--station", name, "--to", str(tmp_path / "out"), "--url", srv.url, "--dls"]
+    for flag in ("--from-offset", "--to-offset"):
+        assert pipeline.main([*export, flag, "0000000000000001_0000000000000000"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{flag} goes without --dls" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_latest_start_is_the_same_each_time_spark_asks(srv: Server, api: httpx.Client) -> None:
     """Spark asks for the initial offset when it plans batch 0 and again when it runs it (and
     when a restart replays it). "latest" answered the tail of each moment, so messages

@@ -131,8 +131,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     export.add_argument("--dls", action="store_true", help="export the dead-letter store")
     export.add_argument("--group", help="with --dls: only this consumer group's entries")
-    export.add_argument("--from-offset", default="-1", help="first offset (default: the start)")
-    export.add_argument("--to-offset", default="latest", help="end offset, exclusive")
+    # None when not given: a DLS export reads the whole store and refuses a range.
+    export.add_argument("--from-offset", help="first offset (default: the start; not with --dls)")
+    export.add_argument(
+        "--to-offset", help="end offset, exclusive (default: the end; not with --dls)"
+    )
     export.add_argument("--overwrite", action="store_true", help="replace PATH if it exists")
     common(export)
 
@@ -203,6 +206,13 @@ def preflight(args: argparse.Namespace) -> None:
     else:
         if args.group and not args.dls:
             raise PipelineError("--group goes with --dls")
+        for flag, value in (("--from-offset", args.from_offset), ("--to-offset", args.to_offset)):
+            if args.dls and value is not None:
+                raise PipelineError(
+                    f"{flag} goes without --dls: a dead-letter export writes the whole store"
+                )
+        args.from_offset = "-1" if args.from_offset is None else args.from_offset
+        args.to_offset = "latest" if args.to_offset is None else args.to_offset
         if os.path.exists(args.target) and not args.overwrite:
             raise PipelineError(f"--to {args.target} exists (give --overwrite to replace it)")
         from stations.spark.options import Config
