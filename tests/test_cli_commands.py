@@ -444,3 +444,43 @@ def test_a_limit_below_one_is_a_usage_error(srv: Server, command: str, limit: st
     """``read -n 0`` (or ``-n -1``) printed nothing and exited 0 without asking the server,
     so ``stations read no-such-station -n 0`` said the station was there."""
     failed(cli(srv, command, "no-such-station", "-n", limit), 2, "-n/--limit")
+
+
+def test_produce_fits_a_server_that_takes_fewer_messages_per_request(
+    tmp_path: Path,
+) -> None:
+    """Stdin went out in batches of 500: a server started with ``--max-append-messages 50``
+    refused each one (400 naming ``messages``), so a long stdin run stored nothing. A batch
+    refused for its size is now sent again in smaller ones (a refusal stores nothing), and
+    ``--batch N`` sets the size from the start."""
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{"token": ADMIN, "role": "admin"}]}))
+    url = f"sqlite:///{tmp_path / 'stations.db'}"
+    small = Server(url, tmp_path, ["--tokens", str(tokens), "--max-append-messages", "50"])
+    small.start()
+    try:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        with httpx.Client(base_url=small.url, headers=headers, timeout=10) as http:
+            ok(cli(small, "station", "create", "cli-small"))
+            lines = "".join(f'{{"n": {n}}}\n' for n in range(1000))
+            results = json_lines(cli(small, "produce", "cli-small", "--json", stdin=lines))
+            assert len(results) == 1000
+            offsets = [r["offset"] for r in results]
+            assert offsets == sorted(offsets) and len(set(offsets)) == 1000
+            assert not any(r["duplicate"] for r in results)
+            page = http.get("/api/stations/cli-small/messages", params={"limit": "1000"}).json()
+            assert [m["data"] for m in page["messages"]] == [{"n": n} for n in range(1000)]
+            assert [m["offset"] for m in page["messages"]] == offsets
+
+            ok(cli(small, "station", "create", "cli-small-text", "--content-type", "text/plain"))
+            texts = "".join(f"line {n}\n" for n in range(120))
+            listed = table(ok(cli(small, "produce", "cli-small-text", "--batch", "7", stdin=texts)))
+            assert listed[0] == ["OFFSET", "ID", "DUPLICATE"] and len(listed) == 121
+            page = http.get("/api/stations/cli-small-text/messages", params={"limit": "1000"})
+            assert [m["data"] for m in page.json()["messages"]] == [f"line {n}" for n in range(120)]
+
+            for bad in ("0", "-3", "x"):
+                failed(cli(small, "produce", "cli-small", "--batch", bad, "1"), 2, "--batch")
+            assert http.get("/api/stations/cli-small").json()["stats"]["messages"] == 1000
+    finally:
+        small.kill()

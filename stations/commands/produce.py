@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,10 @@ from stations.commands.base import Refused, Usage, dumps, print_table
 if TYPE_CHECKING:
     from stations.client import Client, NewMessage
 
-BATCH = 500  # stdin lines per request (one transaction each)
+BATCH = 500  # stdin lines per request (one transaction each), unless --batch says otherwise
+# The server's refusal of a produce of more messages than it takes in one request (the
+# 10000 of the API, or its --max-append-messages if lower): 400, field "messages".
+_TOO_MANY = re.compile(r"at most ([0-9]+) messages per request")
 
 
 def add_parser(
@@ -55,7 +59,38 @@ def add_parser(
         metavar="KEY=VALUE",
         help="a header for every message (repeatable)",
     )
+    p.add_argument(
+        "--batch",
+        type=_batch_size,
+        default=BATCH,
+        metavar="N",
+        help="messages per request (default %(default)s); a request the server refuses for "
+        "its number of messages (serve --max-append-messages) is sent again in smaller ones",
+    )
     p.set_defaults(handler=produce)
+
+
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of messages: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _fewer(exc: StationsError, sent: int) -> int | None:
+    """How many messages to send per request after ``exc`` answered a request of ``sent``:
+    fewer when the server refused it for its number of messages (a refusal stores none of
+    them, so sending them again cannot store one twice), else None."""
+    if sent < 2 or exc.status != 400 or exc.field != "messages":
+        return None
+    match = _TOO_MANY.search(exc.message)
+    if match is None:
+        return None
+    most = int(match.group(1))
+    return most if 1 <= most < sent else sent // 2
 
 
 def _headers(pairs: list[str]) -> dict[str, str]:
@@ -122,15 +157,28 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
     info = await station.info()
     rows: list[tuple[str, str | None, bool]] = []
     batch: list[NewMessage] = []
+    size = args.batch  # lowered for good when the server refuses a request of this many
+    in_flight = 0  # messages of the request that failed, if one did
 
     async def send() -> None:
-        results = await station.produce_many(batch)
-        for message, result in zip(batch, results, strict=True):
-            rows.append((result.offset, message.msg_id, result.duplicate))
-            if args.json:
-                line = {"offset": result.offset, "id": message.msg_id}
-                print(dumps({**line, "duplicate": result.duplicate}), flush=True)
-        batch.clear()
+        nonlocal size, in_flight
+        while batch:
+            part = batch[:size]
+            in_flight = len(part)
+            try:
+                results = await station.produce_many(part)
+            except StationsError as exc:
+                fewer = _fewer(exc, len(part))
+                if fewer is None:
+                    raise
+                size = fewer
+                continue
+            for message, result in zip(part, results, strict=True):
+                rows.append((result.offset, message.msg_id, result.duplicate))
+                if args.json:
+                    line = {"offset": result.offset, "id": message.msg_id}
+                    print(dumps({**line, "duplicate": result.duplicate}), flush=True)
+            del batch[: len(part)]
 
     # Messages are checked before anything is sent when they come from the arguments; stdin
     # is sent in batches as it arrives.
@@ -140,7 +188,7 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
     try:
         for message in messages:
             batch.append(message)
-            if len(batch) >= BATCH:
+            if len(batch) >= size:
                 await send()
         if batch:
             await send()
@@ -154,7 +202,7 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         if isinstance(exc, Usage) or exc.status in (400, 413):
             raise Refused(f"{exc}; {stored}, the rest were not") from None
         if exc.status is None or exc.status >= 500:  # no answer: the batch may be stored too
-            stored += f"; whether the next {len(batch)} were is not known"
+            stored += f"; whether the next {in_flight} were is not known"
         else:
             stored += ", the rest were not"
         told = copy.copy(exc)  # same class and status, so the same exit code
