@@ -239,6 +239,11 @@ class Station:
         """Store messages in one request (one transaction), in order; items that are not
         ``NewMessage`` are taken as the data of a message without id or headers.
 
+        There is no batching here: a request carries at most 10000 messages, or the server's
+        ``--max-append-messages`` if lower; more is refused whole (``BadRequest``, ``field``
+        ``"messages"``, "at most N messages per request") and nothing is stored, so send a
+        longer list in slices (as ``stations produce`` does).
+
         Retried on connection errors and 5xx only when every message has an id: the id makes
         the retry safe (a message stored by the lost attempt comes back as a duplicate).
         Without ids only what stored nothing is retried: a 429, a 503, a refused connection."""
