@@ -23,7 +23,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.harness import IN_CI, Server
+from tests.harness import IN_CI, ClockServer, Server
 
 try:
     import pyarrow as pa
@@ -555,33 +555,12 @@ def test_pipeline_export_of_the_dls(
     assert paged.count() == 25  # four pages, followed through `next`
 
 
-class ClockServer(Server):
-    """A server whose clock the test moves forward (tests/clock/sitecustomize.py)."""
-
-    clock: Path
-
-    def _spawn(self, log):  # type: ignore[no-untyped-def]
-        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
-        command += ["--db", self.db_url, *self.args]
-        paths = [str(ROOT / "tests" / "clock"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, paths)),
-            "STATIONS_TEST_CLOCK": str(self.clock),
-        }
-        return subprocess.Popen(
-            command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env
-        )
-
-
 def test_pipeline_rerun_after_the_default_window_stores_nothing_twice(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock = tmp_path / "clock"
     clock.write_text("0")
-    server = ClockServer(f"sqlite:///{tmp_path / 'stations.db'}", tmp_path)
-    server.clock = clock
-    server.start()
+    server = ClockServer(f"sqlite:///{tmp_path / 'stations.db'}", tmp_path, clock=clock).start()
     try:
         path = tmp_path / "orders.parquet"
         pq.write_table(pa.table({"order_id": [f"o-{i}" for i in range(300)]}), path)
