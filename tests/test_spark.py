@@ -993,3 +993,14 @@ def test_a_checkpoint_behind_retention_fails_unless_data_loss_is_allowed(
             else:
                 with pytest.raises(Gone, match="set failOnDataLoss=false to skip them"):
                     read(cfg, limit)
+
+
+def test_pipeline_window_takes_the_duration_units_of_every_other_command() -> None:
+    """Found by a review: the README says durations take ms, s, m, h or d, and every management
+    command does, but ``pipeline ingest --window 1d`` was refused."""
+    base = ["ingest", "--from", "x.parquet", "--station", "s", "--msg-id-column", "id"]
+    for text, ms in (("1d", 86_400_000), ("24h", 86_400_000), ("90m", 5_400_000), ("1500", 1500)):
+        assert pipeline.parse_args([*base, "--window", text]).window == ms, text
+    for text in ("2d", "500ms", "soon"):
+        with pytest.raises(SystemExit):
+            pipeline.parse_args([*base, "--window", text])

@@ -48,7 +48,7 @@ FORMATS = ("parquet", "json", "csv")
 # The server's largest idempotencyWindowMs (24 h): how long a station remembers message ids.
 MAX_WINDOW_MS = 86_400_000
 _runs = iter(range(1, 1 << 62))
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -233,8 +233,8 @@ def preflight(args: argparse.Namespace) -> None:
 
 
 def _window(text: str) -> int:
-    """``--window``: milliseconds, or a number with ms, s, m or h."""
-    match = re.fullmatch(r"\s*([0-9]+)\s*(ms|s|m|h)?\s*", text)
+    """``--window``: milliseconds, or a number with ms, s, m, h or d (as every command takes)."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*(ms|s|m|h|d)?\s*", text)
     if match is None:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90m, 24h)")
     ms = int(match.group(1)) * _UNITS[match.group(2) or "ms"]
