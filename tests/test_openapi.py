@@ -4,12 +4,19 @@ console's pages) is in the document with its methods, and the document parses.""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
+import pytest
 import yaml
+from jsonschema import Draft202012Validator
 
 from stations.api import make_app
 from stations.domain.service import Service
+from tests.harness import Server
+from tests.module_server import module_server
 
 SPEC = Path(__file__).parent.parent / "stations" / "api" / "openapi.yaml"
 NOT_API = {"/", "/ui", "/ui/"}
@@ -48,3 +55,63 @@ def test_schemas_resolve() -> None:
         for part in ref.split("/"):
             assert part in node, f"dangling $ref #{ref}"
             node = node[part]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from module_server("sqlite", tmp_path_factory)
+
+
+def _request_schema(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    body = spec["paths"][path]["post"]["requestBody"]
+    while "$ref" in body:
+        node: Any = spec
+        for part in body["$ref"].removeprefix("#/").split("/"):
+            node = node[part]
+        body = node
+    schema: dict[str, Any] = body["content"]["application/json"]["schema"]
+    return schema
+
+
+REPLAY = "/api/stations/{name}/dls/replay"
+DROP = "/api/stations/{name}/dls/drop"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "accepted"),
+    [
+        (REPLAY, {"ids": ["1"]}, True),
+        (REPLAY, {"ids": ["1"], "delayMs": 5}, True),
+        (REPLAY, {"ids": ["1"], "group": "g"}, True),
+        (REPLAY, {"ids": ["1"], "group": "g", "delayMs": 5}, True),
+        (REPLAY, {"all": True}, True),
+        (REPLAY, {"all": True, "group": "g", "delayMs": 5}, True),
+        (REPLAY, {"ids": ["1"], "extra": 1}, False),
+        (REPLAY, {"ids": ["1"], "group": "g", "extra": 1}, False),
+        (REPLAY, {"all": True, "extra": 1}, False),
+        (REPLAY, {"all": True, "ids": ["1"]}, False),
+        (REPLAY, {"all": False}, False),
+        (REPLAY, {}, False),
+        (DROP, {"ids": ["1"]}, True),
+        (DROP, {"all": True}, True),
+        (DROP, {"ids": ["1"], "group": "g"}, False),
+        (DROP, {"all": True, "group": "g"}, False),
+        (DROP, {"ids": ["1"], "delayMs": 5}, False),
+        (DROP, {"ids": ["1"], "extra": 1}, False),
+        (DROP, {"all": True, "ids": ["1"]}, False),
+    ],
+)
+def test_dls_selection_schema_takes_what_the_server_takes(
+    srv: Server, path: str, body: dict[str, Any], accepted: bool
+) -> None:
+    """The DLS replay and drop bodies: the schema let unknown fields through (the server
+    refuses them), matched ids with a group in two ``oneOf`` branches at once (so refused a
+    body the server takes), and let drop take ``group`` and ``delayMs`` (replay only)."""
+    spec = yaml.safe_load(SPEC.read_text())
+    schema = _request_schema(spec, path)
+    assert Draft202012Validator(schema).is_valid(body) is accepted, schema
+    with httpx.Client(base_url=srv.url, timeout=10) as http:
+        assert http.post("/api/stations", json={"name": "oas-dls"}).status_code in (200, 201)
+        assert http.put("/api/stations/oas-dls/groups/g", json={}).status_code in (200, 201)
+        answer = http.post(path.replace("{name}", "oas-dls"), json=body)
+    assert answer.status_code == (200 if accepted else 400), answer.text
