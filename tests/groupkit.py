@@ -29,6 +29,7 @@ TROUBLE = (
     "write batch failed",
     "lease expiry failed",
     "retention failed",
+    "measuring the database's clock failed",
     "skipped: maximum number of running instances",  # APScheduler dropped a timer job
 )
 

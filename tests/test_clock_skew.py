@@ -12,7 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
+from sqlalchemy import create_engine
 
+from stations.store import clock, db
 from tests.harness import ClockServer, Server
 
 AHEAD_S = 120
@@ -79,3 +82,25 @@ def test_a_process_whose_clock_runs_ahead_still_knows_a_recent_message_id(
             assert count["stats"]["messages"] == 1, count
     finally:
         ahead.kill()
+
+
+def test_a_measurement_taken_while_the_database_answers_slowly_is_set_aside(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a review: each sync took its measurement whatever its round trip, so one taken
+    while the database answered in 2 s moved every deadline by up to a second for 30 s."""
+    engine = create_engine(db.normalize_url(pg_url))
+    monkeypatch.setattr(clock, "_offset_ms", 0)
+    monkeypatch.setattr(clock, "_best_round_trip", None)
+    monkeypatch.setattr(clock, "_set_aside", 0)
+    try:
+        real = clock.sync(engine)  # the same machine: the database's clock is this one's
+        assert abs(real) < 50
+        slow = (2.0, real + 1000)  # a 2 s round trip: the offset is anywhere within 1 s
+        monkeypatch.setattr(clock, "measure", lambda _engine: slow)
+        for _ in range(clock.SET_ASIDE_AT_MOST):
+            assert clock.sync(engine) == real
+        # As slow ten times in a row: the database is that far away now, take it.
+        assert clock.sync(engine) == real + 1000
+    finally:
+        engine.dispose()

@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, event
 
 from stations.domain import catalog, figures, groups
-from stations.domain.service import Service, now_ms
+from stations.domain.service import Service
 from stations.store import streams as rows
+from stations.store.clock import now_ms
 from tests.harness import Server
 
 T = TypeVar("T")

@@ -454,8 +454,9 @@ def test_retention_enforced_by_two_processes_at_once_counts_once(pg_url: str) ->
     from stations.domain.offsets import EARLIEST
     from stations.domain.station import parse_config
     from stations.store import db
+    from stations.store.clock import now_ms
     from stations.store.schema import streams
-    from stations.store.writer import Batch, now_ms
+    from stations.store.writer import Batch
 
     engine = db.make_engine(pg_url)
     try:
@@ -516,9 +517,7 @@ def test_transactions_crossing_stations_both_ways_never_answer_a_deadlock(
     def work(client: httpx.Client, kind: str) -> int:
         done = 0
         while True:
-            r = client.post(
-                f"/api/stations/{b}/groups/g/fetch", json={"max": 1, "consumer": kind}
-            )
+            r = client.post(f"/api/stations/{b}/groups/g/fetch", json={"max": 1, "consumer": kind})
             assert r.status_code == 200, r.text
             if not r.json()["messages"]:
                 return done
