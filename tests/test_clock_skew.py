@@ -8,7 +8,7 @@ as much."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -22,66 +22,59 @@ AHEAD_S = 120
 MakeServer = Callable[..., Server]
 
 
-def skewed(pg_url: str, tmp_path: Path, seconds: float) -> Server:
-    clock = tmp_path / "clock"
-    clock.write_text(str(seconds))
-    return ClockServer(pg_url, tmp_path, clock=clock).start()
+@pytest.fixture
+def clients(
+    pg_url: str, make_server: MakeServer, tmp_path: Path
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """Clients of two processes on one database: one on time, one ``AHEAD_S`` ahead."""
+    honest = make_server(pg_url)
+    offset = tmp_path / "clock"
+    offset.write_text(str(AHEAD_S))
+    ahead = ClockServer(pg_url, tmp_path, clock=offset).start()
+    try:
+        with (
+            httpx.Client(base_url=honest.url, timeout=30) as a,
+            httpx.Client(base_url=ahead.url, timeout=30) as b,
+        ):
+            yield a, b
+    finally:
+        ahead.kill()
 
 
 def test_a_process_whose_clock_runs_ahead_does_not_take_a_lease_early(
-    pg_url: str, make_server: MakeServer, tmp_path: Path
+    clients: tuple[httpx.Client, httpx.Client],
 ) -> None:
-    honest = make_server(pg_url)
-    ahead = skewed(pg_url, tmp_path, AHEAD_S)
-    try:
-        with (
-            httpx.Client(base_url=honest.url, timeout=30) as a,
-            httpx.Client(base_url=ahead.url, timeout=30) as b,
-        ):
-            assert a.post("/api/stations", json={"name": "skew"}).status_code == 201
-            body = {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 5}
-            assert a.put("/api/stations/skew/groups/g", json=body).status_code == 201
-            assert a.post(
-                "/api/stations/skew/messages", json={"messages": [{"data": 1}]}
-            ).is_success
-            fetch = {"max": 10, "waitMs": 0, "consumer": "w1"}
-            got = a.post("/api/stations/skew/groups/g/fetch", json=fetch).json()["messages"]
-            assert [m["deliveryCount"] for m in got] == [1]
-            # The lease has 60 s left on the database's clock; the other process's clock says
-            # it ran out a minute ago.
-            again = b.post(
-                "/api/stations/skew/groups/g/fetch", json={**fetch, "consumer": "w2"}
-            ).json()["messages"]
-            assert again == [], "the message was delivered again while its lease was held"
-            acked = a.post("/api/stations/skew/groups/g/ack", json={"offsets": [got[0]["offset"]]})
-            assert acked.json() == {"acked": 1, "unknown": []}
-    finally:
-        ahead.kill()
+    a, b = clients
+    assert a.post("/api/stations", json={"name": "skew"}).status_code == 201
+    body = {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 5}
+    assert a.put("/api/stations/skew/groups/g", json=body).status_code == 201
+    assert a.post("/api/stations/skew/messages", json={"messages": [{"data": 1}]}).is_success
+    fetch = {"max": 10, "waitMs": 0, "consumer": "w1"}
+    got = a.post("/api/stations/skew/groups/g/fetch", json=fetch).json()["messages"]
+    assert [m["deliveryCount"] for m in got] == [1]
+    # The lease has 60 s left on the database's clock; the other process's clock says
+    # it ran out a minute ago.
+    again = b.post("/api/stations/skew/groups/g/fetch", json={**fetch, "consumer": "w2"})
+    assert again.json()["messages"] == [], "delivered again while its lease was held"
+    acked = a.post("/api/stations/skew/groups/g/ack", json={"offsets": [got[0]["offset"]]})
+    assert acked.json() == {"acked": 1, "unknown": []}
 
 
 def test_a_process_whose_clock_runs_ahead_still_knows_a_recent_message_id(
-    pg_url: str, make_server: MakeServer, tmp_path: Path
+    clients: tuple[httpx.Client, httpx.Client],
 ) -> None:
-    honest = make_server(pg_url)
-    ahead = skewed(pg_url, tmp_path, AHEAD_S)
-    try:
-        with (
-            httpx.Client(base_url=honest.url, timeout=30) as a,
-            httpx.Client(base_url=ahead.url, timeout=30) as b,
-        ):
-            station = {"name": "ids", "idempotencyWindowMs": 60_000}
-            assert a.post("/api/stations", json=station).status_code == 201
-            one = {"messages": [{"data": "order", "id": "order-1"}]}
-            first = a.post("/api/stations/ids/messages", json=one).json()["results"][0]
-            assert first["duplicate"] is False
-            # The producer's retry lands on the other process a moment later: inside the
-            # window on the database's clock, two minutes later on the process's own.
-            retry = b.post("/api/stations/ids/messages", json=one).json()["results"][0]
-            assert retry["duplicate"] is True, "the retry was stored a second time"
-            count = a.get("/api/stations/ids").json()
-            assert count["stats"]["messages"] == 1, count
-    finally:
-        ahead.kill()
+    a, b = clients
+    station = {"name": "ids", "idempotencyWindowMs": 60_000}
+    assert a.post("/api/stations", json=station).status_code == 201
+    one = {"messages": [{"data": "order", "id": "order-1"}]}
+    first = a.post("/api/stations/ids/messages", json=one).json()["results"][0]
+    assert first["duplicate"] is False
+    # The producer's retry lands on the other process a moment later: inside the
+    # window on the database's clock, two minutes later on the process's own.
+    retry = b.post("/api/stations/ids/messages", json=one).json()["results"][0]
+    assert retry["duplicate"] is True, "the retry was stored a second time"
+    count = a.get("/api/stations/ids").json()
+    assert count["stats"]["messages"] == 1, count
 
 
 def test_a_measurement_taken_while_the_database_answers_slowly_is_set_aside(

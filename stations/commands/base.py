@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -103,6 +104,17 @@ def print_fields(fields: Sequence[tuple[str, Any]]) -> None:
 
 _DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)?")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1}
+
+
+def message_count(text: str) -> int:
+    """An argparse type: a number of messages, at least 1 (0 would read or send nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of messages: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
 
 
 def duration_ms(text: str) -> int:

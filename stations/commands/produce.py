@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from stations.client.errors import StationsError
-from stations.commands.base import Refused, Usage, dumps, print_table
+from stations.commands.base import Refused, Usage, dumps, message_count, print_table
 
 if TYPE_CHECKING:
     from stations.client import Client, NewMessage
@@ -61,23 +61,13 @@ def add_parser(
     )
     p.add_argument(
         "--batch",
-        type=_batch_size,
+        type=message_count,
         default=BATCH,
         metavar="N",
         help="messages per request (default %(default)s); a request the server refuses for "
         "its number of messages (serve --max-append-messages) is sent again in smaller ones",
     )
     p.set_defaults(handler=produce)
-
-
-def _batch_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of messages: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
 
 
 def _fewer(exc: StationsError, sent: int) -> int | None:

@@ -7,7 +7,7 @@ import argparse
 import contextlib
 from typing import TYPE_CHECKING
 
-from stations.commands.base import cell, dumps
+from stations.commands.base import cell, dumps, message_count
 
 if TYPE_CHECKING:
     from stations.client import Client, Station, StoredMessage
@@ -37,22 +37,11 @@ def add_parser(
         p.add_argument(
             "-n",
             "--limit",
-            type=_at_least_one,
+            type=message_count,
             default=None,
             help="stop after this many messages (default: no limit)",
         )
         p.set_defaults(handler=tail if follow else read, follow=follow)
-
-
-def _at_least_one(text: str) -> int:
-    # 0 or less read nothing and asked the server nothing: exit 0 even for no such station.
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of messages: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
 
 
 def _print(args: argparse.Namespace, message: StoredMessage) -> None:

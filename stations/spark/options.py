@@ -30,31 +30,7 @@ _FALSE = {"false", "0", "no", "off"}
 CONNECTOR_RETRY = RetryPolicy(initial_delay=0.1, max_delay=2.0, give_up_after=10.0)
 
 
-# Every option, as documented: Spark hands them over in any case, errors name them so.
-OPTIONS = (
-    "url",
-    "station",
-    "path",
-    "token",
-    "timeout",
-    "startingOffset",
-    "endingOffset",
-    "numPartitions",
-    "pageSize",
-    "maxMessagesPerTrigger",
-    "failOnDataLoss",
-    "dls",
-    "group",
-    "cursor",
-    "msgIdColumn",
-    "allowDuplicates",
-    "dataColumn",
-    "headersColumn",
-    "chunkSize",
-    "producerIdPrefix",
-    "reportPath",
-)
-_NAMES = {name.lower(): name for name in OPTIONS}
+# Options only a read uses, and only a write: the other refuses them (see check_read).
 READ_OPTIONS = (
     "startingOffset",
     "endingOffset",
@@ -75,6 +51,9 @@ WRITE_OPTIONS = (
     "producerIdPrefix",
     "reportPath",
 )
+# Every option, as documented: Spark hands them over in any case, errors name them so.
+OPTIONS = ("url", "station", "path", "token", "timeout", *READ_OPTIONS, *WRITE_OPTIONS)
+_NAMES = {name.lower(): name for name in OPTIONS}
 # What a dead-letter read (dls=true) leaves unused: it reads the whole store, by pages.
 _MESSAGE_READ_OPTIONS = ("startingOffset", "endingOffset", "numPartitions", "failOnDataLoss")
 # The Kafka source's names for ours, which a data engineer is likely to type.
