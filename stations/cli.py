@@ -13,13 +13,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn
-
-if TYPE_CHECKING:
-    from aiohttp import web
-
-    from stations.api.limits import ReaderSlots
+from typing import Any, NoReturn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
@@ -331,6 +325,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
     from stations.api import make_app
+    from stations.api.drain import READER_GRACE_S, Drain
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
@@ -421,14 +416,13 @@ async def _serve(args: argparse.Namespace) -> None:
             loopback_host_only=tokens is None and _is_loopback(args.host),
         ),
     )
-    drain = _Drain(app["readers"])
-    app.middlewares.insert(0, drain.middleware())
+    drain: Drain = app["drain"]
     # A client that leaves cancels its handler: a parked fetch then leases nothing nobody will
     # get, and a waiting reader gives its slot back at once (aiohttp waits for the handler
     # to end by itself unless told).
     runner = web.AppRunner(
         app,
-        handle_signals=False,  # aiohttp's own cancelled every handler at once (see _Drain)
+        handle_signals=False,  # aiohttp's own cancelled every handler at once (see stations.api.drain)
         handler_cancellation=True,
         shutdown_timeout=READER_GRACE_S,
         **args.access_logging,
@@ -467,11 +461,6 @@ async def _serve(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
-# After the drain, how long waiting reads (and answers being written) get before their
-# connections close.
-READER_GRACE_S = 1.0
-
-
 def _on_signals() -> asyncio.Future[str]:
     """A future set to the name of the first SIGTERM or SIGINT. A second one takes the
     default action and ends the process at once (acknowledged writes are on disk already)."""
@@ -487,69 +476,6 @@ def _on_signals() -> asyncio.Future[str]:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, received, sig)
     return stop
-
-
-class _Drain:
-    """The requests in progress, for a shutdown to finish. aiohttp's own signal handling
-    cancelled every handler at once: a write committed while its client was told nothing, so
-    a retry without a message id stored it twice. (Its graceful shutdown is no better here:
-    it stops reading the connections first, so a body still arriving never completes.)
-
-    Waiting reads (long-poll, SSE, group fetches: ``app["readers"]``) are not waited for,
-    which would hold a restart for up to their timeouts: once only they are left, they end as
-    when their client leaves (an SSE response ends, a long-poll or fetch closes; a parked
-    fetch leases nothing), and their clients read again from where they were."""
-
-    def __init__(self, readers: ReaderSlots) -> None:
-        self.readers = readers  # ``used``: waiting reads in progress
-        self.handlers: set[asyncio.Task[Any]] = set()
-        self.draining = False
-        # Set whenever a handler ends or a waiting read starts or ends: the drain waits on it.
-        self.moved = asyncio.Event()
-        readers.changed = self.moved.set
-
-    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
-        from aiohttp import web
-
-        @web.middleware
-        async def counted(
-            request: web.Request,
-            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-        ) -> web.StreamResponse:
-            task = asyncio.current_task()
-            assert task is not None
-            self.handlers.add(task)
-            try:
-                response = await handler(request)
-                if self.draining and not response.prepared:
-                    response.force_close()  # the client's next request finds the port closed
-                return response
-            finally:
-                self.handlers.discard(task)
-                self.moved.set()
-
-        return counted
-
-    async def settle(self, timeout: float) -> int:
-        """Wait until only waiting reads are in progress (at most ``timeout``), then end them
-        and whatever did not finish in time, whose number this returns. Connections stay open
-        meanwhile: a request on a kept-alive one is answered too, and closes it."""
-        self.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while len(self.handlers) > self.readers.used:
-            self.moved.clear()
-            try:
-                await asyncio.wait_for(self.moved.wait(), deadline - loop.time())
-            except TimeoutError:
-                break
-        cut = max(0, len(self.handlers) - self.readers.used)
-        left = list(self.handlers)
-        for task in left:
-            task.cancel()
-        if left:
-            await asyncio.wait(left, timeout=READER_GRACE_S)
-        return cut
 
 
 def commands_epilog() -> str:

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, middlewares and the service's life cycle."""
+"""The aiohttp application: routes, the edge middleware and the service's life cycle."""
 
 from __future__ import annotations
 
@@ -8,26 +8,17 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stations.api import cursors, groups, stations, streams, subscriptions, transactions
-from stations.api.auth import Token, auth_middleware, needs
-from stations.api.errors import RETRY_AFTER_S, error_middleware
-from stations.api.headers import CorsPolicy, headers_middleware, host_middleware, on_prepare
-from stations.api.limits import Limits, ReaderSlots, encoding_middleware, overload_middleware
-from stations.api.metrics import (
-    DEFAULT_MAX_STATIONS,
-    Metrics,
-    metrics_handler,
-    metrics_middleware,
-)
+from stations.api.auth import Token, needs
+from stations.api.drain import Drain
+from stations.api.edge import edge_middleware
+from stations.api.errors import RETRY_AFTER_S
+from stations.api.headers import CorsPolicy, on_prepare
+from stations.api.limits import Limits, ReaderSlots
+from stations.api.metrics import DEFAULT_MAX_STATIONS, Metrics, metrics_handler
 from stations.domain.service import Service
 
 MAX_BODY = 64 * 1024 * 1024
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-# The console runs no inline script and loads nothing from elsewhere.
-CONSOLE_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
-    "form-action 'self'"
-)
 
 
 @needs("open")
@@ -54,18 +45,6 @@ async def to_console(_request: web.Request) -> web.Response:
 @needs("open")
 async def console_index(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
-
-
-@web.middleware
-async def console_headers(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    response = await handler(request)
-    if request.path.startswith("/ui"):
-        response.headers["Content-Security-Policy"] = CONSOLE_CSP
-        response.headers["Cross-Origin-Resource-Policy"] = "same-origin"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Cache-Control"] = "no-cache"
-    return response
 
 
 @needs("read")
@@ -129,16 +108,7 @@ def make_app(
     cors: CorsPolicy | None = None,
 ) -> web.Application:
     app = web.Application(
-        middlewares=[
-            metrics_middleware,
-            host_middleware,
-            console_headers,
-            headers_middleware,
-            encoding_middleware,
-            auth_middleware,
-            overload_middleware,
-            error_middleware,
-        ],
+        middlewares=[edge_middleware],
         client_max_size=MAX_BODY,
     )
     limits = limits or Limits()
@@ -148,6 +118,7 @@ def make_app(
     app["limits"] = limits
     app["cors"] = cors or CorsPolicy(any_origin=bool(tokens))
     app["readers"] = ReaderSlots(limits.max_waiting_readers)
+    app["drain"] = Drain(app["readers"])
     app["metrics"].registry.register(_ReadCollector(service, app["readers"]))
     app["metrics_refresh"] = [cursors.CursorLag(service, app["metrics"].registry).refresh]
     app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000

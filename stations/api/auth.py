@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from stations.api.errors import error_response
 from stations.domain.errors import Forbidden
@@ -215,11 +214,12 @@ def _is_open(request: web.Request) -> bool:
     )
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    tokens: list[Token] | None = request.app.get("tokens")
+def refused(request: web.Request) -> web.Response | None:
+    """401 or 403 when the request's token may not do this, else None (the token, if any, is
+    then ``request["token"]`` for the handlers' own checks)."""
+    tokens: list[Token] | None = request.app["tokens"]
     if not tokens or request.method == "OPTIONS" or _is_open(request):
-        return await handler(request)
+        return None
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
     token = find(tokens, presented.strip()) if scheme.lower() == "bearer" else None
@@ -237,4 +237,4 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return error_response(
             403, "forbidden", "this answer covers every station; this token covers only some"
         )
-    return await handler(request)
+    return None

@@ -3,7 +3,6 @@ bad input."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from aiohttp import web
@@ -56,37 +55,34 @@ def as_station(exc: errors.StationsError) -> errors.StationsError:
     return exc
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    try:
-        return await handler(request)
-    except errors.StationsError as exc:
-        if request.path.startswith("/api/"):
-            exc = as_station(exc)
-        return from_domain(exc)
-    except web.HTTPException as exc:
-        if exc.status >= 400 and exc.content_type != "application/json":
-            reason, field = exc.reason, None
-            if exc.status == 413:
-                reason = f"the request body is larger than {request.client_max_size} bytes"
-                field = "body"
-            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason, field)
-        raise
-    except ConnectionResetError:
+def answer(request: web.Request, exc: Exception) -> web.Response:
+    """The JSON answer to what a handler raised. An HTTP exception that is an answer already
+    (a redirect, a JSON error) is raised again, for aiohttp to send as it is."""
+    if isinstance(exc, errors.StationsError):
+        return from_domain(as_station(exc) if request.path.startswith("/api/") else exc)
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise exc
+        reason, field = exc.reason, None
+        if exc.status == 413:
+            reason = f"the request body is larger than {request.client_max_size} bytes"
+            field = "body"
+        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason, field)
+    if isinstance(exc, Overloaded):  # the read budget or the waiting readers' slots
+        response = error_response(503, "overloaded", exc.message)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        response.force_close()  # a refused reader must not keep its connection either
+        return response
+    if isinstance(exc, ConnectionResetError):
         # The client went away (mid-upload, say): nothing to answer and nothing wrong here.
-        logger.info(
-            "client %s disconnected during %s %s", request.remote, request.method, request.path
-        )
+        gone(request)
         return error_response(400, "disconnected", "the client closed the connection")
-    except asyncio.CancelledError:
-        # The same, noticed by aiohttp first: it cancels the handler of a client that left.
-        logger.info(
-            "client %s disconnected during %s %s", request.remote, request.method, request.path
-        )
-        raise
-    except Overloaded:
-        raise  # the overload middleware, outside this one, answers 503 with Retry-After
-    except Exception:
-        # A bug: logged with its traceback, answered in the same JSON shape as every error.
-        logger.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(500, "internal", "internal server error")
+    # A bug: logged with its traceback, answered in the same JSON shape as every error.
+    logger.error("unexpected error on %s %s", request.method, request.path, exc_info=exc)
+    return error_response(500, "internal", "internal server error")
+
+
+def gone(request: web.Request) -> None:
+    """The client left during its request (aiohttp cancels the handler, or a read or write
+    fails): logged at INFO, it is no fault of the server's."""
+    logger.info("client %s disconnected during %s %s", request.remote, request.method, request.path)

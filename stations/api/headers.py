@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -24,6 +23,12 @@ from yarl import URL
 
 from stations.api.errors import error_response
 
+# The console runs no inline script and loads nothing from elsewhere.
+CONSOLE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
 ALLOW_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 ALLOW_HEADERS = ", ".join(
     [
@@ -127,25 +132,24 @@ def _decorate(request: web.Request, response: web.StreamResponse) -> None:
         h.setdefault("Vary", "Origin")
 
 
-@web.middleware
-async def headers_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    if request.method == "OPTIONS":
-        response = web.Response(status=204)
-        response.headers["Access-Control-Allow-Methods"] = ALLOW_METHODS
-        response.headers["Access-Control-Allow-Headers"] = request.headers.get(
-            "Access-Control-Request-Headers", ALLOW_HEADERS
-        )
-        response.headers["Access-Control-Max-Age"] = "86400"
-        _decorate(request, response)
-        return response
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:
-        _decorate(request, exc)
-        raise
-    if not response.prepared:
-        _decorate(request, response)
+def preflight(request: web.Request) -> web.Response:
+    """A CORS preflight: 204 with the methods and headers, whoever asks (see the module)."""
+    response = web.Response(status=204)
+    response.headers["Access-Control-Allow-Methods"] = ALLOW_METHODS
+    response.headers["Access-Control-Allow-Headers"] = request.headers.get(
+        "Access-Control-Request-Headers", ALLOW_HEADERS
+    )
+    response.headers["Access-Control-Max-Age"] = "86400"
     return response
+
+
+def console(response: web.StreamResponse) -> None:
+    """The console's own pages: no inline script, nothing loaded from elsewhere, no framing."""
+    response.headers["Content-Security-Policy"] = CONSOLE_CSP
+    response.headers["Cross-Origin-Resource-Policy"] = "same-origin"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Cache-Control"] = "no-cache"
 
 
 @functools.lru_cache(maxsize=256)
@@ -160,18 +164,18 @@ def valid_authority(host: str) -> bool:
     return True
 
 
-@web.middleware
-async def host_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+def refused_host(request: web.Request) -> web.Response | None:
     """A ``Host`` that is no host and port is a 400 (RFC 9112 §3.2). Token-less loopback mode:
     only loopback ``Host`` names (against DNS rebinding, where a web page's own host name comes
     to point at 127.0.0.1)."""
     host = request.headers.get("Host")
-    if host is not None and not valid_authority(host):
+    if host is None:
+        return None
+    if not valid_authority(host):
         return error_response(
             400, "bad_request", "the Host header must be a host name and a port", "Host"
         )
-    policy = _policy(request)
-    if host is not None and policy.loopback_host_only and not is_loopback_host(_host_name(host)):
+    if _policy(request).loopback_host_only and not is_loopback_host(_host_name(host)):
         return error_response(
             403,
             "forbidden_host",
@@ -179,9 +183,11 @@ async def host_middleware(request: web.Request, handler: Any) -> web.StreamRespo
             "(localhost, 127.0.0.1, [::1])",
             "Host",
         )
-    return await handler(request)  # type: ignore[no-any-return]
+    return None
 
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Streaming responses (SSE) are prepared inside the handler: decorate them there too."""
+    """Every response is decorated as it is prepared: the handlers' own, the edge's refusals,
+    HTTP exceptions (aiohttp builds a response from them) and streams (SSE) a handler prepares
+    itself."""
     _decorate(request, response)

@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import resource
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -313,47 +312,24 @@ class ReaderSlots:
                 self.changed()
 
 
-def _waits(request: web.Request) -> bool:
-    """Long-poll and SSE reads, and group fetches (which may wait for messages)."""
+def waits(request: web.Request) -> bool:
+    """Long-poll and SSE reads, and group fetches (which may wait for messages): each takes
+    one of the ``ReaderSlots``."""
     if request.path.startswith("/v1/stream/"):
         return request.method == "GET" and request.query.get("live") in ("long-poll", "sse")
     return request.method == "POST" and request.path.endswith("/fetch")
 
 
-@web.middleware
-async def overload_middleware(
-    request: web.Request, handler: Callable[[web.Request], Any]
-) -> web.StreamResponse:
-    try:
-        if _waits(request):
-            with request.app["readers"].slot():
-                return await handler(request)  # type: ignore[no-any-return]
-        return await handler(request)  # type: ignore[no-any-return]
-    except ConnectionResetError as exc:
-        # The client left while waiting for room (stations.domain.budget): no one to answer.
-        traceback.clear_frames(exc.__traceback__)
-        response = web.Response(status=503)
-        response.force_close()
-        return response
-    except Overloaded as exc:
-        response = error_response(503, "overloaded", exc.message)
-        response.headers["Retry-After"] = str(exc.retry_after_s)
-        # Free the connection too: a refused reader must not keep a slot.
-        response.force_close()
-        return response
-
-
 # -- request bodies ---------------------------------------------------------------------------
 
 
-@web.middleware
-async def encoding_middleware(
-    request: web.Request, handler: Callable[[web.Request], Any]
-) -> web.StreamResponse:
+def refused_encoding(request: web.Request) -> web.Response | None:
     """A request body with a ``Content-Encoding`` other than ``identity`` gets ``415`` (RFC
     7694). Decoding gzip or deflate took the 64 MiB limit after decompression, but a corrupt
     body was a 500, a truncated one was stored truncated, and a coding aiohttp does not know
     (``compress``, ``x-gzip``, two codings) was stored still coded, as if it were the data."""
+    if "Content-Encoding" not in request.headers:
+        return None
     codings = [
         c.strip().lower()
         for value in request.headers.getall("Content-Encoding", [])
@@ -369,4 +345,4 @@ async def encoding_middleware(
         response.headers["Accept-Encoding"] = "identity"
         response.force_close()  # the coded body is not read
         return response
-    return await handler(request)  # type: ignore[no-any-return]
+    return None

@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
@@ -171,6 +169,9 @@ class Metrics:
         series[0].inc()
         series[1].observe(seconds)
 
+    def observe(self, request: web.Request, status: int, seconds: float) -> None:
+        self.observe_request(_method(request), _route(request), status, seconds)
+
     def _batch(self, ops: int, seconds: float) -> None:
         self.batch_size.observe(ops)
         self.commit_seconds.observe(seconds)
@@ -190,30 +191,8 @@ def _method(request: web.Request) -> str:
     return request.method if request.method in METHODS else "other"
 
 
+# "Client closed request", as nginx logs it: the client left and aiohttp cancelled its handler.
 CLIENT_CLOSED = 499
-
-
-@web.middleware
-async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    metrics: Metrics = request.app["metrics"]
-    started = time.perf_counter()
-    status = 500
-    try:
-        response: web.StreamResponse = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    except asyncio.CancelledError:
-        # The client left (aiohttp cancels its handler): not a server error. Counted as 499,
-        # "client closed request", as nginx logs it.
-        status = CLIENT_CLOSED
-        raise
-    finally:
-        metrics.observe_request(
-            _method(request), _route(request), status, time.perf_counter() - started
-        )
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

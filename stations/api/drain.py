@@ -1,0 +1,67 @@
+"""The requests in progress, for a shutdown (SIGTERM) to let them finish before it stops."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from stations.api.limits import ReaderSlots
+
+# After the drain, how long waiting reads (and answers being written) get before their
+# connections close.
+READER_GRACE_S = 1.0
+
+
+class Drain:
+    """The requests in progress, for a shutdown to finish. aiohttp's own signal handling
+    cancelled every handler at once: a write committed while its client was told nothing, so
+    a retry without a message id stored it twice. (Its graceful shutdown is no better here:
+    it stops reading the connections first, so a body still arriving never completes.)
+
+    Waiting reads (long-poll, SSE, group fetches: ``app["readers"]``) are not waited for,
+    which would hold a restart for up to their timeouts: once only they are left, they end as
+    when their client leaves (an SSE response ends, a long-poll or fetch closes; a parked
+    fetch leases nothing), and their clients read again from where they were.
+
+    The edge middleware (``stations.api.edge``) calls ``enter`` and ``leave`` around every
+    request."""
+
+    def __init__(self, readers: ReaderSlots) -> None:
+        self.readers = readers  # ``used``: waiting reads in progress
+        self.handlers: set[asyncio.Task[Any]] = set()
+        self.draining = False
+        # Set whenever a handler ends or a waiting read starts or ends: the drain waits on it.
+        self.moved = asyncio.Event()
+        readers.changed = self.moved.set
+
+    def enter(self) -> asyncio.Task[Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        return task
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        self.handlers.discard(task)
+        if self.draining:
+            self.moved.set()
+
+    async def settle(self, timeout: float) -> int:
+        """Wait until only waiting reads are in progress (at most ``timeout``), then end them
+        and whatever did not finish in time, whose number this returns. Connections stay open
+        meanwhile: a request on a kept-alive one is answered too, and closes it."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.handlers) > self.readers.used:
+            self.moved.clear()
+            try:
+                await asyncio.wait_for(self.moved.wait(), deadline - loop.time())
+            except TimeoutError:
+                break
+        cut = max(0, len(self.handlers) - self.readers.used)
+        left = list(self.handlers)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=READER_GRACE_S)
+        return cut
