@@ -558,6 +558,9 @@ async def test_bad_input(api: Api) -> None:
         ("POST", grp + "/ack", {"offsets": [offs[0] + "\n"]}, 400, "offsets.0"),
         ("PUT", grp, {"startFrom": offs[0] + "\n"}, 400, "startFrom"),
         ("POST", grp + "/ack", {"offsets": ["1" * 70]}, 400, "offsets.0"),
+        # Digits that are not ASCII ("\u0661" is Arabic-Indic one; int() would take them).
+        ("POST", grp + "/ack", {"offsets": ["\u0661" * 16 + "_" + "0" * 16]}, 400, "offsets.0"),
+        ("POST", grp + "/ack", {"offsets": [" " + offs[0][1:]]}, 400, "offsets.0"),
         ("POST", grp + "/ack", {"offsets": [offs[0]] * 10_001}, 400, "offsets"),
         ("POST", grp + "/ack", {"offsets": offs, "delayMs": 5}, 400, "delayMs"),
         ("POST", grp + "/nack", {"offsets": offs, "delayMs": -1}, 400, "delayMs"),

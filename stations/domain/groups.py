@@ -26,7 +26,7 @@ from typing import Any, cast
 from stations.domain import dls, isolate, reads
 from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
-from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
+from stations.domain.offsets import BEGINNING, BadOffset, decode_minted, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
 from stations.domain.streams import StreamState
 from stations.store import groups as store
@@ -135,7 +135,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
         cursor = state.tail
     elif isinstance(start, str):
         try:
-            cursor = message_offset(start)
+            cursor = decode_minted(start)
         except BadOffset:
             raise BadRequest(
                 "startFrom must be earliest, latest or an offset", "startFrom"
@@ -302,24 +302,13 @@ def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     return store.open_deliveries(batch.conn, group.id, seqs)
 
 
-def message_offset(token: Any) -> int:
-    """The position of an offset token exactly as the server mints them: not the "-1"
-    sentinel (not the offset of a message), nothing around it (a trailing newline)."""
-    if not isinstance(token, str) or token == BEGINNING:
-        raise BadOffset(token)
-    position = decode(token)
-    if encode(position) != token:
-        raise BadOffset(token)
-    return position
-
-
 def parse_offsets(raw: Any) -> list[int]:
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise BadRequest("offsets must be a non-empty array of at most 10000 offsets", "offsets")
     out = []
     for i, token in enumerate(raw):
         try:
-            out.append(message_offset(token) + 1)
+            out.append(decode_minted(token) + 1)
         except BadOffset:
             raise BadRequest(f"offsets.{i} is not an offset", f"offsets.{i}") from None
     return out
@@ -451,7 +440,7 @@ def parse_seek(raw: Any) -> tuple[str, Any]:
     if to in ("earliest", BEGINNING, "now", "latest"):
         return ("now" if to in ("now", "latest") else "earliest"), None
     try:
-        return "offset", message_offset(to)
+        return "offset", decode_minted(to)
     except BadOffset:
         raise BadRequest("to must be earliest, now or an offset", "to") from None
 
