@@ -334,10 +334,12 @@ def leases(
 
 def postpone(conn: Connection, group_id: int, seqs: list[int], due: int) -> None:
     """Nacked: waiting until ``due``; the negative count marks the delivery settled."""
-    conn.execute(
-        update(deliveries)
-        .where(deliveries.c.group_id == group_id, deliveries.c.seq.in_(seqs))
-        .values(consumer=None, due=due, delivery_count=-deliveries.c.delivery_count)
+    m = db.mark(conn)
+    sql.execute(
+        conn,
+        f"UPDATE deliveries SET consumer = NULL, due = {m}, delivery_count = -delivery_count "
+        f"WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')}",
+        (due, group_id, db.int_list(conn, sorted(set(seqs)))),
     )
 
 
