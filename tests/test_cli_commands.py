@@ -484,3 +484,24 @@ def test_produce_fits_a_server_that_takes_fewer_messages_per_request(
             assert http.get("/api/stations/cli-small").json()["stats"]["messages"] == 1000
     finally:
         small.kill()
+
+
+def test_produce_halves_a_request_over_the_servers_body_limit(
+    srv: Server, http: httpx.Client
+) -> None:
+    """200 lines of 600 KB went out as one request of 120 MB, which the server refuses (413,
+    over its 64 MiB per request): the command failed and stored nothing. A request refused
+    for its size is now sent again in halves (a refusal stores nothing)."""
+    ok(cli(srv, "station", "create", "cli-big"))
+    pad = "x" * 600_000
+    lines = "".join(f'{{"i": {i}, "pad": "{pad}"}}\n' for i in range(200))
+    results = json_lines(cli(srv, "produce", "cli-big", "--json", stdin=lines))
+    offsets = [r["offset"] for r in results]
+    assert len(offsets) == 200 and offsets == sorted(set(offsets))
+    assert not any(r["duplicate"] for r in results)
+    assert http.get("/api/stations/cli-big").json()["stats"]["messages"] == 200
+    for k in (0, 199):
+        page = http.get(
+            "/api/stations/cli-big/messages", params={"offset": offsets[k], "limit": "1"}
+        ).json()
+        assert page["messages"][0]["data"]["i"] == k

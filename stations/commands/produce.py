@@ -65,16 +65,21 @@ def add_parser(
         default=BATCH,
         metavar="N",
         help="messages per request (default %(default)s); a request the server refuses for "
-        "its number of messages (serve --max-append-messages) is sent again in smaller ones",
+        "its number of messages (serve --max-append-messages) or its size (64 MiB) is sent "
+        "again in smaller ones",
     )
     p.set_defaults(handler=produce)
 
 
 def _fewer(exc: StationsError, sent: int) -> int | None:
     """How many messages to send per request after ``exc`` answered a request of ``sent``:
-    fewer when the server refused it for its number of messages (a refusal stores none of
-    them, so sending them again cannot store one twice), else None."""
-    if sent < 2 or exc.status != 400 or exc.field != "messages":
+    fewer when the server refused it for its number of messages or for its size (a refusal
+    stores none of them, so sending them again cannot store one twice), else None."""
+    if sent < 2:
+        return None
+    if exc.status == 413 and exc.field == "body":  # over the server's 64 MiB per request
+        return sent // 2
+    if exc.status != 400 or exc.field != "messages":
         return None
     match = _TOO_MANY.search(exc.message)
     if match is None:
