@@ -92,6 +92,12 @@ DROP = "/api/stations/{name}/dls/drop"
         (REPLAY, {"all": True, "ids": ["1"]}, False),
         (REPLAY, {"all": False}, False),
         (REPLAY, {}, False),
+        # Integer ids, a null group and "all": false beside ids: the server takes them.
+        (REPLAY, {"ids": [1, "2"], "group": None, "all": False}, True),
+        (REPLAY, {"all": True, "group": None}, True),
+        (REPLAY, {"ids": [-1]}, False),
+        (REPLAY, {"ids": ["1x"]}, False),
+        (DROP, {"ids": [1], "all": False}, True),
         (DROP, {"ids": ["1"]}, True),
         (DROP, {"all": True}, True),
         (DROP, {"ids": ["1"], "group": "g"}, False),
@@ -106,9 +112,11 @@ def test_dls_selection_schema_takes_what_the_server_takes(
 ) -> None:
     """The DLS replay and drop bodies: the schema let unknown fields through (the server
     refuses them), matched ids with a group in two ``oneOf`` branches at once (so refused a
-    body the server takes), and let drop take ``group`` and ``delayMs`` (replay only)."""
+    body the server takes), and let drop take ``group`` and ``delayMs`` (replay only); it
+    refused integer ids, a null group and ``"all": false`` beside ids, which the server takes."""
     spec = yaml.safe_load(SPEC.read_text())
-    schema = _request_schema(spec, path)
+    # Its "#/components/..." references resolve against the schema's own root.
+    schema = {**_request_schema(spec, path), "components": spec["components"]}
     assert Draft202012Validator(schema).is_valid(body) is accepted, schema
     with httpx.Client(base_url=srv.url, timeout=10) as http:
         assert http.post("/api/stations", json={"name": "oas-dls"}).status_code in (200, 201)
