@@ -12,9 +12,9 @@ adds around a handler:
 8. the console's security headers on its pages. CORS and the other headers every response
    carries are added as it is prepared (``headers.on_prepare``), streams included.
 
-It was nine middlewares, one for each: each one a coroutine frame more on every request, which
-cost about a quarter of the server's CPU time per single append (a request's cost, measured
-with wrk).
+It was nine middlewares, one for each, each a coroutine frame more on every request: folding
+them into one took single appends from 10.5-10.9k to 12.1-13.3k requests a second (wrk, 32
+connections), about a sixth of the server's CPU per request.
 """
 
 from __future__ import annotations
