@@ -7,6 +7,7 @@ Each scenario takes a base URL and returns a :class:`Result`. Messages are JSON 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections import Counter
@@ -28,8 +29,31 @@ def message(i: int) -> bytes:
 
 
 def batch(first: int, count: int) -> bytes:
-    """A JSON array of ``count`` messages numbered from ``first``."""
-    return b"[" + b",".join(message(i) for i in range(first, first + count)) + b"]"
+    """A JSON array of ``count`` messages numbered from ``first``: the bytes of
+    ``b"[" + b",".join(map(message, range(first, first + count))) + b"]"``.
+
+    Built by one %-format of a cached template when every number has as many digits (so each
+    message's padding is known from its position alone): a message at a time took the load
+    generator 0.22 ms per 1000-message body, the server's own CPU per such POST is ~0.7 ms,
+    and the producers' POSTs, answered together by one commit, wait for each other's bodies."""
+    last = first + count - 1
+    if count <= 0 or len(str(first)) != len(str(last)):
+        return b"[" + b",".join(message(i) for i in range(first, first + count)) + b"]"
+    template = _template(len(str(first)), first % 26, count)
+    return template % tuple(range(first, first + count))
+
+
+@functools.lru_cache(maxsize=64)
+def _template(digits: int, phase: int, count: int) -> bytes:
+    """``batch``'s format for ``count`` numbers of ``digits`` digits, the first ``phase``
+    letters into the padding's cycle."""
+    head = len(b'{"i":,"pad":"') + digits
+    parts = []
+    for k in range(count):
+        start = (phase + k) % 26
+        pad = _PAD[start : start + MESSAGE_BYTES - head - 2].replace(b"%", b"%%")
+        parts.append(b'{"i":%d,"pad":"' + pad + b'"}')
+    return b"[" + b",".join(parts) + b"]"
 
 
 @dataclass
