@@ -3,6 +3,7 @@ fresh PostgreSQL database each, plus helpers to kill and restart them."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -19,10 +20,26 @@ PG_ADMIN_URL = os.environ.get("STATIONS_TEST_PG", "postgresql://postgres@127.0.0
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+# Each test process (pytest-xdist worker) takes ports from a range of its own, below Linux's
+# ephemeral ports (32768-60999): a port the kernel hands out for binding to 0, or to a client
+# connection, or that another worker picks, could otherwise be taken while a server that is
+# being restarted (``Server.restart``) is down and still counts on it.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+PORTS = range(20_000 + 1_500 * _WORKER, 20_000 + 1_500 * (_WORKER + 1))
+_next_port = iter(itertools.cycle(PORTS))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, from this process's own range."""
+    for _ in PORTS:
+        port = next(_next_port)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 def pg_available() -> bool:
