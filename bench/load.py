@@ -51,7 +51,7 @@ def _template(digits: int, phase: int, count: int) -> bytes:
     parts = []
     for k in range(count):
         start = (phase + k) % 26
-        pad = _PAD[start : start + MESSAGE_BYTES - head - 2].replace(b"%", b"%%")
+        pad = _PAD[start : start + MESSAGE_BYTES - head - 2]  # letters: no "%" to escape
         parts.append(b'{"i":%d,"pad":"' + pad + b'"}')
     return b"[" + b",".join(parts) + b"]"
 

@@ -154,10 +154,11 @@ class Metrics:
         self._lock = asyncio.Lock()
         self._request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
-    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+    def observe(self, request: web.Request, status: int, seconds: float) -> None:
         # prometheus_client's ``labels()`` costs more than the count itself (5 of 8 us a
         # request): each label set's series are looked up once. Bounded like the series are
         # (methods, route templates, statuses).
+        method, route = _method(request), _route(request)
         key = (method, route, status)
         series = self._request_series.get(key)
         if series is None:
@@ -168,9 +169,6 @@ class Metrics:
             self._request_series[key] = series
         series[0].inc()
         series[1].observe(seconds)
-
-    def observe(self, request: web.Request, status: int, seconds: float) -> None:
-        self.observe_request(_method(request), _route(request), status, seconds)
 
     def _batch(self, ops: int, seconds: float) -> None:
         self.batch_size.observe(ops)

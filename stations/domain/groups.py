@@ -26,7 +26,7 @@ from typing import Any, cast
 from stations.domain import dls, isolate, reads
 from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
-from stations.domain.offsets import BEGINNING, BadOffset, decode_minted, encode
+from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
 from stations.domain.streams import StreamState
 from stations.store import groups as store
@@ -135,7 +135,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
         cursor = state.tail
     elif isinstance(start, str):
         try:
-            cursor = decode_minted(start)
+            cursor = decode(start)
         except BadOffset:
             raise BadRequest(
                 "startFrom must be earliest, latest or an offset", "startFrom"
@@ -308,7 +308,7 @@ def parse_offsets(raw: Any) -> list[int]:
     out = []
     for i, token in enumerate(raw):
         try:
-            out.append(decode_minted(token) + 1)
+            out.append(decode(token) + 1)
         except BadOffset:
             raise BadRequest(f"offsets.{i} is not an offset", f"offsets.{i}") from None
     return out
@@ -440,7 +440,7 @@ def parse_seek(raw: Any) -> tuple[str, Any]:
     if to in ("earliest", BEGINNING, "now", "latest"):
         return ("now" if to in ("now", "latest") else "earliest"), None
     try:
-        return "offset", decode_minted(to)
+        return "offset", decode(to)
     except BadOffset:
         raise BadRequest("to must be earliest, now or an offset", "to") from None
 

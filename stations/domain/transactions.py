@@ -23,7 +23,7 @@ from stations.domain import dls, groups, messages, text
 from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
-from stations.domain.offsets import decode_minted, encode
+from stations.domain.offsets import decode, encode
 from stations.domain.station import validate_name as validate_station
 from stations.domain.streams import StreamState, same_content_type
 from stations.store import groups as group_store
@@ -125,8 +125,11 @@ def _list(raw: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
-def _station_name(value: Any, field: str, known: set[str]) -> str:
-    name = validate_station(value, field)
+def _station_name(value: Any, item: str, known: set[str]) -> str:
+    """``item``'s station (``item``: e.g. "ack.3"), validated once per name."""
+    if isinstance(value, str) and value in known:
+        return value
+    name = validate_station(value, f"{item}.station")
     known.add(name)
     return name
 
@@ -168,9 +171,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
         for i, value in enumerate(lists[verb]):
             name = f"{verb}.{i}"
             item = _object(value, name, allowed, SETTLE_REQUIRED)
-            station = item["station"]
-            if not (isinstance(station, str) and station in names):
-                station = _station_name(station, f"{name}.station", names)
+            station = _station_name(item["station"], name, names)
             group = item["group"]
             if not isinstance(group, str):
                 raise BadRequest(f"{name}.group must be a group name", f"{name}.group")
@@ -181,7 +182,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
                     raise BadRequest(exc.message, f"{name}.group") from None
                 group_names.add(group)
             try:
-                seq = decode_minted(item["offset"]) + 1
+                seq = decode(item["offset"]) + 1
             except ValueError:
                 raise BadRequest(f"{name}.offset is not an offset", f"{name}.offset") from None
             settle = Settle(verb, name, station, group, seq)
@@ -208,9 +209,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
     for i, value in enumerate(lists["produce"]):
         name = f"produce.{i}"
         item = _object(value, name, PRODUCE_FIELDS, PRODUCE_REQUIRED)
-        station = item["station"]
-        if not (isinstance(station, str) and station in names):
-            station = _station_name(station, f"{name}.station", names)
+        station = _station_name(item["station"], name, names)
         content_type = item.get("contentType")
         if content_type is not None and not isinstance(content_type, str):
             raise BadRequest(f"{name}.contentType must be a string", f"{name}.contentType")

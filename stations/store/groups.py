@@ -313,18 +313,18 @@ def leases(
     """seq → (delivery count, consumer, due) of the group's deliveries at ``seqs``."""
     if not seqs:
         return {}
+    wanted = set(seqs)
     # One parameter for the list, on the driver (as ``open_deliveries``): SQLAlchemy building
     # an IN of a transaction's hundred positions cost more than the query.
     rows = sql.query(
         conn,
         "SELECT seq, delivery_count, consumer, due FROM deliveries "
         f"WHERE group_id = {db.mark(conn)} AND {db.int_list_match(conn, 'seq')}",
-        (group_id, db.int_list(conn, sorted(set(seqs)))),
+        (group_id, db.int_list(conn, sorted(wanted))),
     )
     found: dict[int, tuple[int, str | None, int]] = {
         seq: (count, consumer, due) for seq, count, consumer, due in rows
     }
-    wanted = set(seqs)
     ranges = sql.query(conn, _statement(conn, "ranges_over"), (group_id, max(wanted), min(wanted)))
     for first, last, consumer, due in ranges:
         for seq in wanted.intersection(range(first, last + 1)):
