@@ -194,7 +194,9 @@ def test_a_deadlock_inside_lease_expirys_savepoint_runs_the_tick_again(pg_url: s
             await asyncio.wait_for(ticked, 10)
             assert _counts(pg_url, "c") == (2, 2, 0)
             await writer.submit(_tick)  # a later tick finds nothing more to do
-            assert writer.transient_retries == 1
+            # At least once: on a loaded machine the run again has been seen to meet the
+            # other connection's locks once more before it committed (2 in one CI run).
+            assert writer.transient_retries >= 1
         assert _counts(pg_url, "c") == (2, 2, 0)
 
     asyncio.run(run())
