@@ -5,7 +5,8 @@ import { setUnauthorizedHandler, token } from './api.js';
 import { renderLogin } from './views/login.js';
 import { renderList } from './views/list.js';
 import { renderForm } from './views/form.js';
-import { renderStation, TABS } from './views/station.js';
+import { renderStation } from './views/station.js';
+import { parseHash } from './routes.js';
 
 const main = document.getElementById('main');
 let current = null;
@@ -35,32 +36,13 @@ function context() {
   };
 }
 
-function parse(hash) {
-  const [path = '/', search = ''] = (hash.replace(/^#/, '') || '/').split('?');
-  const params = Object.fromEntries(new URLSearchParams(search));
-  if (path === '/' || path === '/stations') return { view: 'list' };
-  if (path === '/new') return { view: 'new' };
-  const m = /^\/s\/([^/]+)(?:\/([a-z]+))?$/.exec(path);
-  if (m) {
-    let name;
-    try {
-      name = decodeURIComponent(m[1]);
-    } catch {
-      return { view: 'missing' };
-    }
-    const tab = m[2] || 'overview';
-    if (TABS.some((t) => t.id === tab)) return { view: 'station', name, tab, params };
-  }
-  return { view: 'missing' };
-}
-
 async function route() {
   if (!location.hash.startsWith('#/') && location.hash !== '') return; // e.g. #main
   const focusedId = main.contains(document.activeElement) ? document.activeElement.id : null;
   current?.abort();
   const ctx = context();
   current = ctx;
-  const where = parse(location.hash);
+  const where = parseHash(location.hash);
   updateChrome();
   if (where.view === 'list') await renderList(main, ctx);
   else if (where.view === 'new') await renderForm(main, ctx, null);

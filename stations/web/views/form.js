@@ -13,7 +13,7 @@ import {
   parseDuration,
   setFieldError,
 } from '../dom.js';
-import { stationHref } from './station.js';
+import { stationHref } from '../routes.js';
 
 const NAME = /^[A-Za-z0-9._~-]+(\/[A-Za-z0-9._~-]+)*$/;
 const CONTENT_TYPE = /^[A-Za-z0-9!#$&^_.+-]+\/[A-Za-z0-9!#$&^_.+-]+(\s*;[\x20-\x7e]*)?$/;

@@ -5,7 +5,7 @@ import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
 import { alertBox, announce, duration, errorText, h, num } from '../dom.js';
 import { renderCursors } from './cursors.js';
-import { stationHref } from './station.js';
+import { stationHref } from '../routes.js';
 
 const COLUMNS = [
   ['pending', 'Pending'],

@@ -2,7 +2,7 @@
 
 import { api } from '../api.js';
 import { alertBox, h, num } from '../dom.js';
-import { stationHref } from './station.js';
+import { stationHref } from '../routes.js';
 
 const COLUMNS = [
   ['messages', 'Messages'],

@@ -8,17 +8,7 @@ import { renderForm } from './form.js';
 import { renderMessages } from './messages.js';
 import { renderGroups } from './groups.js';
 import { redrivePolicyText, renderDls } from './dls.js';
-
-export const TABS = [
-  { id: 'overview', label: 'Overview' },
-  { id: 'messages', label: 'Messages' },
-  { id: 'groups', label: 'Groups' },
-  { id: 'dls', label: 'DLS' },
-  { id: 'settings', label: 'Settings' },
-];
-
-export const stationHref = (name, tab) =>
-  `#/s/${encodeURIComponent(name)}${tab && tab !== 'overview' ? '/' + tab : ''}`;
+import { TABS, stationHref } from '../routes.js';
 
 function tabList(name, active, station) {
   const list = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Station sections' });
