@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from stations.domain import dls
-from stations.domain.subscriptions import glob_match
+from stations.domain.subscriptions.spec import glob_match
 from tests.harness import Server
 
 ADMIN = "admin-token-1"
@@ -119,7 +119,7 @@ def test_stacked_double_stars_match_in_polynomial_steps(monkeypatch: pytest.Monk
     made ``**/**/.../zz`` exponential: seconds per append, the event loop stalled)."""
     from fnmatch import fnmatchcase
 
-    from stations.domain import subscriptions
+    from stations.domain.subscriptions import spec
 
     calls = []
 
@@ -127,7 +127,7 @@ def test_stacked_double_stars_match_in_polynomial_steps(monkeypatch: pytest.Monk
         calls.append(1)
         return fnmatchcase(name, pat)
 
-    monkeypatch.setattr(subscriptions, "fnmatchcase", counted)
+    monkeypatch.setattr(spec, "fnmatchcase", counted)
     pats, segs = ["**"] * 6 + ["zz"], ["x"] * 12
     assert not glob_match("/".join(pats), "/".join(segs))
     assert glob_match("/".join(pats), "/".join([*segs, "zz"]))

@@ -17,9 +17,14 @@ from aiohttp import web
 from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
-from stations.domain import subscriptions as subs
 from stations.domain.errors import Forbidden, StationsError
-from stations.domain.subscriptions_engine import SubscriptionEngine
+from stations.domain.subscriptions import links, spec, wakes
+from stations.domain.subscriptions.engine import SubscriptionEngine
+from stations.domain.subscriptions.errors import (
+    InvalidRequest,
+    SubscriptionNotFound,
+    TokenRefused,
+)
 
 PREFIX = "/v1/stream/__ds"
 SUBS = PREFIX + "/subscriptions/{id}"
@@ -59,17 +64,17 @@ async def _json(request: web.Request) -> Any:
     try:
         return messages.loads_body(raw)
     except messages.LoneSurrogate as exc:
-        raise subs.InvalidRequest(str(exc), exc.field or "body") from None
+        raise InvalidRequest(str(exc), exc.field or "body") from None
     except RecursionError:
-        raise subs.InvalidRequest("the body is nested too deeply", "body") from None
+        raise InvalidRequest("the body is nested too deeply", "body") from None
     except ValueError:  # UnicodeDecodeError included
-        raise subs.InvalidRequest("the body is not valid JSON", "body") from None
+        raise InvalidRequest("the body is not valid JSON", "body") from None
 
 
 def _bearer(request: web.Request) -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise subs.TokenRefused("TOKEN_INVALID")
+        raise TokenRefused("TOKEN_INVALID")
     return token.strip()
 
 
@@ -92,15 +97,15 @@ async def _scope_of(request: web.Request, sub_id: str) -> None:
     token = request.get("token")
     if token is None or not token.stations:
         return
-    row, links = await request.app["service"].read_db(subs.read_view, sub_id)
+    row, followed = await request.app["service"].read_db(links.read_view, sub_id)
     try:
-        _scope(request, [row["wake_stream"], *[link.path for link in links]], row["pattern"])
+        _scope(request, [row["wake_stream"], *[link.path for link in followed]], row["pattern"])
     except Forbidden:
-        raise subs.SubscriptionNotFound(f"subscription {sub_id} not found", "id") from None
+        raise SubscriptionNotFound(f"subscription {sub_id} not found", "id") from None
 
 
 def _id(request: web.Request) -> str:
-    return subs.valid_id(request.match_info["id"])
+    return spec.valid_id(request.match_info["id"])
 
 
 def _base_url(request: web.Request) -> str:
@@ -120,13 +125,14 @@ async def jwks(request: web.Request) -> web.Response:
 @_handler
 async def put_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
-    spec = subs.parse_spec(await _json(request))
-    _scope(request, [spec.wake_stream, *spec.streams], spec.pattern)
+    definition = spec.parse_spec(await _json(request))
+    _scope(request, [definition.wake_stream, *definition.streams], definition.pattern)
     engine = _engine(request)
-    if spec.webhook_url is not None:
-        await resolve_refusal(spec.webhook_url, request.app["webhooks_allow_loopback"])
+    if definition.webhook_url is not None:
+        await resolve_refusal(definition.webhook_url, request.app["webhooks_allow_loopback"])
     service = request.app["service"]
-    _, created = await service.write(subs.create_or_confirm, sub_id, spec, _base_url(request))
+    base_url = _base_url(request)
+    _, created = await service.write(links.create_or_confirm, sub_id, definition, base_url)
     if not created:  # the one that exists may link more streams since (``/streams``)
         await _scope_of(request, sub_id)
     await engine.refresh({sub_id})
@@ -134,8 +140,8 @@ async def put_subscription(request: web.Request) -> web.Response:
 
 
 async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
-    row, links = await request.app["service"].read_db(subs.read_view, sub_id)
-    return subs.view(row, links, _engine(request).signer)
+    row, followed = await request.app["service"].read_db(links.read_view, sub_id)
+    return links.view(row, followed, _engine(request).signer)
 
 
 @needs("read")
@@ -151,7 +157,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 async def delete_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
     await _scope_of(request, sub_id)
-    await request.app["service"].write(subs.delete, sub_id)
+    await request.app["service"].write(links.delete, sub_id)
     await _engine(request).refresh({sub_id})
     return web.Response(status=204)
 
@@ -163,12 +169,12 @@ async def add_streams(request: web.Request) -> web.Response:
     body = await _json(request)
     raw = body.get("streams") if isinstance(body, dict) else None
     if not isinstance(raw, list) or not raw:
-        raise subs.InvalidRequest("streams must be a non-empty list of stream paths", "streams")
-    subs.too_many(raw)
-    paths = list(dict.fromkeys(subs._path(p, "streams") for p in raw))
+        raise InvalidRequest("streams must be a non-empty list of stream paths", "streams")
+    spec.too_many(raw)
+    paths = list(dict.fromkeys(spec.stream_path(p, "streams") for p in raw))
     _scope(request, paths)
     await _scope_of(request, sub_id)
-    await request.app["service"].write(subs.add_streams, sub_id, paths)
+    await request.app["service"].write(links.add_streams, sub_id, paths)
     await _engine(request).refresh({sub_id})
     return web.Response(status=204)
 
@@ -177,9 +183,9 @@ async def add_streams(request: web.Request) -> web.Response:
 @_handler
 async def remove_stream(request: web.Request) -> web.Response:
     sub_id = _id(request)
-    path = subs.normalize_path(unquote(request.match_info["path"]))
+    path = spec.normalize_path(unquote(request.match_info["path"]))
     await _scope_of(request, sub_id)
-    await request.app["service"].write(subs.remove_stream, sub_id, path)
+    await request.app["service"].write(links.remove_stream, sub_id, path)
     await _engine(request).refresh({sub_id})
     return web.Response(status=204)
 
@@ -189,7 +195,7 @@ async def remove_stream(request: web.Request) -> web.Response:
 async def callback(request: web.Request) -> web.Response:
     token = _bearer(request)
     answer = await _engine(request).run(
-        subs.settle, _id(request), token, await _json(request), "callback"
+        wakes.settle, _id(request), token, await _json(request), "callback"
     )
     return web.json_response(answer)
 
@@ -199,7 +205,7 @@ async def callback(request: web.Request) -> web.Response:
 async def ack(request: web.Request) -> web.Response:
     token = _bearer(request)
     answer = await _engine(request).run(
-        subs.settle, _id(request), token, await _json(request), "ack"
+        wakes.settle, _id(request), token, await _json(request), "ack"
     )
     return web.json_response(answer)
 
@@ -208,7 +214,7 @@ async def ack(request: web.Request) -> web.Response:
 @_handler
 async def release(request: web.Request) -> web.Response:
     token = _bearer(request)
-    await _engine(request).run(subs.release, _id(request), token, await _json(request))
+    await _engine(request).run(wakes.release, _id(request), token, await _json(request))
     return web.Response(status=204)
 
 
@@ -219,17 +225,17 @@ async def claim(request: web.Request) -> web.Response:
     body = await _json(request)
     worker = body.get("worker") if isinstance(body, dict) else None
     if not isinstance(worker, str) or not 1 <= len(worker) <= text.NAME or "\x00" in worker:
-        raise subs.InvalidRequest(
+        raise InvalidRequest(
             f"worker must be a string of 1 to {text.NAME} characters, without NUL", "worker"
         )
     await _scope_of(request, sub_id)
-    return web.json_response(await _engine(request).run(subs.claim, sub_id, worker))
+    return web.json_response(await _engine(request).run(wakes.claim, sub_id, worker))
 
 
 @needs("read")
 @_handler
 async def not_found(request: web.Request) -> web.Response:
-    raise subs.SubscriptionNotFound("no Durable Streams control route here", "path")
+    raise SubscriptionNotFound("no Durable Streams control route here", "path")
 
 
 def routes() -> list[web.RouteDef]:
@@ -252,8 +258,8 @@ def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
     """The routes; call before the stream routes are added."""
     app["webhooks_allow_loopback"] = allow_loopback
     app.router.add_routes(routes())
-    if subs.purge_stream not in lifecycle.purge_hooks:
-        lifecycle.purge_hooks.append(subs.purge_stream)
+    if links.purge_stream not in lifecycle.purge_hooks:
+        lifecycle.purge_hooks.append(links.purge_stream)
 
 
 def attach(app: web.Application) -> None:

@@ -13,7 +13,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from stations.domain.subscriptions import UrlRejected, address_refusal, check_webhook_url
+from stations.domain.subscriptions.errors import UrlRejected
+from stations.domain.subscriptions.urls import address_refusal, check_webhook_url
 
 TIMEOUT = aiohttp.ClientTimeout(total=10, connect=5)
 MAX_ANSWER = 64 * 1024  # the webhook's answer is read up to this size

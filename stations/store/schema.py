@@ -223,7 +223,7 @@ dls = Table(
 Index("ix_dls_stream", dls.c.stream_id, dls.c.id)
 Index("ix_dls_redrive_at", dls.c.redrive_at)
 
-# Durable Streams subscriptions (PROTOCOL.md §6-7; stations/domain/subscriptions.py). One row
+# Durable Streams subscriptions (PROTOCOL.md §6-7; stations/domain/subscriptions/). One row
 # per subscription holds its definition and its wake state (generation, wake, lease, retry
 # schedule), so a restart or another process resumes exactly where delivery stood.
 ds_subscriptions = Table(

@@ -1,4 +1,4 @@
-"""SQL for Durable Streams subscriptions (the decisions are in stations/domain/subscriptions.py).
+"""SQL for Durable Streams subscriptions (the decisions are in stations/domain/subscriptions/).
 
 Rows travel as plain dicts. Reads of a subscription inside the writer's transaction lock its
 row on PostgreSQL (``FOR UPDATE``), so two processes woken by the same append serialize on it

@@ -19,9 +19,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stations.domain import subscriptions as subs
-from stations.domain.subscriptions import INDEX_KEY, WAKE_KEY, Context, Delivery, Outcome
-from stations.domain.subscriptions_keys import Signer
+from stations.domain.subscriptions import wakes
+from stations.domain.subscriptions.keys import Signer
+from stations.domain.subscriptions.links import INDEX_KEY, WAKE_KEY
+from stations.domain.subscriptions.spec import glob_match
+from stations.domain.subscriptions.wakes import Context, Delivery, Outcome
 from stations.store import subscriptions as store
 from stations.store.clock import now_ms
 
@@ -72,7 +74,7 @@ class Index:
     def match(self, path: str) -> set[str]:
         out = set(self._explicit.get(path, ()))
         for pattern, ids in self._patterns.items():
-            if subs.glob_match(pattern, path):
+            if glob_match(pattern, path):
                 out |= ids
         # A pull-wake subscription's own wake events must not wake it again.
         return {i for i in out if self._defs[i]["wake_stream"] != path}
@@ -98,7 +100,7 @@ class SubscriptionEngine:
 
     async def start(self) -> None:
         service = self._service
-        signer = await service.write(subs.load_signer)
+        signer = await service.write(wakes.load_signer)
         self.ctx = Context(signer, service.ids)
         # Only a database shared by several processes (PostgreSQL) has other processes whose
         # changes arrive as notifications.
@@ -109,7 +111,7 @@ class SubscriptionEngine:
         service.notifier.resync.append(self._on_resync)
         ids = list(self.index._defs)
         if ids:
-            self._arm_all(await service.write(subs.sweep, self.ctx, ids))
+            self._arm_all(await service.write(wakes.sweep, self.ctx, ids))
 
     async def stop(self) -> None:
         self._stopped = True
@@ -150,7 +152,7 @@ class SubscriptionEngine:
             if sub_id not in rows:
                 self._disarm(sub_id)
         if fresh and self._shared:
-            self._arm_all(await self._service.write(subs.sweep, self.ctx, fresh))
+            self._arm_all(await self._service.write(wakes.sweep, self.ctx, fresh))
 
     async def resync(self) -> None:
         """Take up every subscription afresh, as at start: other processes' changes (and
@@ -161,7 +163,7 @@ class SubscriptionEngine:
             if sub_id not in rows:
                 self._disarm(sub_id)
         if rows:
-            self._arm_all(await self._service.write(subs.sweep, self.ctx, list(rows)))
+            self._arm_all(await self._service.write(wakes.sweep, self.ctx, list(rows)))
 
     # -- wake-ups -------------------------------------------------------------------------
 
@@ -209,7 +211,7 @@ class SubscriptionEngine:
                         touched, self._touched = self._touched, {}
                         try:
                             await self.run(
-                                subs.on_append, {p: sorted(ids) for p, ids in touched.items()}
+                                wakes.on_append, {p: sorted(ids) for p, ids in touched.items()}
                             )
                         except Exception:
                             # Not decided: keep the streams for the next round, so no append
@@ -267,7 +269,7 @@ class SubscriptionEngine:
             # The slot is taken before the attempt is claimed in the database: an attempt that
             # waited for a slot longer than its claim would otherwise be claimed again.
             async with self._sem:
-                delivery = await self.run(subs.due, sub_id)
+                delivery = await self.run(wakes.due, sub_id)
                 if delivery is not None:
                     await self._deliver(delivery)
         except asyncio.CancelledError:
@@ -285,4 +287,4 @@ class SubscriptionEngine:
         except Exception as exc:
             log.warning("subscription %s: webhook delivery failed: %r", delivery.sub_id, exc)
             ok, done = False, False
-        await self.run(subs.delivered, delivery.sub_id, delivery.wake_id, ok, done)
+        await self.run(wakes.delivered, delivery.sub_id, delivery.wake_id, ok, done)

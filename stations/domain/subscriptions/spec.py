@@ -1,0 +1,156 @@
+"""A subscription's definition as a request gives it: checked, normalized, and hashed, so that
+a PUT of the same definition confirms the subscription and a different one is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from stations.domain import text
+from stations.domain.subscriptions.errors import InvalidRequest
+
+DEFAULT_LEASE_MS = 30_000
+MIN_LEASE_MS = 1_000
+MAX_LEASE_MS = 600_000
+MAX_ID = 256
+MAX_PATH = 1024
+# Stream paths one request may name: they are stored in one write transaction, which holds up
+# every other write meanwhile (100,000 held appends back about 5 s).
+MAX_STREAMS = 1000
+
+
+def normalize_path(path: str) -> str:
+    return path.strip("/")
+
+
+def stream_path(value: Any, field_name: str) -> str:
+    if not isinstance(value, str) or not normalize_path(value):
+        raise InvalidRequest(f"{field_name} must be a non-empty stream path", field_name)
+    path = normalize_path(value)
+    if len(path) > MAX_PATH or any(ord(c) < 0x20 or c == "\x7f" for c in path):
+        raise InvalidRequest(
+            f"{field_name} must be 1 to {MAX_PATH} printable characters", field_name
+        )
+    if path == "__ds" or path.startswith("__ds/"):
+        raise InvalidRequest(f"{field_name}: paths under __ds are reserved", field_name)
+    return path
+
+
+def valid_id(sub_id: str) -> str:
+    if not sub_id or len(sub_id) > MAX_ID or not visible(sub_id):
+        raise InvalidRequest(f"the subscription id must be 1 to {MAX_ID} visible characters", "id")
+    return sub_id
+
+
+def visible(text: str) -> bool:
+    """No control characters, no spaces."""
+    return not any(ord(c) < 0x21 or c == "\x7f" for c in text)
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """``*`` (or any fnmatch wildcard inside a segment) matches within one segment, ``**``
+    matches zero or more whole segments (PROTOCOL.md §6.2). By dynamic programming over
+    (pattern segment, path segment): backtracking took exponential time on stacked ``**``
+    (seconds per append for ``**/**/**/**/**/**/**/zz``, the event loop stalled)."""
+    pats, segs = pattern.split("/"), path.split("/")
+    # can[j]: the pattern's segments from i on match the path's from j on (i going down).
+    can = [False] * len(segs) + [True]
+    for head in reversed(pats):
+        if head == "**":
+            for j in range(len(segs) - 1, -1, -1):
+                can[j] = can[j] or can[j + 1]
+        else:
+            can = [fnmatchcase(segs[j], head) and can[j + 1] for j in range(len(segs))] + [False]
+    return can[0]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A normalized subscription configuration; ``config_hash`` decides re-confirmation."""
+
+    type: str
+    pattern: str | None
+    streams: tuple[str, ...]
+    webhook_url: str | None
+    wake_stream: str | None
+    lease_ttl_ms: int
+    description: str | None
+
+    @property
+    def config_hash(self) -> str:
+        canonical = {
+            "type": self.type,
+            "pattern": self.pattern,
+            "streams": sorted(set(self.streams)),
+            "webhook": {"url": self.webhook_url} if self.webhook_url else None,
+            "wake_stream": self.wake_stream,
+            "lease_ttl_ms": self.lease_ttl_ms,
+            "description": self.description,
+        }
+        return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+
+
+def too_many(paths: list[Any]) -> None:
+    if len(paths) > MAX_STREAMS:
+        raise InvalidRequest(f"streams may list at most {MAX_STREAMS} paths per request", "streams")
+
+
+def parse_spec(raw: Any) -> Spec:
+    if not isinstance(raw, dict):
+        raise InvalidRequest("the body must be a JSON object", "body")
+    kind = raw.get("type")
+    if kind not in ("webhook", "pull-wake"):
+        raise InvalidRequest('type must be "webhook" or "pull-wake"', "type")
+    pattern = raw.get("pattern")
+    if pattern is not None:
+        pattern = stream_path(pattern, "pattern")
+    streams_raw = raw.get("streams", [])
+    if streams_raw is None:
+        streams_raw = []
+    if not isinstance(streams_raw, list):
+        raise InvalidRequest("streams must be a list of stream paths", "streams")
+    too_many(streams_raw)
+    streams = tuple(dict.fromkeys(stream_path(s, "streams") for s in streams_raw))
+    if pattern is None and not streams:
+        raise InvalidRequest("at least one of pattern or streams is required", "pattern")
+    lease = raw.get("lease_ttl_ms", DEFAULT_LEASE_MS)
+    if (
+        not isinstance(lease, int)
+        or isinstance(lease, bool)
+        or not MIN_LEASE_MS <= lease <= MAX_LEASE_MS
+    ):
+        raise InvalidRequest(
+            f"lease_ttl_ms must be an integer from {MIN_LEASE_MS} to {MAX_LEASE_MS}", "lease_ttl_ms"
+        )
+    description = raw.get("description")
+    if description is not None and (
+        not isinstance(description, str) or len(description) > text.LONG or "\x00" in description
+    ):
+        raise InvalidRequest(
+            f"description must be a string of at most {text.LONG} characters, without NUL",
+            "description",
+        )
+    webhook_url = wake_stream = None
+    if kind == "webhook":
+        hook = raw.get("webhook")
+        url = hook.get("url") if isinstance(hook, dict) else None
+        if not isinstance(url, str) or not url:
+            raise InvalidRequest("webhook subscriptions need webhook.url", "webhook.url")
+        if len(url) > text.LONG or "\x00" in url:
+            raise InvalidRequest(
+                f"webhook.url must be at most {text.LONG} characters, without NUL", "webhook.url"
+            )
+        webhook_url = url
+    else:
+        if raw.get("wake_stream") is None:
+            raise InvalidRequest("pull-wake subscriptions need wake_stream", "wake_stream")
+        wake_stream = stream_path(raw.get("wake_stream"), "wake_stream")
+    if wake_stream is not None and wake_stream in streams:
+        # Its own wake events would be pending work that wakes it again, for ever.
+        raise InvalidRequest(
+            "the wake stream cannot be one of the subscription's streams", "streams"
+        )
+    return Spec(kind, pattern, streams, webhook_url, wake_stream, lease, description)

@@ -1,0 +1,430 @@
+"""A subscription's wake, from start to end: a new generation when a followed stream has
+pending work; for a webhook, delivery with retries and backoff, then callbacks; for pull-wake,
+an event on the wake stream, then a worker's claim, acks and release. Leases end a wake that
+nobody finishes; tokens of an older generation or wake are fenced. Each op returns an
+``Outcome``: its answer, and the deadlines at which the engine must look again."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from stations.domain.errors import StationsError
+from stations.domain.idwindow import IdWindow
+from stations.domain.log import AppendRequest, append
+from stations.domain.offsets import BEGINNING, BadOffset, decode
+from stations.domain.streams import is_json_type
+from stations.domain.subscriptions.errors import (
+    AlreadyClaimed,
+    Fenced,
+    InvalidOffset,
+    InvalidRequest,
+    NoPendingWork,
+    TokenRefused,
+)
+from stations.domain.subscriptions.keys import Signer, TokenError, kid_of, new_private_pem
+from stations.domain.subscriptions.links import (
+    Link,
+    link_stream,
+    links_of,
+    locked_row,
+    mark_changed,
+    pending_links,
+    stream_infos,
+    tails_of,
+)
+from stations.domain.subscriptions.spec import glob_match, normalize_path
+from stations.store import subscriptions as store
+from stations.store.writer import Batch
+
+log = logging.getLogger("stations.subscriptions")
+
+RETRY_BASE_MS = 1_000
+RETRY_MAX_MS = 60_000
+RETRY_JITTER = 0.2
+# A delivery attempt owns the wake for this long: if its process dies mid-attempt, another
+# process (or the restarted one) tries again once it has passed.
+ATTEMPT_GUARD_MS = 20_000
+
+
+@dataclass
+class Outcome:
+    """What an op decided: its answer, and the subscriptions whose deadlines changed."""
+
+    value: Any = None
+    deadlines: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """What the ops need beyond the batch: the signer for tokens, the id window for appends."""
+
+    signer: Signer
+    ids: IdWindow
+
+
+def _start_wake(batch: Batch, ctx: Context, row: dict[str, Any], pending: list[Link]) -> Outcome:
+    """A new generation. Webhooks: due for delivery now. Pull-wake: an event on the wake stream."""
+    sub_id = row["id"]
+    values: dict[str, Any] = {
+        "generation": row["generation"] + 1,
+        "wake_id": "w_" + secrets.token_hex(12),
+        "holder": None,
+        "lease_expires_at": None,
+        "snapshot": None,
+        "attempts": 0,
+    }
+    out = Outcome()
+    if row["type"] == "webhook":
+        values["next_attempt_at"] = batch.now
+        out.deadlines.append((sub_id, batch.now))
+    else:
+        values["next_attempt_at"] = None
+        _wake_event(batch, ctx, row, pending[0].path if pending else "", values["generation"])
+    store.update_subscription(batch.conn, sub_id, values)
+    row.update(values)
+    mark_changed(batch, sub_id)
+    return out
+
+
+def _wake_event(
+    batch: Batch, ctx: Context, row: dict[str, Any], path: str, generation: int
+) -> None:
+    name = row["wake_stream"]
+    state = batch.stream(name)
+    if state is None or state.deleted or state.closed or not is_json_type(state.content_type):
+        # The application creates the wake stream (§7.2); claims still work without events.
+        log.warning(
+            "subscription %s: wake stream %s is missing, closed or not JSON", row["id"], name
+        )
+        return
+    event = {
+        "type": "wake",
+        "subscription_id": row["id"],
+        "stream": path,
+        "generation": generation,
+        "ts": batch.now,
+    }
+    message = json.dumps(event, separators=(",", ":")).encode()
+    try:
+        # An append decides before it writes, so a refused one leaves nothing behind.
+        append(batch, ctx.ids, AppendRequest(name, state.content_type, [message]))
+    except StationsError as exc:
+        log.warning("subscription %s: wake event not written to %s: %s", row["id"], name, exc)
+
+
+def _maybe_wake(
+    batch: Batch, ctx: Context, row: dict[str, Any], links: list[Link] | None = None
+) -> Outcome:
+    if row["wake_id"] is not None or row["holder"] is not None:
+        return Outcome()
+    links = links_of(batch, row["id"]) if links is None else links
+    pending = pending_links(links, tails_of(batch, [link.path for link in links]))
+    if not pending:
+        return Outcome()
+    return _start_wake(batch, ctx, row, pending)
+
+
+def on_append(batch: Batch, ctx: Context, touched: dict[str, list[str]]) -> Outcome:
+    """Streams in ``touched`` (path -> ids of subscriptions whose pattern or explicit links name
+    it) have new data. A stream first seen through a pattern is linked from its beginning: it
+    was created after the subscription, so all of it is new."""
+    out = Outcome()
+    by_sub: dict[str, list[str]] = {}
+    for path, sub_ids in touched.items():
+        for sub_id in sub_ids:
+            by_sub.setdefault(sub_id, []).append(path)
+    for sub_id in sorted(by_sub):
+        row = store.get(batch.conn, sub_id, lock=True)
+        if row is None:
+            continue
+        links = links_of(batch, sub_id)
+        existing = {link.path: link for link in links}
+        for path in by_sub[sub_id]:
+            if (
+                path not in existing
+                and row["pattern"]
+                and path != row["wake_stream"]
+                and glob_match(row["pattern"], path)
+                and batch.stream(path) is not None
+            ):
+                link_stream(batch, sub_id, path, explicit=False, acked=0, existing=existing)
+        out.deadlines += _maybe_wake(batch, ctx, row, list(existing.values())).deadlines
+    return out
+
+
+def sweep(batch: Batch, ctx: Context, sub_ids: list[str]) -> Outcome:
+    """After a start (or when another process made a subscription): link pattern streams that
+    appeared unseen, and wake whatever has pending work. Nothing is skipped across a crash
+    between an append's commit and the wake decision that follows it."""
+    out = Outcome()
+    names: list[str] | None = None
+    for sub_id in sorted(sub_ids):
+        row = store.get(batch.conn, sub_id, lock=True)
+        if row is None:
+            continue
+        existing = {link.path: link for link in links_of(batch, sub_id)}
+        if row["pattern"]:
+            names = store.stream_names(batch.conn) if names is None else names
+            for path in names:
+                if (
+                    path not in existing
+                    and path != row["wake_stream"]
+                    and glob_match(row["pattern"], path)
+                ):
+                    link_stream(batch, sub_id, path, explicit=False, acked=0, existing=existing)
+        out.deadlines += _maybe_wake(batch, ctx, row, list(existing.values())).deadlines
+        if row["wake_id"] is not None:
+            due = [t for t in (row["next_attempt_at"], row["lease_expires_at"]) if t is not None]
+            if due:
+                out.deadlines.append((sub_id, min(due)))
+    return out
+
+
+@dataclass
+class Delivery:
+    """One webhook POST to make: the exact body bytes are what gets signed."""
+
+    sub_id: str
+    wake_id: str
+    url: str
+    body: bytes
+
+
+def _clear_wake(values: dict[str, Any]) -> None:
+    values.update(
+        wake_id=None,
+        holder=None,
+        lease_expires_at=None,
+        snapshot=None,
+        next_attempt_at=None,
+        attempts=0,
+    )
+
+
+def _end_wake(batch: Batch, ctx: Context, row: dict[str, Any], values: dict[str, Any]) -> Outcome:
+    _clear_wake(values)
+    store.update_subscription(batch.conn, row["id"], values)
+    row.update(values)
+    mark_changed(batch, row["id"])
+    return _maybe_wake(batch, ctx, row)
+
+
+def due(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
+    """A timer fired: deliver (webhook, retry due), or end an expired lease. ``value`` is a
+    Delivery to make, or None."""
+    row = store.get(batch.conn, sub_id, lock=True)
+    if row is None or row["wake_id"] is None:
+        return Outcome()
+    now = batch.now
+    lease = row["lease_expires_at"]
+    if lease is not None and lease <= now:
+        return _end_wake(batch, ctx, row, {})
+    attempt = row["next_attempt_at"]
+    if row["type"] == "webhook" and attempt is not None and attempt <= now:
+        links = links_of(batch, sub_id)
+        tails = tails_of(batch, [link.path for link in links])
+        infos = stream_infos(links, tails)
+        snapshot = {link.path: tails.get(link.path, 0) for link in links}
+        values = {"next_attempt_at": now + ATTEMPT_GUARD_MS, "snapshot": json.dumps(snapshot)}
+        store.update_subscription(batch.conn, sub_id, values)
+        mark_changed(batch, sub_id)
+        base = row["base_url"] + "/v1/stream/__ds/subscriptions/"
+        body = {
+            "subscription_id": sub_id,
+            "wake_id": row["wake_id"],
+            "generation": row["generation"],
+            "streams": infos,
+            "callback_url": base + _quote(sub_id) + "/callback",
+            "callback_token": ctx.signer.token(sub_id, row["generation"], row["wake_id"]),
+        }
+        delivery = Delivery(sub_id, row["wake_id"], row["webhook_url"], json.dumps(body).encode())
+        return Outcome(delivery, [(sub_id, now + ATTEMPT_GUARD_MS)])
+    pending = [t for t in (attempt, lease) if t is not None]
+    return Outcome(None, [(sub_id, min(pending))] if pending else [])
+
+
+def _quote(sub_id: str) -> str:
+    return quote(sub_id, safe="")
+
+
+def retry_delay_ms(attempts: int) -> int:
+    """Exponential from 1 s to 60 s, with 20% jitter either way (§7.1)."""
+    base: int = min(RETRY_BASE_MS << max(0, min(attempts - 1, 16)), RETRY_MAX_MS)
+    return max(0, round(base * (1 + RETRY_JITTER * (2 * random.random() - 1))))
+
+
+def delivered(
+    batch: Batch, ctx: Context, sub_id: str, wake_id: str, ok: bool, done: bool
+) -> Outcome:
+    """The webhook answered (``ok``; ``done`` if it said ``{"done": true}``) or failed."""
+    row = store.get(batch.conn, sub_id, lock=True)
+    if row is None or row["wake_id"] != wake_id:
+        return Outcome()  # a callback already finished this wake, or it was deleted
+    now = batch.now
+    if not ok:
+        attempts = row["attempts"] + 1
+        at = now + retry_delay_ms(attempts)
+        values = {"attempts": attempts, "status": "failed", "next_attempt_at": at}
+        store.update_subscription(batch.conn, sub_id, values)
+        mark_changed(batch, sub_id)
+        return Outcome(None, [(sub_id, at)])
+    values = {"status": "active", "attempts": 0, "next_attempt_at": None}
+    if done:
+        _ack_snapshot(batch, row)
+        return _end_wake(batch, ctx, row, values)
+    values["lease_expires_at"] = now + row["lease_ttl_ms"]
+    store.update_subscription(batch.conn, sub_id, values)
+    mark_changed(batch, sub_id)
+    return Outcome(None, [(sub_id, values["lease_expires_at"])])
+
+
+def _ack_snapshot(batch: Batch, row: dict[str, Any]) -> None:
+    snapshot = json.loads(row["snapshot"] or "{}")
+    links = {link.path: link for link in links_of(batch, row["id"])}
+    for path, tail in snapshot.items():
+        link = links.get(path)
+        if link is not None and tail > link.acked:
+            store.update_link(batch.conn, row["id"], path, {"acked": tail})
+
+
+def _fence(ctx: Context, row: dict[str, Any], token: str, body: Any) -> dict[str, Any]:
+    try:
+        claims = ctx.signer.verify(token, row["id"])
+    except TokenError as exc:
+        raise TokenRefused(exc.code) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", "body")
+    if (
+        claims.generation != row["generation"]
+        or claims.wake_id != row["wake_id"]
+        or body.get("generation") != row["generation"]
+        or body.get("wake_id") != row["wake_id"]
+        or row["wake_id"] is None
+    ):
+        raise Fenced("the wake generation is stale", "generation", generation=row["generation"])
+    return body
+
+
+def _apply_acks(batch: Batch, row: dict[str, Any], body: dict[str, Any]) -> None:
+    acks = body.get("acks", [])
+    if acks is None:
+        return
+    if not isinstance(acks, list):
+        raise InvalidRequest("acks must be a list", "acks")
+    links = {link.path: link for link in links_of(batch, row["id"])}
+    tails = tails_of(batch, list(links))
+    planned: dict[str, int] = {}
+    for i, ack in enumerate(acks):
+        if not isinstance(ack, dict):
+            raise InvalidRequest("each ack is {stream, offset}", f"acks[{i}]")
+        raw_path = ack.get("stream", ack.get("path"))
+        path = normalize_path(raw_path) if isinstance(raw_path, str) else ""
+        link = links.get(path)
+        if link is None:
+            raise InvalidOffset(
+                f"acks[{i}].stream is not a stream of this subscription", f"acks[{i}].stream"
+            )
+        offset = ack.get("offset")
+        if not isinstance(offset, str) or offset == BEGINNING:
+            raise InvalidOffset(f"acks[{i}].offset must be an offset", f"acks[{i}].offset")
+        try:
+            position = decode(offset)
+        except BadOffset:
+            raise InvalidOffset(f"acks[{i}].offset is malformed", f"acks[{i}].offset") from None
+        if position < link.acked:
+            raise InvalidOffset(
+                f"acks[{i}].offset is behind the acknowledged cursor", f"acks[{i}].offset"
+            )
+        if position > tails.get(path, 0):
+            raise InvalidOffset(
+                f"acks[{i}].offset is beyond the stream's tail", f"acks[{i}].offset"
+            )
+        planned[path] = max(planned.get(path, 0), position)
+    for path, position in planned.items():
+        store.update_link(batch.conn, row["id"], path, {"acked": position})
+
+
+def _done_flag(body: dict[str, Any]) -> bool:
+    done = body.get("done", False)
+    if not isinstance(done, bool):
+        raise InvalidRequest("done must be true or false", "done")
+    return done
+
+
+def settle(batch: Batch, ctx: Context, sub_id: str, token: str, body: Any, kind: str) -> Outcome:
+    """A webhook callback (``kind`` callback) or a pull-wake ack: apply acks; without ``done``
+    extend the lease (a heartbeat), with it end the wake. ``value`` is the answer body."""
+    row = locked_row(batch, sub_id)
+    if (kind == "callback") != (row["type"] == "webhook"):
+        raise InvalidRequest(f"this is a {row['type']} subscription", "type")
+    body = _fence(ctx, row, token, body)
+    done = _done_flag(body)
+    _apply_acks(batch, row, body)
+    if done:
+        out = _end_wake(batch, ctx, row, {"status": "active"})
+        return Outcome({"ok": True, "next_wake": row["wake_id"] is not None}, out.deadlines)
+    at = batch.now + row["lease_ttl_ms"]
+    values: dict[str, Any] = {"lease_expires_at": at}
+    if row["type"] == "webhook":
+        values.update(next_attempt_at=None, attempts=0, status="active")  # it was delivered
+    store.update_subscription(batch.conn, sub_id, values)
+    mark_changed(batch, sub_id)
+    return Outcome({"ok": True, "next_wake": False}, [(sub_id, at)])
+
+
+def claim(batch: Batch, ctx: Context, sub_id: str, worker: str) -> Outcome:
+    row = locked_row(batch, sub_id)
+    if row["type"] != "pull-wake":
+        raise InvalidRequest("only pull-wake subscriptions are claimed", "type")
+    if row["holder"] is not None:
+        raise AlreadyClaimed(
+            f"worker {row['holder']} holds the lease",
+            "worker",
+            current_holder=row["holder"],
+            generation=row["generation"],
+        )
+    links = links_of(batch, sub_id)
+    tails = tails_of(batch, [link.path for link in links])
+    pending = pending_links(links, tails)
+    if not pending:
+        raise NoPendingWork("the subscription has no pending work")
+    if row["wake_id"] is None:
+        _start_wake(batch, ctx, row, pending)
+    at = batch.now + row["lease_ttl_ms"]
+    values = {
+        "holder": worker,
+        "lease_expires_at": at,
+        "snapshot": json.dumps({link.path: tails.get(link.path, 0) for link in links}),
+    }
+    store.update_subscription(batch.conn, sub_id, values)
+    mark_changed(batch, sub_id)
+    answer = {
+        "wake_id": row["wake_id"],
+        "generation": row["generation"],
+        "token": ctx.signer.token(sub_id, row["generation"], row["wake_id"]),
+        "streams": stream_infos(links, tails),
+        "lease_ttl_ms": row["lease_ttl_ms"],
+    }
+    return Outcome(answer, [(sub_id, at)])
+
+
+def release(batch: Batch, ctx: Context, sub_id: str, token: str, body: Any) -> Outcome:
+    row = locked_row(batch, sub_id)
+    if row["type"] != "pull-wake":
+        raise InvalidRequest("only pull-wake subscriptions are released", "type")
+    _fence(ctx, row, token, body)
+    return _end_wake(batch, ctx, row, {})
+
+
+def load_signer(batch: Batch) -> Signer:
+    """The signing keys, made on first start (and kept: they are in the database)."""
+    if not store.signing_keys(batch.conn):
+        pem = new_private_pem()
+        store.add_signing_key(batch.conn, kid_of(pem), pem, batch.now)
+    return Signer([(r["kid"], r["private_pem"]) for r in store.signing_keys(batch.conn)])
