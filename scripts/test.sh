@@ -29,6 +29,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 
 "$PY" -m ruff check stations tests bench
+"$PY" -m ruff format --check stations tests bench
 # Strict types (config in pyproject.toml), on the paths that pass so far.
 "$PY" -m mypy stations
 # The suite is to stay under 20 minutes in CI: two workers (most tests wait on a server, a disk

@@ -208,9 +208,7 @@ def test_a_cursor_echoed_back_never_goes_backwards(client: httpx.Client, txt: st
         echoed = r.headers["Stream-Cursor"]
 
 
-@pytest.mark.parametrize(
-    "header", ["W/{etag}", '"x", {etag}', "*", 'W/{etag} , "y"'], ids=short_id
-)
+@pytest.mark.parametrize("header", ["W/{etag}", '"x", {etag}', "*", 'W/{etag} , "y"'], ids=short_id)
 def test_if_none_match_compares_weakly_and_takes_lists(
     client: httpx.Client, txt: str, header: str
 ) -> None:

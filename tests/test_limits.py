@@ -229,7 +229,9 @@ async def test_slowloris_head_body_and_idle_connections_are_closed(
 # -- the connection cap and the waiting-reader cap ------------------------------------------------
 
 
-async def test_malformed_request_heads_get_a_json_400_and_no_traceback(spawn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_malformed_request_heads_get_a_json_400_and_no_traceback(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
     """aiohttp refuses what it cannot parse before any handler runs: the answer was plain text
     and each one logged a traceback at ERROR, which any client could fill the log with."""
     server = spawn(sqlite_url(tmp_path), "--log-level", "info")
@@ -431,9 +433,7 @@ async def test_a_stream_with_a_live_reader_does_not_expire(
     assert httpx.put(url, headers={**JSON, "Stream-TTL": "2"}).status_code == 201
     tail = _tail(server.url, "short")
     began = time.monotonic()
-    r = await asyncio.to_thread(
-        httpx.get, url, params={"offset": tail, "live": live}, timeout=15
-    )
+    r = await asyncio.to_thread(httpx.get, url, params={"offset": tail, "live": live}, timeout=15)
     assert r.status_code in (200, 204), r.text
     assert time.monotonic() - began >= 3.5  # it waited out its whole time
     assert httpx.head(url).status_code == 200  # and the stream lives on

@@ -76,9 +76,7 @@ def test_readme_curl_blocks_run_in_order(make_server, tmp_path: Path) -> None:  
     if shutil.which("curl") is None:
         pytest.fail("curl is needed to run the README's examples")
     # As the subscriptions block starts it: loopback webhooks allowed (development only).
-    server: Server = make_server(
-        f"sqlite:///{tmp_path / 'readme.db'}", "--webhooks-allow-loopback"
-    )
+    server: Server = make_server(f"sqlite:///{tmp_path / 'readme.db'}", "--webhooks-allow-loopback")
     host = server.url.removeprefix("http://")
     for command in curl_commands():
         line = command.line.replace("localhost:4437", host)

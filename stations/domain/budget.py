@@ -31,9 +31,9 @@ class ByteBudget:
         self.used = 0
         self.wait_s = wait_s
         # (room needed, bytes wanted, whole, the waiter's future: its grant, alive)
-        self._waiters: deque[
-            tuple[int, int, bool, asyncio.Future[int], Callable[[], bool]]
-        ] = deque()
+        self._waiters: deque[tuple[int, int, bool, asyncio.Future[int], Callable[[], bool]]] = (
+            deque()
+        )
 
     @property
     def free(self) -> int:
