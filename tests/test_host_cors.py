@@ -124,6 +124,26 @@ def test_loopback_mode_grants_loopback_origins(loopback: Server, origin: str) ->
     assert "DELETE" in r.headers["Access-Control-Allow-Methods"]
 
 
+@pytest.mark.parametrize("mode", ["loopback", "configured", "tokens"])
+def test_every_answer_varies_by_origin(mode: str, request: pytest.FixtureRequest) -> None:
+    """The grant depends on Origin, its absence included; a public read is cacheable, so a
+    shared cache must not serve the answer to a request without Origin (no grant) to a page
+    whose origin is granted, nor one origin's grant to another."""
+    server: Server = request.getfixturevalue(mode)
+    headers = {"Authorization": f"Bearer {ADMIN}"} if mode == "tokens" else {}
+    for extra in ({}, {"Origin": "http://localhost:3000"}):
+        r = _get(server, "/healthz", **headers, **extra)
+        assert r.status_code == 200
+        assert "origin" in r.headers.get("Vary", "").lower(), (extra, r.headers)
+
+
+def test_a_405_names_the_methods_allowed(loopback: Server) -> None:
+    r = httpx.delete(f"{loopback.url}/livez", timeout=10)
+    assert r.status_code == 405
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    assert "GET" in r.headers.get("Allow", "").split(","), r.headers
+
+
 def test_cors_origin_option_names_the_granted_origins(configured: Server) -> None:
     r = _get(configured, "/healthz", Origin="https://app.example")
     assert r.headers.get(ACAO) == "https://app.example"

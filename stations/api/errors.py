@@ -67,7 +67,10 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         if exc.status == 413:
             reason = f"the request body is larger than {request.client_max_size} bytes"
             field = "body"
-        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason, field)
+        response = error_response(exc.status, exc.reason.lower().replace(" ", "_"), reason, field)
+        if "Allow" in exc.headers:  # a 405 names the methods the resource takes (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     if isinstance(exc, Overloaded):  # the read budget or the waiting readers' slots
         response = error_response(503, "overloaded", exc.message)
         response.headers["Retry-After"] = str(exc.retry_after_s)

@@ -128,8 +128,14 @@ def _decorate(request: web.Request, response: web.StreamResponse) -> None:
     h.setdefault("Access-Control-Expose-Headers", EXPOSE_HEADERS)
     h.setdefault("X-Content-Type-Options", "nosniff")
     h.setdefault("Cross-Origin-Resource-Policy", "cross-origin" if anyone else "same-origin")
-    if origin is not None:
-        h.setdefault("Vary", "Origin")
+    # Whether, and which, origin is granted depends on Origin, its absence included: a shared
+    # cache that kept the answer to a request without one (no grant, or "*") must not hand it
+    # to a page whose origin is granted by name, and public reads are cacheable for minutes.
+    vary = h.get("Vary")
+    if vary is None:
+        h["Vary"] = "Origin"
+    elif "origin" not in {v.strip().lower() for v in vary.split(",")}:
+        h["Vary"] = f"{vary}, Origin"
 
 
 def preflight(request: web.Request) -> web.Response:
