@@ -8,6 +8,7 @@ warning.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import warnings
 from typing import Any
@@ -103,6 +104,77 @@ async def test_fetch_respects_max_and_order(api: Api) -> None:
         seen += [m["offset"] for m in await api.fetch(st, "g", max=10)]
     assert seen == offs
     assert await api.fetch(st, "g", max=10) == []
+
+
+async def test_fetches_across_a_stored_row_larger_than_an_answer_lose_nothing(api: Api) -> None:
+    """A Durable Streams append is stored as one row: here 9,000 messages, 9 MB, more than one
+    fetch answers (8 MiB). A fetch whose window runs past that row's end used to lease and
+    pass the messages after it that its read had not reached (it stopped at the row's size
+    while the fetch counted the messages' own), then forget them as if retention had dropped
+    them: 100 messages of each such window were never delivered."""
+    st = await api.station()
+    big = json.dumps(["x" * 1000 for _ in range(9000)]).encode()
+    for body in (big, json.dumps(list(range(1000))).encode()):
+        r = await api.c.post(
+            f"/v1/stream/{st}",
+            content=body,
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
+        assert r.status_code in (200, 204), r.text
+    await api.put_group(st, "g")
+    delivered: list[str] = []
+    for _ in range(40):
+        got = await api.fetch(st, "g", max=700)
+        if not got:
+            break
+        assert all(m["deliveryCount"] == 1 for m in got)
+        delivered += [m["offset"] for m in got]
+        assert (await api.ack(st, "g", [m["offset"] for m in got]))["acked"] == len(got)
+    assert len(delivered) == len(set(delivered)) == 10_000
+    assert delivered == sorted(delivered)
+    g = (await api.groups(st))["g"]
+    assert (g["pending"], g["inFlight"], g["lag"]) == (0, 0, 0)
+
+
+async def test_a_lower_max_deliveries_sends_whats_waiting_past_it_to_the_dls(api: Api) -> None:
+    """A message nacked three times waits for its fourth delivery; the group's limit then goes
+    down to two. Its last delivery is behind it: it goes to the DLS, and is not delivered a
+    fourth time (it was, with deliveryCount 4 under a limit of 2)."""
+    st = await api.station()
+    await api.put_group(st, "g", maxMsgDeliveries=5, maxAckTimeMs=60_000)
+    [off, other] = await api.produce(st, ["x", "y"])
+    for n in (1, 2, 3):
+        got = await api.fetch(st, "g", max=1)
+        assert pairs(got) == [(off, n)]
+        assert (await api.nack(st, "g", [off]))["nacked"] == 1
+    assert pairs(await api.fetch(st, "g", max=1)) == [(off, 4)]
+    await api.nack(st, "g", [off])  # waits for its fifth, which the limit still allows
+    assert pairs(await api.fetch(st, "g", max=1)) == [(off, 5)]
+    await api.put_group(st, "g", status=200, maxMsgDeliveries=7)  # raised: nothing moves
+    await api.nack(st, "g", [off])
+    await api.put_group(st, "g", status=200, maxMsgDeliveries=2)
+    assert pairs(await api.fetch(st, "g", max=5)) == [(other, 1)]
+    [entry] = await api.dls_entries(st, "g")
+    assert (entry["offset"], entry["deliveryCount"], entry["reason"]) == (off, 5, "max_deliveries")
+    assert entry["error"] == "maxMsgDeliveries lowered to 2"
+    g = (await api.groups(st))["g"]
+    assert (g["pending"], g["deadLettered"]) == (0, 1)
+
+
+async def test_deleting_a_group_answers_its_waiting_fetch_at_once(api: Api) -> None:
+    st = await api.station()
+    await api.put_group(st, "g")
+    path = api.path(st, "groups", "g", "fetch")
+    waiting = asyncio.ensure_future(api.c.post(path, json={"waitMs": 20_000}, timeout=30))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    began = time.monotonic()
+    r = await api.c.delete(api.path(st, "groups", "g"))
+    assert r.status_code == 204, r.text
+    answer = await asyncio.wait_for(waiting, 10)
+    assert answer.status_code == 404, answer.text  # it waited out its 20 s, then said 200 []
+    assert time.monotonic() - began < 5
 
 
 async def test_put_group_twice_and_change_limits(api: Api) -> None:

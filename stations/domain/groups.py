@@ -128,7 +128,8 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     ack_ms = _int(raw, "maxAckTimeMs", MIN_ACK_MS, MAX_ACK_MS)
     max_deliveries = _int(raw, "maxMsgDeliveries", 1, MAX_DELIVERIES)
     start = raw.get("startFrom", "earliest")
-    state = live_stream(batch.stream(station), station, batch.now)
+    # A lower maxMsgDeliveries may dead-letter (below): lock as a dead letter does.
+    state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
     if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
         cursor = state.head
     elif start == "latest":
@@ -160,10 +161,19 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     changes = {}
     if ack_ms is not None and ack_ms != group.max_ack_time_ms:
         changes["max_ack_time_ms"] = group.max_ack_time_ms = ack_ms
+    lowered = max_deliveries is not None and max_deliveries < group.max_msg_deliveries
     if max_deliveries is not None and max_deliveries != group.max_msg_deliveries:
         changes["max_msg_deliveries"] = group.max_msg_deliveries = max_deliveries
     if changes:
         store.change(batch.conn, group.id, **changes)
+    if lowered:
+        # Messages waiting to be delivered again (nacked, or their lease expired) that have
+        # had as many deliveries as the new limit allows: their last one is behind them, so
+        # they leave the queue now, as at the end of a last delivery (they were handed out a
+        # fourth time under a limit of two).
+        done = store.waiting_delivered(batch.conn, group.id, group.max_msg_deliveries)
+        reason = f"maxMsgDeliveries lowered to {group.max_msg_deliveries}"
+        dls.add(batch, state, group.id, group.name, done, "max_deliveries", reason)
     return group, False
 
 
@@ -173,6 +183,7 @@ def remove(batch: Batch, station: str, name: str) -> None:
     dls.drop_group(batch, group.id)
     store.remove(batch.conn, group.id)
     batch.locked.pop(("group", state.id, name), None)
+    batch.changed.add(state.name)  # a fetch waiting on the group hears it is gone (404)
 
 
 def lag(tail: int, cursor: int, head: int) -> int:
@@ -267,7 +278,9 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     size = 0
     for k, piece in enumerate(pieces):
         size += len(piece[1])
-        if size > MAX_FETCH_BYTES:  # (pieces_at stops reading soon after this, too)
+        if size > MAX_FETCH_BYTES:  # where pieces_at stopped reading, by the same measure
+            # Only what is delivered is leased and passed by the cursor: a position the read
+            # did not reach waits for the next fetch (below, a missing one is forgotten).
             del pieces[max(k, 1) :]
             wanted = [seq for seq in wanted if seq <= pieces[-1][0]]
             break
@@ -285,7 +298,7 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
         Delivered(seq, msg_id, headers, data, counts[seq], deadline)
         for seq, data, msg_id, headers, _ in pieces
     ]
-    if len(out) < len(counts):  # dropped by retention while waiting: nothing left to deliver
+    if len(out) < len(counts):  # the read went past them: gone, nothing left to deliver
         found = {d.seq for d in out}
         store.forget(batch.conn, group.id, [s for s in counts if s not in found])
     next_due = None

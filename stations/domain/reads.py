@@ -144,9 +144,10 @@ def pieces_at(
     tx: Tx, state: StreamState, positions: list[int], max_bytes: int | None = None
 ) -> list[Piece]:
     """``messages_at`` as plain tuples: a consumer fetch takes hundreds at a time. With
-    ``max_bytes``, reading stops after the stored row that brings the data past it."""
+    ``max_bytes``, reading stops once the pieces taken (their own bytes, not their rows')
+    come past it: what is returned is then the pieces of a prefix of ``positions``."""
     out: list[Piece] = []
-    size = 0
+    size = taken = 0
     for lo, hi in _runs(sorted(set(positions))):
         if max_bytes is not None and size > max_bytes:
             break
@@ -173,7 +174,11 @@ def pieces_at(
                     k = p - start - 1
                     out.append((p, pieces[k], ids[k], heads[k], stored_at))
             if max_bytes is not None:
-                size += len(data)
+                # The pieces' bytes, as the caller counts them: a row's own size would stop
+                # this read while the caller still counts room (a row of 9 MB, 500 kB of it
+                # wanted), and the positions not reached would look dropped to it.
+                size += sum(len(piece[1]) for piece in out[taken:])
+                taken = len(out)
                 if size > max_bytes:
                     break
             if last >= hi:

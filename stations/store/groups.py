@@ -261,6 +261,19 @@ def lease_again(
     )
 
 
+def waiting_delivered(conn: Connection, group_id: int, times: int) -> list[tuple[int, int]]:
+    """Deliveries waiting to be made again (not leased) of messages delivered ``times`` times
+    or more: (seq, delivery count), by offset."""
+    m = db.mark(conn)
+    rows = sql.query(
+        conn,
+        f"SELECT seq, delivery_count FROM deliveries WHERE group_id = {m} "
+        f"AND consumer IS NULL AND abs(delivery_count) >= {m} ORDER BY seq",
+        (group_id, times),
+    )
+    return [(int(seq), abs(int(count))) for seq, count in rows]
+
+
 def forget(conn: Connection, group_id: int, seqs: list[int]) -> None:
     """Delete deliveries (acked, dead-lettered, or dropped by retention)."""
     rest = set(seqs) - {seq for seq, _, _ in _cut(conn, group_id, seqs)}
