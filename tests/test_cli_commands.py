@@ -310,6 +310,7 @@ def test_group_commands(srv: Server, http: httpx.Client) -> None:
     failed(cli(srv, "group", "ls", "no-such-station"), 3)
     failed(cli(srv, "group", "seek", "cli-groups", "g1"), 2, "--to")
     failed(cli(srv, "group", "seek", "cli-groups", "g1", "--time", "yesterday"), 2, "--time")
+    failed(cli(srv, "group", "seek", "cli-groups", "g1", "--time", "\u00b2"), 2, "--time")
     failed(cli(srv, "group", "seek", "cli-groups", "g1", "--to", "bogus"), 1, "to")
     failed(cli(srv, "group", "seek", "cli-groups", "nope", "--to", "now"), 3)
 
@@ -505,3 +506,59 @@ def test_produce_halves_a_request_over_the_servers_body_limit(
             "/api/stations/cli-big/messages", params={"offset": offsets[k], "limit": "1"}
         ).json()
         assert page["messages"][0]["data"]["i"] == k
+
+
+def test_produce_sends_stdin_lines_that_are_not_utf8_as_bytes(
+    srv: Server, http: httpx.Client
+) -> None:
+    """In a strict UTF-8 locale a line that is not UTF-8 was a traceback (in a lenient one, a
+    lone surrogate the server refused): a binary station stores its bytes, a JSON station's
+    refusal is a usage error."""
+    ok(cli(srv, "station", "create", "cli-bytes", "--content-type", "application/octet-stream"))
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN, PYTHONIOENCODING="utf-8")
+
+    def produce(station: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "stations", "produce", station],
+            input=b"ab\xffcd\nplain\n",
+            env=environment,
+            capture_output=True,
+            timeout=60,
+        )
+
+    done = produce("cli-bytes")
+    assert done.returncode == 0, done.stderr
+    assert http.get("/v1/stream/cli-bytes", params={"offset": "-1"}).content == b"ab\xffcdplain"
+    ok(cli(srv, "station", "create", "cli-bytes-json"))
+    refused = produce("cli-bytes-json")
+    assert refused.returncode == 2, refused.stderr
+    assert b"line 1 is not UTF-8" in refused.stderr and b"Traceback" not in refused.stderr
+
+
+def test_a_url_that_is_not_a_stations_server_is_one_clear_error(tmp_path: Path) -> None:
+    """A 200 that is not JSON (a proxy's page, a login form) was a JSONDecodeError traceback."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            body = b"<html>please log in</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        stderr = failed(cli(None, "station", "ls", "--url", url), 6, "not JSON")
+        assert "Stations server" in stderr
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -563,6 +563,21 @@ async def test_producer_restarted_in_the_same_epoch_is_not_silently_dropped(
     assert closer.epoch == 5
     assert await read_all(station.url) == ["a", "b", "c", *range(10), "last"]
 
+    # And one that closes without a final message: the 204 to its seq 0, a duplicate of the
+    # first run's, carries no Stream-Closed; taken as success, the stream stayed open.
+    station = client.station(unique("rerun-close"))
+    await client.create_station(station.name)
+    first = station.producer("job")
+    first.append("a")
+    await first.detach()
+    with pytest.raises(EpochInUse):
+        await station.producer("job").close()
+    assert not (await station.info()).closed
+    claimer = station.producer("job", auto_claim=True)
+    await claimer.close()
+    assert claimer.epoch == 1 and (await station.info()).closed
+    assert await read_all(station.url) == ["a"]
+
 
 async def test_back_pressure(client: Client) -> None:
     name = unique("bp")

@@ -5,6 +5,8 @@ is safe, and must not make a later "duplicate" answer look like this producer's 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import threading
 import time
 
@@ -13,9 +15,11 @@ import pytest
 from stations.client import (
     Client,
     EpochInUse,
+    GroupNotFound,
     IdempotentProducer,
     StationNotFound,
     StationsError,
+    read_stream,
 )
 from stations.client.consumer import Consumer
 from stations.client.sync import SyncClient
@@ -133,6 +137,33 @@ def test_leaving_the_sync_client_delivers_what_its_producers_hold(
         producer.append("x")
     with SyncClient(stations.url) as sync:
         assert [m.data for m in sync.station(name).browse().messages] == ["x"]
+
+
+def test_an_interrupted_sync_fetch_does_not_run_on_behind_the_caller(
+    stations: Server,  # noqa: F811
+) -> None:
+    """Ctrl-C while a ``SyncClient`` fetch waits: the call went on running on the client's
+    loop, and leased the next message for nobody (the caller's next fetch got nothing until
+    that lease expired)."""
+    name = unique("sync-interrupt")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with SyncClient(stations.url) as sync:
+            sync.create_station(name)
+            station = sync.station(name)
+            consumer = station.consumer("g", max_ack_time_ms=60_000)
+            assert consumer.fetch(wait_ms=0) == []
+            main = threading.main_thread().ident
+            assert main is not None
+            timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                consumer.fetch(wait_ms=10_000)
+            time.sleep(0.3)
+            station.produce("x")
+            assert [m.data for m in consumer.fetch(wait_ms=3000)] == ["x"]
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_sync_face_called_from_its_own_loop_raises_instead_of_hanging(
@@ -362,3 +393,38 @@ async def test_a_reader_tailing_when_its_client_closes_fails_clearly(
     assert done, "the reader went on reading after its client closed"
     with pytest.raises(StationsError, match="closed"):
         task.result()
+
+
+def test_a_patient_retry_keeps_its_longest_pause_for_ever() -> None:
+    """Readers and consumers retry with no give-up: the float power of the backoff overflowed
+    at the 1,024th attempt (an hour into an outage), an OverflowError out of the read."""
+    from stations.client.retry import PATIENT_RETRY, RetryPolicy
+
+    for attempt in (0, 10, 1_100, 10**9):
+        assert 0 < PATIENT_RETRY.delay(attempt) <= PATIENT_RETRY.max_delay
+    assert RetryPolicy(initial_delay=1, max_delay=7, multiplier=10).delay(5_000) <= 7
+
+
+def test_a_transactions_missing_group_is_group_not_found() -> None:
+    """The transactions API names the item's field (``ack.0.group``): that 404 was taken for
+    a missing station."""
+    from stations.client.errors import error_for
+
+    body = json.dumps(
+        {"error": {"code": "not_found", "message": "group g not found", "field": "ack.0.group"}}
+    ).encode()
+    assert isinstance(error_for(404, {}, body), GroupNotFound)
+    station = json.dumps({"error": {"code": "not_found", "message": "no", "field": "station"}})
+    assert not isinstance(error_for(404, {}, station.encode()), GroupNotFound)
+
+
+@pytest.mark.parametrize("url", ["localhost:4437", "ftp://localhost", "http://", "127.0.0.1"])
+def test_a_url_without_http_is_refused_at_once(url: str) -> None:
+    """``Client("localhost:4437")``: aiohttp's refusal of the URL was taken for a failed
+    connection and retried, for ever by a reader."""
+    with pytest.raises(ValueError, match="url"):
+        Client(url)
+    with pytest.raises(ValueError, match="url"):
+        read_stream(f"{url}/v1/stream/x")
+    with pytest.raises(ValueError, match="url"):
+        IdempotentProducer(f"{url}/v1/stream/x", "p")

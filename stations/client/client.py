@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from stations.client.consumer import Consumer
+from stations.client.core import check_server
 from stations.client.errors import StationsError, is_retryable, may_have_acted
 from stations.client.handle import ClientChild
 from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
@@ -75,6 +76,7 @@ class Client:
         timeout: float = 30.0,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
+        check_server(url, token, timeout)
         self.url = url.rstrip("/")
         self.http = Http(token, timeout=timeout, session=session)
         # Producers and consumers on its session, made by its stations or directly: their

@@ -335,7 +335,9 @@ class Consumer:
 
     async def close(self) -> None:
         """Send queued acks and give back prefetched messages that were never handed out, so
-        they are delivered again at once instead of after their lease. Ack requests other tasks
+        they are delivered again at once instead of after their lease (a nack: it counts toward
+        ``maxMsgDeliveries`` as an expiry would, and one at its last delivery goes to the DLS;
+        with a limit of 1, ``batch_size=1`` prefetches nothing). Ack requests other tasks
         have under way are waited for. Called again, or by several tasks, it waits for the same
         close and then sends acks queued since (or queued again by a cancelled flush)."""
         if self._close_task is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from stations.client.errors import NotFound, StationNotFound, error_for
+from stations.client.errors import NotFound, StationNotFound, StationsError, error_for
 
 DEFAULT_URL = "http://127.0.0.1:4437"
 # Longer than the server's long-poll timeout (30 s by default) and SSE lifetime (60 s), so a
@@ -36,7 +36,16 @@ class Reply:
         return 200 <= self.status < 300
 
     def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
+        if not self.body:
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:  # a proxy's or a login page's answer, say: not a Stations server
+            raise StationsError(
+                f"the answer (HTTP {self.status}) is not JSON; is the URL a Stations server? "
+                f"It began: {self.body[:60]!r}",
+                headers=self.headers,
+            ) from None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -49,7 +58,17 @@ class Reply:
 def check_server(url: str, token: str | None, timeout: float) -> None:
     """What a connection needs, checked before any is made, so that a mistyped URL, a token
     read with its line end, or a nonsense timeout is one clear ``ValueError`` naming what is
-    wrong, not an error from deep inside a transport."""
+    wrong, not an error from deep inside a transport (where a URL without ``http://`` was
+    retried as a failed connection, for ever by a reader)."""
+    check_url(url)
+    if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+        raise ValueError("token must be visible ASCII characters (no spaces or line ends)")
+    if not timeout > 0 or timeout == float("inf"):
+        raise ValueError(f"timeout must be a positive number of seconds (got {timeout})")
+
+
+def check_url(url: str) -> None:
+    """``check_server``'s test of the URL alone."""
     try:
         parts = urlsplit(url)
         port = parts.port  # raises for a port out of range
@@ -59,10 +78,6 @@ def check_server(url: str, token: str | None, timeout: float) -> None:
         raise ValueError(f"url {url!r} must be http:// or https:// and name a host")
     if port == 0:
         raise ValueError(f"url {url!r} has port 0")
-    if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
-        raise ValueError("token must be visible ASCII characters (no spaces or line ends)")
-    if not timeout > 0 or timeout == float("inf"):
-        raise ValueError(f"timeout must be a positive number of seconds (got {timeout})")
 
 
 def path_segment(name: str) -> str:

@@ -167,13 +167,19 @@ _BY_STATUS: dict[int, type[StationsError]] = {
 }
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` is true of "²" too, which ``int`` refuses (a header
+    is read as Latin-1, so a stray byte from a proxy can be one)."""
+    return text.isascii() and text.isdigit()
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date)."""
     value = headers.get("Retry-After")
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if _digits(value):
         return float(value)
     try:
         from datetime import UTC, datetime
@@ -214,19 +220,22 @@ def error_for(
     if not message:  # e.g. a HEAD answer: say what was asked instead
         message = f"{what}: HTTP {status}" if what else f"HTTP {status}"
     common: dict[str, Any] = {"status": status, "code": code, "field": field, "headers": headers}
-    if status == 403 and headers.get("Producer-Epoch", "").isdigit():
+    if status == 403 and _digits(headers.get("Producer-Epoch", "")):
         return ProducerFenced(message, current_epoch=int(headers["Producer-Epoch"]), **common)
     if status == 409 and headers.get("Stream-Closed", "").lower() == "true":
         return StreamClosed(message, final_offset=headers.get("Stream-Next-Offset"), **common)
-    if status == 409 and headers.get("Producer-Expected-Seq", "").isdigit():
+    if status == 409 and _digits(headers.get("Producer-Expected-Seq", "")):
+        received = headers.get("Producer-Received-Seq", "")
         return SequenceGap(
             message,
             expected_seq=int(headers["Producer-Expected-Seq"]),
-            received_seq=int(headers.get("Producer-Received-Seq", "-1") or -1),
+            received_seq=int(received) if _digits(received) else -1,
             **common,
         )
     if status == 404:
-        cls: type[StationsError] = GroupNotFound if field == "group" else not_found
+        # "group", or a transaction item's "ack.0.group"
+        named_group = field is not None and (field == "group" or field.endswith(".group"))
+        cls: type[StationsError] = GroupNotFound if named_group else not_found
         return cls(message, **common)
     if status == 429:
         return RateLimited(message, retry_after=retry_after(headers), **common)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from stations.client.batching import OBJ, RAW, TEXT, Batch, batch_body, json_bytes
+from stations.client.core import check_url
 from stations.client.errors import (
     BufferFull,
     EpochInUse,
@@ -86,6 +87,7 @@ class IdempotentProducer:
         if max_buffered_bytes < max_batch_bytes:
             raise ValueError("max_buffered_bytes must be at least max_batch_bytes")
         if isinstance(target, str):
+            check_url(target)
             self.url = target
             self._http = Http(token, headers=headers)
             self._owns_http = True
@@ -550,8 +552,12 @@ class IdempotentProducer:
                     maybe_stored = True
                 await backoff.wait(exc)
                 continue
-            # Only a close with a final message tells "stored" (200) from "duplicate" (204).
-            if reply.status == 204 and body and not maybe_stored:
+            # A close that closed says so (``Stream-Closed``, on its retry too): a 2xx without
+            # it answered a duplicate of another instance's append at this seq, and nothing
+            # was closed. Only a close with a final message tells "stored" (200) from
+            # "duplicate" (204): one of another instance's close with its own final message.
+            duplicate = reply.status in (200, 204) and not reply.flag("Stream-Closed")
+            if duplicate or (reply.status == 204 and body and not maybe_stored):
                 if not self.auto_claim:
                     raise self._epoch_in_use(session.epoch, seq)
                 session.claim_after(session.epoch)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from stations.client.core import check_url
 from stations.client.errors import ConnectionFailed, StationsError, error_for
 from stations.client.http import LIVE_READ_TIMEOUT, Http, Reply
 from stations.client.models import is_json_type
@@ -288,6 +289,7 @@ def read_stream(
     session: aiohttp.ClientSession | None = None,
 ) -> StreamReader:
     """Read any Durable Streams URL (``http://host/v1/stream/name`` on Stations)."""
+    check_url(url)
     return StreamReader(
         Http(token, session=session),
         url,

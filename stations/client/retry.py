@@ -26,7 +26,9 @@ class RetryPolicy:
     give_up_after: float | None = 120.0
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        ceiling = min(self.max_delay, self.initial_delay * self.multiplier**attempt)
+        # The exponent is capped: a patient retry (no give-up) counts attempts for ever, and a
+        # float power overflows near the 1,024th (an hour into an outage).
+        ceiling = min(self.max_delay, self.initial_delay * self.multiplier ** min(attempt, 64))
         delay = random.uniform(ceiling / 2, ceiling)
         if retry_after is not None:
             delay = max(delay, retry_after)

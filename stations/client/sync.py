@@ -57,6 +57,13 @@ class _Loop:
             if self.closed:
                 raise RuntimeError("the SyncClient was closed while this call waited") from None
             raise
+        except BaseException:
+            # Interrupted (Ctrl-C in a script or a notebook): the call must not run on behind
+            # the caller's back, a fetch leasing messages nobody receives, a read's generator
+            # still running under the next call. The task's cancellation is queued on the
+            # loop before anything a later call queues, so it ends first.
+            future.cancel()
+            raise
 
     def cancel_pending(self) -> None:
         """Cancel what still runs on the loop (calls other threads wait in: a long-poll, a

@@ -134,7 +134,7 @@ def _seek_target(args: argparse.Namespace) -> str | int | datetime:
     if args.to is not None:
         return str(args.to)
     text = args.time.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # ("²".isdigit() too, which int() refuses)
         return int(text)  # epoch milliseconds
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))

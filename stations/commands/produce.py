@@ -98,18 +98,24 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return headers
 
 
-def _payloads(args: argparse.Namespace) -> Iterator[tuple[int, str]]:
+def _payloads(args: argparse.Namespace) -> Iterator[tuple[int, str | bytes]]:
+    """The messages' text; a stdin line that is not UTF-8 as its bytes (read as text, it was
+    a traceback, or a lone surrogate the server refuses, in a strict UTF-8 locale)."""
     if args.data:
         yield from enumerate(args.data, 1)
         return
-    for number, line in enumerate(sys.stdin, 1):
-        line = line.rstrip("\n").rstrip("\r")
-        if line:
-            yield number, line
+    for number, raw in enumerate(sys.stdin.buffer, 1):
+        raw = raw.rstrip(b"\n").rstrip(b"\r")
+        if not raw:
+            continue
+        try:
+            yield number, raw.decode("utf-8")
+        except UnicodeDecodeError:
+            yield number, raw
 
 
 def _messages(
-    args: argparse.Namespace, is_json: bool, payloads: Iterable[tuple[int, str]]
+    args: argparse.Namespace, is_json: bool, payloads: Iterable[tuple[int, str | bytes]]
 ) -> Iterator[NewMessage]:
     from stations.client import NewMessage
 
@@ -119,7 +125,9 @@ def _messages(
     count = 0
     for index, (number, text) in enumerate(payloads):
         count += 1
-        data: Any = text
+        data: Any = text  # bytes (not UTF-8) go as they are, base64 on the wire
+        if is_json and isinstance(text, bytes):
+            raise Usage(f"{source} {number} is not UTF-8 text and {args.station} is a JSON station")
         if is_json:
             try:
                 data = json.loads(text)
