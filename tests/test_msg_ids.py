@@ -18,12 +18,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import Server
+from tests.harness import ClockServer, Server
 from tests.module_server import ENGINES, module_server
 
 JSON = {"Content-Type": "application/json"}
@@ -334,6 +335,28 @@ def test_growing_the_window_keeps_stored_ids(client: httpx.Client) -> None:
     assert one(client, name, "a", 2) == (offset(0), True)
     r = post_with_id(client, name, "a", b"3")
     assert (r.headers["Msg-Duplicate"], r.headers["Msg-Offset"]) == ("true", offset(0))
+
+
+def test_growing_the_window_does_not_bring_back_ids_that_ran_out(tmp_path: Path) -> None:
+    """An id whose window ran out is forgotten whether or not the sweep has come round: a
+    PATCH that grew the window counted it a duplicate again until then (the sweep of a
+    4-minute window runs once a minute). The server's clock is moved, not slept through."""
+    clock = tmp_path / "clock"
+    clock.write_text("0")
+    url = f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}"
+    server = ClockServer(url, tmp_path, clock=clock).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            name = new_station(client, idempotencyWindowMs=240_000)
+            time.sleep(2.5)  # the first sweeps set the sweep's period to a minute
+            assert one(client, name, "gone", 1) == (offset(0), False)
+            clock.write_text("300")  # five minutes on: "gone" ran out a minute ago
+            assert one(client, name, "kept", 2) == (offset(1), False)
+            patch_window(client, name, 86_400_000)
+            assert one(client, name, "gone", 3) == (offset(2), False)
+            assert one(client, name, "kept", 4) == (offset(1), True)
+    finally:
+        server.kill()
 
 
 # -- retention drops the data, not the ids ----------------------------------------------------

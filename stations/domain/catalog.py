@@ -60,7 +60,7 @@ def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> Stream
     if state.window_ms < before:
         window.forget_older(batch, state)
     elif state.window_ms > before:
-        window.grown(batch, state)
+        window.grown(batch, state, before)
     batch.touch(state)
     upkeep.set_rules(batch.conn, state.id, upkeep_columns(state.config, batch.now))
     _announce_window(batch, state.window_ms)

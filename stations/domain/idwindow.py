@@ -196,11 +196,12 @@ class IdWindow:
         for stream_id in [s for s in self._caches if s not in live]:
             del self._caches[stream_id]
 
-    def forget_older(self, batch: Batch, state: StreamState) -> None:
-        """The station's window just shrank to ``state.window_ms``: forget, for good, the ids it
-        no longer covers (CONTRACT.md §4), so that growing the window again later does not bring
-        them back. Done in the PATCH's own transaction, whatever the sweep has reached."""
-        cutoff = batch.now - state.window_ms
+    def forget_older(self, batch: Batch, state: StreamState, window_ms: int | None = None) -> None:
+        """The station's window just shrank to ``state.window_ms`` (or grew from ``window_ms``):
+        forget, for good, the ids older than that window (CONTRACT.md §4), so that growing the
+        window later does not bring them back. Done in the PATCH's own transaction, whatever
+        the sweep has reached."""
+        cutoff = batch.now - (state.window_ms if window_ms is None else window_ms)
         self._caches.pop(state.id, None)  # cached ids would answer by the grown window
         # ... and so would other processes' caches (PostgreSQL): the row tells them.
         state.ids_forgotten_at = cutoff
@@ -211,14 +212,18 @@ class IdWindow:
         # Blocks are one commit each: the sweep drops exactly those stored at or before the
         # cutoff (and their ids from RAM after the commit); runs that straddle it keep
         # younger ids, so their older entries go one by one.
-        self.runs.sweep(batch, state)
+        self.runs.sweep(batch, state, cutoff)
         self.runs.forget_before(batch, state.id, cutoff)
 
-    def grown(self, batch: Batch, state: StreamState) -> None:
-        """The station's window just grew. A cache holds expired ids too, and one of them may
-        have been stored again since through another process (PostgreSQL), which this cache
-        never hears of: the grown window would revive the old offset. So no process trusts
-        its cached ids stored until now; ``msg_ids`` answers for them."""
+    def grown(self, batch: Batch, state: StreamState, before_ms: int) -> None:
+        """The station's window just grew from ``before_ms``. Ids that window had let run out
+        stay forgotten: the grown one would count them again where the sweep had not come
+        round yet (a minute, for a window of four), and not where it had. And a cache holds
+        expired ids too, one of which may have been stored again since through another
+        process (PostgreSQL), which this cache never hears of: the grown window would revive
+        the old offset. So no process trusts its cached ids stored until now; ``msg_ids``
+        answers for them."""
+        self.forget_older(batch, state, before_ms)
         state.ids_forgotten_at = max(state.ids_forgotten_at or 0, batch.now)
 
     def sweep(self, batch: Batch, state: StreamState) -> int:

@@ -502,9 +502,11 @@ class IdRuns:
 
     # -- expiry ------------------------------------------------------------------------------
 
-    def sweep(self, batch: Batch, state: StreamState) -> int:
-        """Delete the station's blocks and runs whose newest id has left the window."""
-        cutoff = batch.now - state.window_ms
+    def sweep(self, batch: Batch, state: StreamState, cutoff: int | None = None) -> int:
+        """Delete the station's blocks and runs whose newest id has left the window (or was
+        stored at or before ``cutoff``)."""
+        if cutoff is None:
+            cutoff = batch.now - state.window_ms
         station = self._stations.get(state.id)
         hot_gone = 0
         if station is not None and station.blocks and station.blocks[0].stored_at <= cutoff:
