@@ -87,6 +87,18 @@ def test_loopback_mode_serves_loopback_host_names(loopback: Server, host: str) -
     assert _get(loopback, "/v1/stream/hc", Host=host).status_code == 200
 
 
+@pytest.mark.parametrize("host", ["[::1", "a b", "local host:80", "x{y}", "[::1]x"])
+def test_a_host_that_is_no_host_is_a_400_in_every_mode(
+    loopback: Server, tokens: Server, host: str
+) -> None:
+    """Neither a loopback name (an unclosed bracket passed as [::1]) nor one to serve in
+    tokens mode (a name with a space was served)."""
+    for server in (loopback, tokens):
+        r = _get(server, "/healthz", Host=host)
+        assert r.status_code == 400, (host, r.status_code)
+        assert r.json()["error"]["field"] == "Host"
+
+
 def test_tokens_mode_serves_any_host(tokens: Server) -> None:
     assert _get(tokens, "/healthz", Host="stations.internal.example").status_code == 200
     r = _get(tokens, "/api/stations", Host="stations.internal.example")

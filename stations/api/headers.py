@@ -78,8 +78,12 @@ def is_loopback_host(host: str) -> bool:
     host = host.lower().rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
+    if host.startswith("["):  # an IPv6 address, bracketed whole ("[::1" is no host)
+        if not host.endswith("]"):
+            return False
+        host = host[1:-1]
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
@@ -163,11 +167,18 @@ def valid_authority(host: str) -> bool:
     """Whether ``request.url`` can be built with this ``Host``: yarl refuses a port out of
     range or not a number and a bad bracketed address, and a handler asking for the URL
     (a create's ``Location``) answered 500 after the stream was created."""
+    if any(c in _NOT_IN_AUTHORITY or not c.isprintable() for c in host):
+        return False  # spaces, controls, quotes...: no host name holds them (RFC 3986 §3.2)
+    if host.startswith("[") != ("]" in host):
+        return False  # yarl closes an unclosed "[::1" itself
     try:
         URL.build(scheme="http", authority=host)
     except ValueError:
         return False
     return True
+
+
+_NOT_IN_AUTHORITY = frozenset(' "<>\\^`{|}')
 
 
 def refused_host(request: web.Request) -> web.Response | None:
