@@ -34,6 +34,7 @@ try:
     from pyspark.sql.types import StructType
 
     from stations.spark import StationsDataSource, StationsFencedError
+    from stations.spark.offsets import OffsetRange, token
     from stations.spark.options import Config
     from stations.spark.stream_write import StationsStreamWriter
     from stations.spark.stream_write import stream_producer as StreamProducer
@@ -905,8 +906,8 @@ def test_a_latest_start_is_the_same_each_time_spark_asks(srv: Server, api: httpx
 
 def test_a_stream_from_the_start_reads_what_retention_kept(srv: Server, api: httpx.Client) -> None:
     """A streaming read from ``-1`` plans its first batch from position 0. Once retention
-    dropped the first messages, the zero offset is 410 on the server: the first page is asked
-    for as ``-1`` (the earliest kept), so the batch reads what is kept, no data-loss error."""
+    dropped the first messages, the zero offset is 410 on the server: the batch is planned from
+    the earliest kept position, so it reads what is kept, no data-loss error."""
     import time
 
     from pyspark.sql.types import StructType
@@ -927,6 +928,90 @@ def test_a_stream_from_the_start_reads_what_retention_kept(srv: Server, api: htt
     [part] = stream.partitions(start, end)
     read = [m["data"] for page in read_pages(cfg, part) for m in page]  # type: ignore[arg-type]
     assert read == [3, 4]
+
+
+def _wait_kept(api: httpx.Client, name: str, kept: list[int]) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while [m["data"] for m in all_messages(api, name)] != kept:
+        assert time.monotonic() < deadline, "retention did not drop the oldest messages"
+        time.sleep(0.1)
+
+
+def test_a_stream_from_the_start_in_partitions_reads_what_was_kept_and_replays_it(
+    srv: Server, api: httpx.Client
+) -> None:
+    """From -1 once retention dropped the first messages, batch 0 was split from position 0:
+    every range but the first asked for dropped offsets (410, a false data loss), and the first
+    was read as "-1", so a replay after retention dropped more read other rows than its first
+    attempt, which a streaming write then took for the same (rows lost). The batch records
+    where the kept messages began: its ranges read from there, again on a replay, or fail as
+    data loss."""
+    from pyspark.sql.types import StructType
+
+    from stations.client.errors import Gone
+    from stations.spark.read import read_pages
+    from stations.spark.stream_read import StationsStreamReader
+
+    name = new_station(api, retention={"maxMessages": 5})
+    produce(api, name, [{"data": k} for k in range(20)])
+    _wait_kept(api, name, list(range(15, 20)))
+    cfg = Config.parse({"url": srv.url, "station": name, "numPartitions": "4"})
+    stream = StationsStreamReader(cfg, StructType())
+    start = stream.initialOffset()
+    end = stream.latestOffset(start, stream.getDefaultReadLimit())
+    parts = [p for p in stream.partitions(start, end) if isinstance(p, OffsetRange)]
+    assert [(p.start, p.end) for p in parts] == [(15, 17), (17, 18), (18, 19), (19, 20)]
+    read = [m["data"] for p in parts for page in read_pages(cfg, p) for m in page]
+    assert read == list(range(15, 20))
+
+    produce(api, name, [{"data": k} for k in range(20, 23)])
+    _wait_kept(api, name, list(range(18, 23)))
+    replay = StationsStreamReader(cfg, StructType()).partitions(start, end)
+    again = [p for p in replay if isinstance(p, OffsetRange)]
+    assert [(p.start, p.end) for p in again] == [(p.start, p.end) for p in parts]
+    with pytest.raises(Gone, match="failOnDataLoss"):
+        list(read_pages(cfg, again[0]))
+    assert [m["data"] for page in read_pages(cfg, again[2]) for m in page] == [18]
+
+
+def test_a_stream_resumed_past_the_end_of_a_recreated_station_fails(
+    srv: Server, api: httpx.Client
+) -> None:
+    """The station was deleted and created again: its tail is before the checkpoint, and the
+    query skipped the new station's first messages without a word."""
+    from pyspark.sql.types import StructType
+
+    from stations.client.errors import Gone
+    from stations.spark.stream_read import StationsStreamReader
+
+    name = new_station(api)
+    produce(api, name, [{"data": k} for k in range(3)])
+    cfg = Config.parse({"url": srv.url, "station": name})
+    stream = StationsStreamReader(cfg, StructType())
+    with pytest.raises(Gone, match="deleted and created again"):
+        stream.latestOffset({"offset": token(5)}, stream.getDefaultReadLimit())
+
+
+def test_batch_reads_from_the_start_with_a_filter_and_from_the_zero_offset(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    """A read from -1 narrowed by an offset filter to a dropped position failed as data loss
+    (the earliest kept position was looked up only when the range still began at 0); an
+    explicit zero offset was read as -1, no data loss though retention had dropped it."""
+    import stations.spark
+
+    stations.spark.register(spark)  # the source with filter pushdown
+    name = new_station(api, retention={"maxMessages": 3})
+    produce(api, name, [{"data": k} for k in range(10)])
+    _wait_kept(api, name, [7, 8, 9])
+    df = reader(spark, srv, name).option("numPartitions", "2").load()
+    rows = df.where(F.col("offset") >= token(3)).select("data").collect()
+    assert sorted(int(r.data) for r in rows) == [7, 8, 9]
+    explicit = reader(spark, srv, name).option("startingOffset", token(0)).load()
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        explicit.collect()
 
 
 def test_a_checkpoint_behind_retention_fails_unless_data_loss_is_allowed(

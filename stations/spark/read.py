@@ -54,11 +54,12 @@ def read_pages(cfg: Config, part: OffsetRange) -> Iterator[list[dict[str, Any]]]
         cur = part.start
         while cur < part.end:
             limit = min(cfg.page_size, part.end - cur)
-            # Position 0 is where ``-1`` (the start) plans from: asked as ``-1``, it reads the
-            # earliest retained message on; the zero offset is 410 once retention dropped any.
-            asked = token(cur) if cur else "-1"
+            # Always the range's own offsets: a read "from the start" was resolved to the
+            # earliest kept position when it was planned. Asked as ``-1`` instead, a range
+            # read again after retention dropped more got other rows than its first attempt,
+            # which a streaming write's producer sequence took for the same (rows lost).
             try:
-                page = _page(http, cfg, asked, limit)
+                page = _page(http, cfg, token(cur), limit)
             except Gone:
                 if cfg.fail_on_data_loss:
                     raise Gone(
@@ -188,8 +189,10 @@ class StationsReader(DataSourceReader):
             else min(position(self.cfg.ending), end_of_station)
         )
         start, end = self.narrow(start, end)
-        if start == 0 and end > 0:  # -1 reads from the earliest retained message
-            start = first_position(self.cfg, end)
+        if self.cfg.starting in ("-1", "earliest") and end > start:
+            # The earliest retained message on (a filter may start later still); an explicit
+            # zero offset is read as asked: a 410, data loss, once retention dropped any.
+            start = max(start, first_position(self.cfg, end))
         ranges = split(start, end, self.cfg.num_partitions, is_json)
         return ranges or [OffsetRange(0, start, start, is_json)]
 

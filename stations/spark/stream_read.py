@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from stations.client.core import path_segment
-from stations.client.errors import NotFound, StationsError
+from stations.client.errors import Gone, NotFound, StationsError
 from stations.client.models import is_json_type
 from stations.spark.offsets import (
     OffsetRange,
@@ -95,14 +95,38 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._commit_cursor(str(start["offset"]))
         lo = position(str(start["offset"]))
         end = tail(self.cfg)
+        if end < lo:
+            self._behind_the_query(lo, end)
         if self._target is not None:
             end = min(end, self._target)
+        # From the start (-1): whatever retention kept. From any other offset, positions it
+        # dropped are data loss, which the read reports (or skips: failOnDataLoss=false).
+        from_start = lo == 0 and self.cfg.starting in ("-1", "earliest")
+        first = lo
+        if end > lo and (from_start or isinstance(limit, ReadMaxRows)):
+            first = max(lo, first_position(self.cfg, lo))  # skip positions retention dropped
         if isinstance(limit, ReadMaxRows) and end > lo:
-            first = first_position(self.cfg, lo)  # skip positions retention dropped
-            end = min(end, max(lo, first) + limit.max_rows)
+            end = min(end, first + limit.max_rows)
         if end <= lo:
             return dict(start)  # the very offset Spark holds: no new data, no batch
-        return batch_end(end, self.cfg.num_partitions)
+        planned = batch_end(end, self.cfg.num_partitions)
+        if from_start and first > lo:
+            # Where "the start" was when the batch was planned: its ranges are read from
+            # there, and so again by a replay, whatever retention dropped in between (each
+            # range then reads the rows of its first attempt, or fails as data loss).
+            planned["from"] = min(first, end)
+        return planned
+
+    def _behind_the_query(self, lo: int, end: int) -> None:
+        """The station ends before the query's offset: it was deleted and created again."""
+        message = (
+            f"station {self.cfg.station!r} ends at {token(end)}, before this query's offset "
+            f"{token(lo)}: was it deleted and created again? Its messages up to there would "
+            "be skipped"
+        )
+        if self.cfg.fail_on_data_loss:
+            raise Gone(message + " (set failOnDataLoss=false to skip them)", status=410)
+        logger.warning("%s (failOnDataLoss=false)", message)
 
     def reportLatestOffset(self) -> dict[str, str]:
         return offset_dict(tail(self.cfg))
@@ -110,9 +134,10 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(
         self, start: dict[str, str | int], end: dict[str, str | int]
     ) -> Sequence[InputPartition]:
-        # The split the batch was planned with, not today's numPartitions (see batch_end).
+        # The split the batch was planned with, not today's numPartitions (see batch_end),
+        # from where it was planned to start (see latestOffset).
         return split(
-            position(str(start["offset"])),
+            max(position(str(start["offset"])), int(end.get("from", 0))),
             position(str(end["offset"])),
             batch_parts(end, self.cfg.num_partitions),
             self.is_json,
