@@ -1060,3 +1060,118 @@ def test_pipeline_window_takes_the_duration_units_of_every_other_command() -> No
     for text in ("2d", "500ms", "soon"):
         with pytest.raises(SystemExit):
             pipeline.parse_args([*base, "--window", text])
+
+
+# -- writes: limits and columns, checked where they can be named ------------------------------
+
+
+def test_chunks_keep_under_a_byte_cap_and_cut_the_same_way_again() -> None:
+    """A streaming write's chunks were cut by count alone: rows of 34 MB in chunks of two made
+    a 68 MB request, refused on every replay (the chunk size is pinned by the batch's epoch)."""
+    from stations.spark.rows import chunks
+
+    items = [b"x" * n for n in (10, 30, 5, 5, 40, 1, 1, 1)]
+    cut = list(chunks(items, 3, max_bytes=45))
+    assert [[len(i) for i in c] for c in cut] == [[10, 30], [5, 5], [40, 1, 1], [1]]
+    assert cut == list(chunks(items, 3, max_bytes=45))
+    assert [len(c) for c in chunks(items, 3)] == [3, 3, 2]
+    assert [len(c) for c in chunks([b"y" * 100], 3, max_bytes=10)] == [1]  # never empty
+
+
+def test_write_columns_are_checked_on_the_driver_by_option_name() -> None:
+    from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructField
+
+    from stations.spark.rows import RowShape
+
+    def shape(options: dict[str, str], *fields: StructField) -> RowShape:
+        cfg = Config.parse({"url": "http://127.0.0.1:9", "station": "s", **options})
+        return RowShape.of(cfg, StructType(list(fields)), True)
+
+    body = StructField("payload", StringType())
+    with pytest.raises(ValueError, match="dataColumn 'paylod' is not a column"):
+        shape({"dataColumn": "paylod"}, body)
+    with pytest.raises(ValueError, match="headersColumn 'h' is a string column"):
+        shape({"headersColumn": "h"}, body, StructField("h", StringType()))
+    with pytest.raises(ValueError, match="msgIdColumn 'k' is a binary column"):
+        shape({"msgIdColumn": "k"}, body, StructField("k", BinaryType()))
+    heads = StructField("headers", MapType(StringType(), StringType()))
+    ok = shape({"msgIdColumn": "k"}, body, StructField("k", LongType()), heads)
+    message = ok.message({"payload": "p", "k": 7, "headers": {"a": "1", "b": None}})
+    assert message["id"] == "7" and message["headers"] == {"a": "1"}  # a null was "None"
+
+
+def test_a_batch_write_halves_what_a_server_with_lower_limits_refuses(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A server taking at most 100 messages a request: the default chunk of 1,000 was refused
+    (400) and nothing was stored, on every retry. A refused request stores nothing: its halves
+    are sent instead."""
+    server = Server(
+        f"sqlite:///{tmp_path / 'stations.db'}", tmp_path, ["--max-append-messages", "100"]
+    ).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as api:
+            name = new_station(api)
+            df = spark.createDataFrame([(f"k{i}", i) for i in range(250)], ["k", "v"])
+            (
+                df.coalesce(1)
+                .write.format("stations")
+                .option("url", server.url)
+                .option("station", name)
+                .option("msgIdColumn", "k")
+                .mode("append")
+                .save()
+            )
+            assert sorted(m["data"]["v"] for m in all_messages(api, name)) == list(range(250))
+    finally:
+        server.kill()
+
+
+def test_a_stream_write_of_an_empty_text_row_names_the_column(
+    srv: Server, api: httpx.Client
+) -> None:
+    """A null or empty row into a text station was refused by the server ("an append needs a
+    body") on every replay, the query stuck for good with no word of the column."""
+    from stations.spark.rows import RowShape
+    from stations.spark.stream_write import send_texts
+    from stations.spark.write import WriteReport
+
+    name = new_station(api, contentType="text/plain")
+    cfg = Config.parse({"url": srv.url, "station": name, "dataColumn": "line"})
+    shape = RowShape.of(cfg, StructType().add("line", "string"), False)
+    producer = StreamProducer(cfg, producer_id="empty-rows", epoch=0, content_type="text/plain")
+    try:
+        rows = iter([{"line": "a"}, {"line": None}])
+        with pytest.raises(ValueError, match="line is null or empty"):
+            send_texts(producer, rows, shape, WriteReport())
+    finally:
+        producer.close()
+    assert [m["data"] for m in all_messages(api, name)] == ["a"]
+
+
+def test_pipeline_checks_chunk_size_first_and_counts_csv_rows_with_line_ends(
+    spark: SparkSession,
+    srv: Server,
+    api: httpx.Client,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--chunk-size 20000 created the station, then failed naming the data source's option;
+    a CSV export of two messages holding line ends reported four rows written."""
+    source = tmp_path / "in.json"
+    source.write_text('{"k": "a"}\n')
+    name = f"never-{uuid.uuid4().hex[:8]}"
+    ingest = ["ingest", "--from", str(source), "--station", name, "--url", srv.url]
+    ingest += ["--msg-id-column", "k"]
+    assert pipeline.main([*ingest, "--chunk-size", "20000"], spark=spark) == 2
+    assert "--chunk-size must be from 1 to 10000" in capsys.readouterr().err
+    assert api.get(f"/api/stations/{name}").status_code == 404  # checked before creating it
+
+    texts = new_station(api, contentType="text/plain")
+    produce(api, texts, [{"data": "one\ntwo"}, {"data": "three\r\nfour"}])
+    target = tmp_path / "csv"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        export = ["export", "--station", texts, "--to", str(target), "--format", "csv"]
+        assert pipeline.main([*export, "--url", srv.url], spark=spark) == 0
+    assert "2 messages read, 2 rows written" in out.getvalue(), out.getvalue()

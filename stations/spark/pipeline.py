@@ -200,8 +200,10 @@ def preflight(args: argparse.Namespace) -> None:
         args.format = args.format or _format_of(args.source)
         if "://" not in args.source and not Path(args.source).exists():
             raise PipelineError(f"--from {args.source}: no such file or directory")
-        if args.chunk_size < 1:
-            raise PipelineError("--chunk-size must be at least 1")
+        from stations.spark.options import MAX_MESSAGES_PER_POST  # (loads PySpark)
+
+        if not 1 <= args.chunk_size <= MAX_MESSAGES_PER_POST:
+            raise PipelineError(f"--chunk-size must be from 1 to {MAX_MESSAGES_PER_POST}")
         _check_station(args, create=not args.no_create)
     else:
         if args.group and not args.dls:
@@ -462,8 +464,8 @@ def _export(spark: SparkSession, args: argparse.Namespace) -> Summary:
         _run_job(spark, group, lambda: writer.save(args.target), args.url)
     seconds = time.monotonic() - started
     written_df = spark.read.format(args.format)
-    if args.format == "csv":
-        written_df = written_df.option("header", "true")
+    if args.format == "csv":  # a message's text may hold line ends: one row, quoted
+        written_df = written_df.option("header", "true").option("multiLine", "true")
     written = written_df.load(args.target).count()
     return Summary(
         "export-dls" if args.dls else "export",

@@ -8,10 +8,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from stations.spark.options import Config
 
@@ -69,10 +77,33 @@ class RowShape:
 
     @classmethod
     def of(cls, cfg: Config, schema: StructType, is_json: bool) -> RowShape:
+        """Checked on the driver, naming the option: on an executor a wrong column was a
+        Python error deep in a task, or no error at all (a misspelt dataColumn)."""
         names = {f.name: f for f in schema.fields}
-        if cfg.msg_id_column is not None and cfg.msg_id_column not in names:
+        listed = ", ".join(names)
+        if cfg.msg_id_column is not None:
+            ident = names.get(cfg.msg_id_column)
+            if ident is None:
+                raise ValueError(
+                    f"msgIdColumn {cfg.msg_id_column!r} is not a column of the DataFrame ({listed})"
+                )
+            if isinstance(ident.dataType, _NOT_AN_ID):
+                raise ValueError(
+                    f"msgIdColumn {cfg.msg_id_column!r} is a {ident.dataType.simpleString()} "
+                    "column: a message id is text without spaces; cast it to a string"
+                )
+        # An option given by name must name a column (only the defaults may be absent).
+        for option, column, default in (
+            ("dataColumn", cfg.data_column, "data"),
+            ("headersColumn", cfg.headers_column, "headers"),
+        ):
+            if column != default and column not in names:
+                raise ValueError(f"{option} {column!r} is not a column of the DataFrame ({listed})")
+        heads = names.get(cfg.headers_column)
+        if heads is not None and not isinstance(heads.dataType, MapType):
             raise ValueError(
-                f"msgIdColumn {cfg.msg_id_column!r} is not a column of the DataFrame ({', '.join(names)})"
+                f"headersColumn {cfg.headers_column!r} is a {heads.dataType.simpleString()} "
+                "column: headers are a map of strings (create_map, or map_from_entries)"
             )
         data = names.get(cfg.data_column)
         return cls(
@@ -121,7 +152,9 @@ class RowShape:
         else:
             msg["data"] = "" if value is None else value
         if self.headers_column is not None and row[self.headers_column]:
-            msg["headers"] = {str(k): str(v) for k, v in dict(row[self.headers_column]).items()}
+            # A null value is no header (it was stored as the text "None").
+            given = dict(row[self.headers_column]).items()
+            msg["headers"] = {str(k): str(v) for k, v in given if v is not None}
         return msg
 
 
@@ -130,12 +163,29 @@ def rows_of(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist(maps_as_pydicts="lossy")
 
 
-def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
-    chunk: list[dict[str, Any]] = []
-    for row in rows:
-        chunk.append(row)
+T = TypeVar("T")
+# The most bytes of messages one request carries: below the server's default body limit (64 MiB)
+# with room for the JSON around them. A chunk of chunkSize rows of 34 MB each was refused (413)
+# on every replay, the chunk size being pinned by the batch's epoch.
+MAX_CHUNK_BYTES = 48 * 1024 * 1024
+_NOT_AN_ID = (BinaryType, ArrayType, MapType, StructType, TimestampType, TimestampNTZType)
+
+
+def chunks(items: Iterable[T], size: int, max_bytes: int | None = None) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size``; with ``max_bytes`` (``items`` are then encoded
+    messages), also of at most that many bytes, but always at least one item. The same items
+    are cut the same way every time: a replayed streaming batch sends the same requests."""
+    chunk: list[T] = []
+    used = 0
+    for item in items:
+        weight = len(item) + 1 if max_bytes is not None else 0  # type: ignore[arg-type]
+        if chunk and max_bytes is not None and used + weight > max_bytes:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(item)
+        used += weight
         if len(chunk) >= size:
             yield chunk
-            chunk = []
+            chunk, used = [], 0
     if chunk:
         yield chunk

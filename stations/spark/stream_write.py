@@ -27,7 +27,7 @@ from stations.spark.options import (
     refuse,
     station_view,
 )
-from stations.spark.rows import RowShape, chunks, dumpb, rows_of
+from stations.spark.rows import MAX_CHUNK_BYTES, RowShape, chunks, dumpb, rows_of
 from stations.spark.write import WriteReport
 
 if TYPE_CHECKING:
@@ -159,8 +159,9 @@ def send_json(
         cfg, producer_id=pid, epoch=batch_epoch(batch_id, chunk_size), content_type=content_type
     )
     try:
-        for chunk in chunks(rows, chunk_size):
-            stored = producer.append(dumpb([shape.payload(r) for r in chunk]))
+        encoded = (dumpb(shape.payload(r)) for r in rows)
+        for chunk in chunks(encoded, chunk_size, MAX_CHUNK_BYTES):
+            stored = producer.append(b"[" + b",".join(chunk) + b"]")
             report.add(len(chunk), len(chunk) if stored else 0)
     finally:
         producer.close()
@@ -176,4 +177,9 @@ def send_texts(
     for row in rows:
         value = shape.payload(row)
         body = value if isinstance(value, bytes) else ("" if value is None else str(value)).encode()
+        if not body:  # refused by the server on every replay: the query could never go on
+            raise ValueError(
+                f"a row's {shape.data_column or 'data'} is null or empty: a text or binary "
+                "station has no empty messages (filter such rows out, or give them a value)"
+            )
         report.add(1, 1 if producer.append(body) else 0)

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from stations.client.blocking import BlockingHttp
+from stations.client.errors import BadRequest, PayloadTooLarge
 from stations.client.models import is_json_type
 from stations.spark.options import Config, check_write, station_view
-from stations.spark.rows import RowShape, _loads, chunks, dumpb, rows_of
+from stations.spark.rows import MAX_CHUNK_BYTES, RowShape, _loads, chunks, dumpb, rows_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -66,12 +68,36 @@ class StationsWriter(DataSourceArrowWriter):
         path = self.cfg.api_path + "/messages"
         headers = {"Content-Type": "application/json"}
         with self.cfg.http() as http:
-            for chunk in chunks(rows_of(iterator), self.cfg.chunk_size):
-                body = dumpb({"messages": [self.shape.message(r) for r in chunk]})
-                reply = http.call("POST", path, data=body, headers=headers, what="produce")
-                results = _loads(reply.body)["results"]
-                report.add(len(chunk), sum(1 for r in results if not r["duplicate"]))
+            encoded = (dumpb(self.shape.message(r)) for r in rows_of(iterator))
+            for chunk in chunks(encoded, self.cfg.chunk_size, MAX_CHUNK_BYTES):
+                self._send(http, path, headers, chunk, report)
         return report
+
+    def _send(
+        self,
+        http: BlockingHttp,
+        path: str,
+        headers: dict[str, str],
+        chunk: list[bytes],
+        report: WriteReport,
+    ) -> None:
+        """One produce request, or, refused as too large (a server with lower limits than
+        the defaults: the body, or --max-append-messages), its halves: a refused request
+        stored nothing, so sending its messages again stores each once."""
+        body = b'{"messages":[' + b",".join(chunk) + b"]}"
+        try:
+            reply = http.call("POST", path, data=body, headers=headers, what="produce")
+        except (PayloadTooLarge, BadRequest) as exc:
+            # 413, or 400 on "messages" for more than the server takes in one request.
+            too_many = isinstance(exc, PayloadTooLarge) or exc.field == "messages"
+            if len(chunk) == 1 or not too_many:
+                raise
+            half = len(chunk) // 2
+            self._send(http, path, headers, chunk[:half], report)
+            self._send(http, path, headers, chunk[half:], report)
+            return
+        results = _loads(reply.body)["results"]
+        report.add(len(chunk), sum(1 for r in results if not r["duplicate"]))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         write_summary(self.cfg, messages, committed=True)
