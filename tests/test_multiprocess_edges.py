@@ -79,6 +79,29 @@ def test_id_stored_again_at_the_other_process_keeps_its_new_offset_when_the_wind
         ]
 
 
+def test_a_shrink_after_a_grow_does_not_bring_back_what_the_grow_forgot(
+    pg_url: str, make_server: Any
+) -> None:
+    """A stores y; its 1 s window passes; B grows the window, then shrinks it. A's cache still
+    held y -> 0, which the grow had told it not to trust; the shrink lowered that mark again,
+    A trusted its cache, and answered a new y as a duplicate of offset 0: it was not stored."""
+    a, b = make_server(pg_url), make_server(pg_url)
+    with httpx.Client(base_url=a.url, timeout=30) as ca, httpx.Client(base_url=b.url) as cb:
+        name = new_station(ca, idempotencyWindowMs=1000)
+        assert produce(ca, name, {"id": "y", "data": 0})[0] == {
+            "offset": offset(0),
+            "duplicate": False,
+        }
+        time.sleep(1.2)  # past the window
+        for window in (60_000, 30_000):
+            r = cb.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": window})
+            assert r.status_code == 200, r.text
+        assert produce(ca, name, {"id": "y", "data": 1})[0] == {
+            "offset": offset(1),
+            "duplicate": False,
+        }
+
+
 # -- LISTEN/NOTIFY ------------------------------------------------------------------------------
 
 

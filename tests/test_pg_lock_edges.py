@@ -363,3 +363,36 @@ def test_a_redrive_and_a_replay_lock_the_station_before_its_dls_entries(pg_url: 
         assert _sql(pg_url, "SELECT seq, consumer FROM deliveries") == [(1, None)]
 
     asyncio.run(run())
+
+
+def test_stream_expiry_decides_on_the_row_under_its_lock(pg_url: str) -> None:
+    """Another process renews a TTL stream (an append, a read) in a transaction the expiry's
+    query cannot see yet. The expiry decided on that unlocked copy and purged the stream once
+    the other transaction committed: an append answered, then its stream gone."""
+    from stations.domain import lifecycle
+    from stations.domain.idwindow import IdWindow
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "ttl"})
+        finally:
+            await svc.close()
+        _sql(pg_url, "UPDATE streams SET ttl_seconds = 60, accessed_at = 0 WHERE name = 'ttl'")
+        async with _writer(pg_url) as writer:
+            other = psycopg.connect(pg_url)
+            try:
+                other.execute(
+                    "UPDATE streams SET accessed_at = "
+                    "(extract(epoch FROM clock_timestamp()) * 1000)::bigint WHERE name = 'ttl'"
+                )
+                expired = writer.enqueue(lambda batch: lifecycle.expired_streams(batch, IdWindow()))
+                assert await _blocked_or_done(pg_url, other.info.backend_pid, expired)
+                other.commit()
+            finally:
+                other.close()
+            assert await asyncio.wait_for(expired, 10) == 0
+        assert _sql(pg_url, "SELECT deleted FROM streams WHERE name = 'ttl'") == [(False,)]
+
+    asyncio.run(run())

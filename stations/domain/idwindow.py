@@ -203,8 +203,10 @@ class IdWindow:
         the sweep has reached."""
         cutoff = batch.now - (state.window_ms if window_ms is None else window_ms)
         self._caches.pop(state.id, None)  # cached ids would answer by the grown window
-        # ... and so would other processes' caches (PostgreSQL): the row tells them.
-        state.ids_forgotten_at = cutoff
+        # ... and so would other processes' caches (PostgreSQL): the row tells them. Only ever
+        # raised: lowered, it let other processes trust again what an earlier grow told them
+        # not to (an id that ran out, answered as a duplicate of its old offset).
+        state.ids_forgotten_at = max(state.ids_forgotten_at or 0, cutoff)
         if self.runs is None:
             while idtable.sweep(batch.conn, state.id, cutoff, SWEEP_CHUNK) >= SWEEP_CHUNK:
                 pass

@@ -251,8 +251,13 @@ def expired_streams(batch: Batch, window: IdWindow) -> int:
     batch.flush()
     batch.forget()
     n = 0
-    for state in rows.expiring(batch.conn, batch.now):
-        if state.expired(batch.now):
+    candidates = sorted(s.name for s in rows.expiring(batch.conn, batch.now))
+    for name in candidates:  # locked in name order, as every transaction locks stations
+        # Decided again on the row under its lock: another process may have renewed its TTL
+        # (an append, a read) since the query above, which locks nothing; its append was
+        # answered, then the stream deleted under it.
+        state = batch.stream(name)
+        if state is not None and not state.deleted and state.expired(batch.now):
             purge(batch, window, state)
             n += 1
     return n
