@@ -363,6 +363,8 @@ def test_dls_commands(srv: Server, http: httpx.Client) -> None:
     assert as_json(cli(srv, "dls", "ls", "cli-dls", "--json")) == []
     failed(cli(srv, "dls", "replay", "cli-dls"), 2, "--all")
     failed(cli(srv, "dls", "ls", "no-such-station"), 3)
+    failed(cli(srv, "dls", "ls", "cli-dls", "--group", "g9"), 3, "group g9 not found")
+    assert as_json(cli(srv, "dls", "ls", "cli-dls", "--group", "g1", "--json")) == []
 
 
 def test_auth_and_connection_exit_codes(srv: Server) -> None:

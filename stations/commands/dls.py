@@ -61,6 +61,11 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
     if args.limit < 1:
         raise Usage("--limit must be at least 1")
     station = client.station(args.station)
+    if args.group and args.group not in {g.name for g in await station.groups()}:
+        # A group's dead letters go with it: an empty table would hide a misspelt name.
+        from stations.client import GroupNotFound
+
+        raise GroupNotFound(f"group {args.group} not found on station {args.station}", status=404)
     entries: list[DeadLetter] = []
     after = None
     while len(entries) < args.limit:
