@@ -541,3 +541,152 @@ async def test_two_processes_share_subscriptions(
         assert spans[0][0] == ZERO
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert start == end, spans
+
+
+# -- wakes that were lost or repeated (a review, 2026-11-27) ------------------------------------
+
+
+async def _events(client: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
+    r = await client.get(f"/v1/stream/{path}", params={"offset": "-1"})
+    assert r.status_code == 200, r.text
+    events: list[dict[str, Any]] = r.json()
+    return events
+
+
+async def test_a_pull_wake_whose_work_went_away_ends_when_claimed(
+    make_server: Any, tmp_path: Any
+) -> None:
+    """The pending stream of a wake leaves the subscription before anyone claims it: the claim
+    answers NO_PENDING_WORK, and the wake stayed open, so an append to another stream of the
+    subscription announced nothing (a worker driven by events never heard of it)."""
+    server: Server = make_server(f"sqlite:///{tmp_path / 'w.db'}")
+    base = "/v1/stream/__ds/subscriptions/gone"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for path in ("wk", "a", "b"):
+            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+        spec = {"type": "pull-wake", "streams": ["a", "b"], "wake_stream": "wk"}
+        assert (await client.put(base, json=spec)).status_code == 201
+        await append(client, "a", {"n": 1})
+        first = await wait_for(lambda: _events(client, "wk"), what="the first wake event")
+        assert [e["generation"] for e in first] == [1]
+        assert (await client.delete(f"{base}/streams/a")).status_code == 204
+        claim = await client.post(f"{base}/claim", json={"worker": "w1"})
+        assert claim.status_code == 409 and claim.json()["error"]["code"] == "NO_PENDING_WORK"
+        await append(client, "b", {"n": 2})
+
+        async def second() -> bool:
+            return len(await _events(client, "wk")) == 2
+
+        await wait_for(second, timeout=5, what="a wake event for the append to b")
+
+
+async def test_a_wake_waits_for_its_wake_stream(make_server: Any, tmp_path: Any) -> None:
+    """Appends before the wake stream exists: the wake was started without its event and never
+    announced again, however many appends followed once the stream was there."""
+    server: Server = make_server(f"sqlite:///{tmp_path / 'w2.db'}")
+    base = "/v1/stream/__ds/subscriptions/later"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        assert (await client.put("/v1/stream/a", json=[])).status_code == 201
+        spec = {"type": "pull-wake", "streams": ["a"], "wake_stream": "wk2"}
+        assert (await client.put(base, json=spec)).status_code == 201
+        await append(client, "a", {"n": 1})
+        assert (await client.put("/v1/stream/wk2", json=[])).status_code == 201
+        await append(client, "a", {"n": 2})
+        events = await wait_for(lambda: _events(client, "wk2"), timeout=5, what="a wake event")
+        assert [e["subscription_id"] for e in events] == ["later"]
+
+
+async def test_a_heartbeat_stops_the_retries_of_its_delivery(
+    make_server: Any, tmp_path: Any
+) -> None:
+    """The receiver calls back (a heartbeat: it holds the wake) and then fails the POST itself
+    (past its own timeout, say): the same generation was POSTed again about every second."""
+    deliveries: list[tuple[int, str]] = []
+    port = free_port()
+
+    async def hook(request: web.Request) -> web.Response:
+        body = await request.json()
+        deliveries.append((body["generation"], body["wake_id"]))
+        async with httpx.AsyncClient(timeout=10) as callback:
+            r = await callback.post(
+                body["callback_url"],
+                headers={"Authorization": f"Bearer {body['callback_token']}"},
+                json={"generation": body["generation"], "wake_id": body["wake_id"]},
+            )
+            assert r.status_code == 200, r.text
+        return web.json_response({"error": "busy"}, status=500)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        server: Server = make_server(f"sqlite:///{tmp_path / 'w3.db'}", LOOPBACK)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.put("/v1/stream/a", json=[])).status_code == 201
+            spec = {
+                "type": "webhook",
+                "streams": ["a"],
+                "webhook": {"url": f"http://127.0.0.1:{port}/hook"},
+                "lease_ttl_ms": 10_000,
+            }
+            r = await client.put("/v1/stream/__ds/subscriptions/beat", json=spec)
+            assert r.status_code == 201, r.text
+            await append(client, "a", {"n": 1})
+            await asyncio.sleep(3.5)
+        assert len(deliveries) == 1, deliveries  # its lease (10 s) decides, not the retries
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_stream_deleted_during_a_delivery_is_not_acked_past_its_new_tail(
+    make_server: Any, tmp_path: Any
+) -> None:
+    """A webhook answers done while the stream it was told of was deleted and created again:
+    the wake's snapshot acked the new stream up to the old one's tail (5, of 2 messages), and
+    the new stream's messages were never delivered."""
+    deliveries: list[dict[str, Any]] = []
+    port = free_port()
+
+    async def hook(request: web.Request) -> web.Response:
+        deliveries.append(await request.json())
+        if len(deliveries) == 1:
+            await asyncio.sleep(1.5)  # the test deletes and recreates the stream meanwhile
+        return web.json_response({"done": True})
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        server: Server = make_server(f"sqlite:///{tmp_path / 'w4.db'}", LOOPBACK)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            spec = {
+                "type": "webhook",
+                "pattern": "ev/*",
+                "webhook": {"url": f"http://127.0.0.1:{port}/hook"},
+            }
+            r = await client.put("/v1/stream/__ds/subscriptions/again", json=spec)
+            assert r.status_code == 201, r.text
+            assert (await client.put("/v1/stream/ev/x", json=[1, 2, 3, 4, 5])).status_code == 201
+
+            async def first() -> bool:
+                return len(deliveries) == 1
+
+            await wait_for(first, timeout=10, what="the first delivery")
+            assert (await client.delete("/v1/stream/ev/x")).status_code == 204
+            assert (await client.put("/v1/stream/ev/x", json=[{"new": 1}])).status_code == 201
+            await append(client, "ev/x", {"new": 2})
+
+            async def told_of_the_new_stream() -> bool:
+                return any(
+                    s["path"] == "ev/x" and s["has_pending"]
+                    for d in deliveries[1:]
+                    for s in d["streams"]
+                )
+
+            await wait_for(told_of_the_new_stream, timeout=10, what="a delivery of the new ev/x")
+    finally:
+        await runner.cleanup()

@@ -22,6 +22,7 @@ from stations.domain.subscriptions import links, spec, wakes
 from stations.domain.subscriptions.engine import SubscriptionEngine
 from stations.domain.subscriptions.errors import (
     InvalidRequest,
+    NoPendingWork,
     SubscriptionNotFound,
     TokenRefused,
 )
@@ -229,7 +230,12 @@ async def claim(request: web.Request) -> web.Response:
             f"worker must be a string of 1 to {text.NAME} characters, without NUL", "worker"
         )
     await _scope_of(request, sub_id)
-    return web.json_response(await _engine(request).run(wakes.claim, sub_id, worker))
+    engine = _engine(request)
+    try:
+        return web.json_response(await engine.run(wakes.claim, sub_id, worker))
+    except NoPendingWork:
+        await engine.run(wakes.end_idle, sub_id)
+        raise
 
 
 @needs("read")

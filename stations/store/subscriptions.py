@@ -95,6 +95,14 @@ def forget_stream(conn: Connection, path: str) -> None:
     conn.execute(delete(ds_subscription_streams).where(ds_subscription_streams.c.path == path))
 
 
+def snapshots(conn: Connection) -> list[tuple[str, str]]:
+    """(subscription id, snapshot JSON) of the wakes in flight that hold one."""
+    query = select(ds_subscriptions.c.id, ds_subscriptions.c.snapshot).where(
+        ds_subscriptions.c.snapshot.is_not(None)
+    )
+    return [(sub_id, snapshot) for sub_id, snapshot in conn.execute(query)]
+
+
 def tails(conn: Connection, paths: Iterable[str]) -> dict[str, int]:
     """The tail position of each live stream among ``paths`` (absent ones are missing)."""
     names = list(dict.fromkeys(paths))

@@ -144,15 +144,16 @@ class SubscriptionEngine:
 
     async def refresh(self, sub_ids: set[str]) -> None:
         """Bring the index up to date for ``sub_ids`` (after this or another process changed
-        them); subscriptions new to this process get a sweep so nothing they match is missed."""
+        them), then sweep them: an append committed between the change and this refresh was
+        announced while the index did not know the subscription (or its new streams) yet, and
+        its wake was lost until the next append."""
         rows = {r["id"]: r for r in await self._service.read_db(store.definitions, sub_ids)}
-        fresh = [i for i in rows if i not in self.index]
         for sub_id in sub_ids:
             self.index.put(sub_id, rows.get(sub_id))
             if sub_id not in rows:
                 self._disarm(sub_id)
-        if fresh and self._shared:
-            self._arm_all(await self._service.write(wakes.sweep, self.ctx, fresh))
+        if rows:
+            self._arm_all(await self._service.write(wakes.sweep, self.ctx, sorted(rows)))
 
     async def resync(self) -> None:
         """Take up every subscription afresh, as at start: other processes' changes (and

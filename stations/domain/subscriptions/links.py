@@ -3,6 +3,7 @@ has acknowledged on each, and the subscription's view."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -246,5 +247,11 @@ def read_view(conn: Any, sub_id: str) -> tuple[dict[str, Any], list[Link]]:
 
 
 def purge_stream(batch: Batch, state: Any) -> None:
-    """lifecycle purge hook: a deleted stream's cursors go with it."""
+    """lifecycle purge hook: a deleted stream's cursors go with it, and so does its tail in
+    the snapshots of wakes in flight: a later ``done`` acked a stream created again under the
+    name up to the old one's tail, and its first messages were never delivered."""
     store.forget_stream(batch.conn, state.name)
+    for sub_id, raw in store.snapshots(batch.conn):
+        snapshot = json.loads(raw)
+        if snapshot.pop(state.name, None) is not None:
+            store.update_subscription(batch.conn, sub_id, {"snapshot": json.dumps(snapshot)})

@@ -68,8 +68,12 @@ class Context:
     ids: IdWindow
 
 
-def _start_wake(batch: Batch, ctx: Context, row: dict[str, Any], pending: list[Link]) -> Outcome:
-    """A new generation. Webhooks: due for delivery now. Pull-wake: an event on the wake stream."""
+def _start_wake(
+    batch: Batch, ctx: Context, row: dict[str, Any], pending: list[Link], claiming: bool = False
+) -> Outcome:
+    """A new generation. Webhooks: due for delivery now. Pull-wake: an event on the wake stream;
+    where none can be written (the stream missing, closed or not JSON), no wake either, unless
+    a worker is claiming it: one nobody hears of held back every later append's event."""
     sub_id = row["id"]
     values: dict[str, Any] = {
         "generation": row["generation"] + 1,
@@ -85,7 +89,9 @@ def _start_wake(batch: Batch, ctx: Context, row: dict[str, Any], pending: list[L
         out.deadlines.append((sub_id, batch.now))
     else:
         values["next_attempt_at"] = None
-        _wake_event(batch, ctx, row, pending[0].path if pending else "", values["generation"])
+        path = pending[0].path if pending else ""
+        if not _wake_event(batch, ctx, row, path, values["generation"]) and not claiming:
+            return out  # the next append (or a sweep) tries again
     store.update_subscription(batch.conn, sub_id, values)
     row.update(values)
     mark_changed(batch, sub_id)
@@ -94,7 +100,8 @@ def _start_wake(batch: Batch, ctx: Context, row: dict[str, Any], pending: list[L
 
 def _wake_event(
     batch: Batch, ctx: Context, row: dict[str, Any], path: str, generation: int
-) -> None:
+) -> bool:
+    """Append the wake's event; whether it could be."""
     name = row["wake_stream"]
     state = batch.stream(name)
     if state is None or state.deleted or state.closed or not is_json_type(state.content_type):
@@ -102,7 +109,7 @@ def _wake_event(
         log.warning(
             "subscription %s: wake stream %s is missing, closed or not JSON", row["id"], name
         )
-        return
+        return False
     event = {
         "type": "wake",
         "subscription_id": row["id"],
@@ -116,6 +123,8 @@ def _wake_event(
         append(batch, ctx.ids, AppendRequest(name, state.content_type, [message]))
     except StationsError as exc:
         log.warning("subscription %s: wake event not written to %s: %s", row["id"], name, exc)
+        return False
+    return True
 
 
 def _maybe_wake(
@@ -267,6 +276,10 @@ def delivered(
     if row is None or row["wake_id"] != wake_id:
         return Outcome()  # a callback already finished this wake, or it was deleted
     now = batch.now
+    if not ok and row["lease_expires_at"] is not None:
+        # The receiver called back meanwhile (a heartbeat): it has the wake, and its lease
+        # decides; retrying the POST sent the same generation again every second.
+        return Outcome()
     if not ok:
         attempts = row["attempts"] + 1
         at = now + retry_delay_ms(attempts)
@@ -395,7 +408,7 @@ def claim(batch: Batch, ctx: Context, sub_id: str, worker: str) -> Outcome:
     if not pending:
         raise NoPendingWork("the subscription has no pending work")
     if row["wake_id"] is None:
-        _start_wake(batch, ctx, row, pending)
+        _start_wake(batch, ctx, row, pending, claiming=True)
     at = batch.now + row["lease_ttl_ms"]
     values = {
         "holder": worker,
@@ -412,6 +425,19 @@ def claim(batch: Batch, ctx: Context, sub_id: str, worker: str) -> Outcome:
         "lease_ttl_ms": row["lease_ttl_ms"],
     }
     return Outcome(answer, [(sub_id, at)])
+
+
+def end_idle(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
+    """After a claim found no pending work: a pull-wake wake nobody holds, whose work went
+    away (its stream removed or deleted), ends, so the next append announces a new one (the
+    claim's refusal rolled its own transaction back)."""
+    row = store.get(batch.conn, sub_id, lock=True)
+    if row is None or row["type"] != "pull-wake" or row["wake_id"] is None or row["holder"]:
+        return Outcome()
+    links = links_of(batch, sub_id)
+    if pending_links(links, tails_of(batch, [link.path for link in links])):
+        return Outcome()
+    return _end_wake(batch, ctx, row, {})
 
 
 def release(batch: Batch, ctx: Context, sub_id: str, token: str, body: Any) -> Outcome:
