@@ -690,3 +690,25 @@ async def test_a_stream_deleted_during_a_delivery_is_not_acked_past_its_new_tail
             await wait_for(told_of_the_new_stream, timeout=10, what="a delivery of the new ev/x")
     finally:
         await runner.cleanup()
+
+
+async def test_two_processes_creating_one_subscription_at_once(
+    pg_url: str, make_server: Any
+) -> None:
+    """Two processes each took a new subscription id for free (its row was not there to lock)
+    and both inserted it: one answered 500 (a unique-key violation), about one PUT in seven."""
+    servers: list[Server] = [make_server(pg_url), make_server(pg_url)]
+    async with httpx.AsyncClient(timeout=30) as client:
+        statuses: list[int] = []
+        for i in range(40):
+            spec = {"type": "pull-wake", "streams": [f"s{i}"], "wake_stream": "wk"}
+            answers = await asyncio.gather(
+                *(
+                    client.put(f"{s.url}/v1/stream/__ds/subscriptions/r{i}", json=spec)
+                    for s in servers * 2
+                )
+            )
+            codes = sorted(r.status_code for r in answers)
+            statuses += codes
+            assert codes == [200, 200, 200, 201], (i, [r.text[:200] for r in answers])
+    assert len(statuses) == 160

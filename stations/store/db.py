@@ -572,3 +572,14 @@ def upsert(
         return pg.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
     lite = sqlite.insert(table).values(dict(values))
     return lite.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
+
+
+def insert_if_absent(
+    conn: Connection, table: Table, values: Mapping[str, Any], keys: Sequence[Column[Any]]
+) -> bool:
+    """INSERT ... ON CONFLICT (keys) DO NOTHING; whether the row went in (by RETURNING: the
+    driver's rowcount says -1 here). Where another process's transaction inserts the same
+    key, PostgreSQL waits for it to end first."""
+    construct = postgresql.insert(table) if _postgresql(conn) else sqlite.insert(table)
+    statement = construct.values(dict(values)).on_conflict_do_nothing(index_elements=list(keys))
+    return conn.execute(statement.returning(*keys)).first() is not None

@@ -22,7 +22,6 @@ _CHUNK = 500  # ids per IN (...) list
 # Built once: constructing a Core statement costs more than running these small ones.
 _GET = select(ds_subscriptions).where(ds_subscriptions.c.id == bindparam("sub_id"))
 _GET_LOCKED = _GET.with_for_update()
-_INSERT = insert(ds_subscriptions)
 _INSERT_LINK = insert(ds_subscription_streams)
 _LINKS = (
     select(ds_subscription_streams)
@@ -39,8 +38,10 @@ def get(conn: Connection, sub_id: str, *, lock: bool = False) -> Row | None:
     return dict(row) if row is not None else None
 
 
-def insert_subscription(conn: Connection, row: Row) -> None:
-    conn.execute(_INSERT, row)
+def insert_subscription(conn: Connection, row: Row) -> bool:
+    """Whether it went in: not when another process created the same id meanwhile (its row
+    was not there to lock when this transaction looked; a second INSERT was a 500)."""
+    return db.insert_if_absent(conn, ds_subscriptions, row, [ds_subscriptions.c.id])
 
 
 def update_subscription(conn: Connection, sub_id: str, values: Row) -> None:

@@ -111,11 +111,7 @@ def create_or_confirm(
     """(view, created). Existing streams are linked at their tail: no historical replay."""
     row = store.get(batch.conn, sub_id, lock=True)
     if row is not None:
-        if row["config_hash"] != spec.config_hash:
-            raise AlreadyExists(
-                f"subscription {sub_id} exists with a different configuration", "id"
-            )
-        return row, False
+        return _confirmed(row, sub_id, spec), False
     row = {
         "id": sub_id,
         "type": spec.type,
@@ -136,7 +132,10 @@ def create_or_confirm(
         "attempts": 0,
         "next_attempt_at": None,
     }
-    store.insert_subscription(batch.conn, row)
+    while not store.insert_subscription(batch.conn, row):  # another process made it meanwhile
+        made = store.get(batch.conn, sub_id, lock=True)
+        if made is not None:  # (else it was deleted again since: insert after all)
+            return _confirmed(made, sub_id, spec), False
     existing: dict[str, Link] = {}
     tails = tails_of(batch, list(spec.streams))
     for path in spec.streams:
@@ -154,6 +153,12 @@ def create_or_confirm(
             )
     mark_changed(batch, sub_id, index=True)
     return row, True
+
+
+def _confirmed(row: dict[str, Any], sub_id: str, spec: Spec) -> dict[str, Any]:
+    if row["config_hash"] != spec.config_hash:
+        raise AlreadyExists(f"subscription {sub_id} exists with a different configuration", "id")
+    return row
 
 
 def delete(batch: Batch, sub_id: str) -> None:
