@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ipaddress
 import json
 import socket
@@ -75,7 +76,7 @@ class Receiver:
             self.arrived.clear()
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"{len(self.received)} of {count} webhook requests arrived"
-            with __import__("contextlib").suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), remaining)
 
 
@@ -553,6 +554,21 @@ async def _events(client: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
     return events
 
 
+@contextlib.asynccontextmanager
+async def webhook(handler: Any) -> AsyncIterator[str]:
+    """A webhook endpoint on loopback that answers with ``handler``; yields its URL."""
+    port = free_port()
+    app = web.Application()
+    app.router.add_post("/hook", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_pull_wake_whose_work_went_away_ends_when_claimed(
     make_server: Any, tmp_path: Any
 ) -> None:
@@ -602,7 +618,6 @@ async def test_a_heartbeat_stops_the_retries_of_its_delivery(
     """The receiver calls back (a heartbeat: it holds the wake) and then fails the POST itself
     (past its own timeout, say): the same generation was POSTed again about every second."""
     deliveries: list[tuple[int, str]] = []
-    port = free_port()
 
     async def hook(request: web.Request) -> web.Response:
         body = await request.json()
@@ -616,19 +631,14 @@ async def test_a_heartbeat_stops_the_retries_of_its_delivery(
             assert r.status_code == 200, r.text
         return web.json_response({"error": "busy"}, status=500)
 
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with webhook(hook) as url:
         server: Server = make_server(f"sqlite:///{tmp_path / 'w3.db'}", LOOPBACK)
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             assert (await client.put("/v1/stream/a", json=[])).status_code == 201
             spec = {
                 "type": "webhook",
                 "streams": ["a"],
-                "webhook": {"url": f"http://127.0.0.1:{port}/hook"},
+                "webhook": {"url": url},
                 "lease_ttl_ms": 10_000,
             }
             r = await client.put("/v1/stream/__ds/subscriptions/beat", json=spec)
@@ -636,8 +646,6 @@ async def test_a_heartbeat_stops_the_retries_of_its_delivery(
             await append(client, "a", {"n": 1})
             await asyncio.sleep(3.5)
         assert len(deliveries) == 1, deliveries  # its lease (10 s) decides, not the retries
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_stream_deleted_during_a_delivery_is_not_acked_past_its_new_tail(
@@ -647,7 +655,6 @@ async def test_a_stream_deleted_during_a_delivery_is_not_acked_past_its_new_tail
     the wake's snapshot acked the new stream up to the old one's tail (5, of 2 messages), and
     the new stream's messages were never delivered."""
     deliveries: list[dict[str, Any]] = []
-    port = free_port()
 
     async def hook(request: web.Request) -> web.Response:
         deliveries.append(await request.json())
@@ -655,18 +662,13 @@ async def test_a_stream_deleted_during_a_delivery_is_not_acked_past_its_new_tail
             await asyncio.sleep(1.5)  # the test deletes and recreates the stream meanwhile
         return web.json_response({"done": True})
 
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with webhook(hook) as url:
         server: Server = make_server(f"sqlite:///{tmp_path / 'w4.db'}", LOOPBACK)
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             spec = {
                 "type": "webhook",
                 "pattern": "ev/*",
-                "webhook": {"url": f"http://127.0.0.1:{port}/hook"},
+                "webhook": {"url": url},
             }
             r = await client.put("/v1/stream/__ds/subscriptions/again", json=spec)
             assert r.status_code == 201, r.text
@@ -688,8 +690,6 @@ async def test_a_stream_deleted_during_a_delivery_is_not_acked_past_its_new_tail
                 )
 
             await wait_for(told_of_the_new_stream, timeout=10, what="a delivery of the new ev/x")
-    finally:
-        await runner.cleanup()
 
 
 async def test_two_processes_creating_one_subscription_at_once(

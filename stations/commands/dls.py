@@ -65,7 +65,7 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
         # A group's dead letters go with it: an empty table would hide a misspelt name.
         from stations.client import GroupNotFound
 
-        raise GroupNotFound(f"group {args.group} not found on station {args.station}", status=404)
+        raise GroupNotFound(f"group {args.group} not found on station {args.station}")
     entries: list[DeadLetter] = []
     after = None
     while len(entries) < args.limit:

@@ -251,8 +251,9 @@ def expired_streams(batch: Batch, window: IdWindow) -> int:
     batch.flush()
     batch.forget()
     n = 0
-    candidates = sorted(s.name for s in rows.expiring(batch.conn, batch.now))
-    for name in candidates:  # locked in name order, as every transaction locks stations
+    # In name order as Python sorts them, the order every transaction locks stations in (a
+    # database's collation may sort otherwise).
+    for name in sorted(rows.expiring(batch.conn, batch.now)):
         # Decided again on the row under its lock: another process may have renewed its TTL
         # (an append, a read) since the query above, which locks nothing; its append was
         # answered, then the stream deleted under it.

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pyspark.sql.types import (
@@ -163,7 +163,6 @@ def rows_of(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist(maps_as_pydicts="lossy")
 
 
-T = TypeVar("T")
 # The most bytes of messages one request carries: below the server's default body limit (64 MiB)
 # with room for the JSON around them. A chunk of chunkSize rows of 34 MB each was refused (413)
 # on every replay, the chunk size being pinned by the batch's epoch.
@@ -171,15 +170,17 @@ MAX_CHUNK_BYTES = 48 * 1024 * 1024
 _NOT_AN_ID = (BinaryType, ArrayType, MapType, StructType, TimestampType, TimestampNTZType)
 
 
-def chunks(items: Iterable[T], size: int, max_bytes: int | None = None) -> Iterator[list[T]]:
-    """``items`` in lists of at most ``size``; with ``max_bytes`` (``items`` are then encoded
-    messages), also of at most that many bytes, but always at least one item. The same items
-    are cut the same way every time: a replayed streaming batch sends the same requests."""
-    chunk: list[T] = []
+def chunks(
+    messages: Iterable[bytes], size: int, max_bytes: int = MAX_CHUNK_BYTES
+) -> Iterator[list[bytes]]:
+    """Encoded ``messages`` in lists of at most ``size`` and of at most ``max_bytes`` (with a
+    separator each), but always at least one. The same messages are cut the same way every
+    time: a replayed streaming batch sends the same requests."""
+    chunk: list[bytes] = []
     used = 0
-    for item in items:
-        weight = len(item) + 1 if max_bytes is not None else 0  # type: ignore[arg-type]
-        if chunk and max_bytes is not None and used + weight > max_bytes:
+    for item in messages:
+        weight = len(item) + 1
+        if chunk and used + weight > max_bytes:
             yield chunk
             chunk, used = [], 0
         chunk.append(item)

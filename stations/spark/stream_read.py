@@ -125,7 +125,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "be skipped"
         )
         if self.cfg.fail_on_data_loss:
-            raise Gone(message + " (set failOnDataLoss=false to skip them)", status=410)
+            raise Gone(message + " (set failOnDataLoss=false to skip them)")
         logger.warning("%s (failOnDataLoss=false)", message)
 
     def reportLatestOffset(self) -> dict[str, str]:

@@ -27,7 +27,7 @@ from stations.spark.options import (
     refuse,
     station_view,
 )
-from stations.spark.rows import MAX_CHUNK_BYTES, RowShape, chunks, dumpb, rows_of
+from stations.spark.rows import RowShape, chunks, dumpb, rows_of
 from stations.spark.write import WriteReport
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def send_json(
     )
     try:
         encoded = (dumpb(shape.payload(r)) for r in rows)
-        for chunk in chunks(encoded, chunk_size, MAX_CHUNK_BYTES):
+        for chunk in chunks(encoded, chunk_size):
             stored = producer.append(b"[" + b",".join(chunk) + b"]")
             report.add(len(chunk), len(chunk) if stored else 0)
     finally:

@@ -17,7 +17,7 @@ from stations.client.blocking import BlockingHttp
 from stations.client.errors import BadRequest, PayloadTooLarge
 from stations.client.models import is_json_type
 from stations.spark.options import Config, check_write, station_view
-from stations.spark.rows import MAX_CHUNK_BYTES, RowShape, _loads, chunks, dumpb, rows_of
+from stations.spark.rows import RowShape, _loads, chunks, dumpb, rows_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,7 +69,7 @@ class StationsWriter(DataSourceArrowWriter):
         headers = {"Content-Type": "application/json"}
         with self.cfg.http() as http:
             encoded = (dumpb(self.shape.message(r)) for r in rows_of(iterator))
-            for chunk in chunks(encoded, self.cfg.chunk_size, MAX_CHUNK_BYTES):
+            for chunk in chunks(encoded, self.cfg.chunk_size):
                 self._send(http, path, headers, chunk, report)
         return report
 

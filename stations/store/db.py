@@ -565,13 +565,9 @@ def upsert(
     keys: Sequence[Column[Any]],
     changes: Mapping[str, Any],
 ) -> Executable:
-    """INSERT ... ON CONFLICT (keys) DO UPDATE SET changes: both dialects speak it, each
-    under its own SQLAlchemy construct."""
-    if _postgresql(conn):
-        pg = postgresql.insert(table).values(dict(values))
-        return pg.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
-    lite = sqlite.insert(table).values(dict(values))
-    return lite.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
+    """INSERT ... ON CONFLICT (keys) DO UPDATE SET changes."""
+    statement = _insert(conn, table).values(dict(values))
+    return statement.on_conflict_do_update(index_elements=list(keys), set_=dict(changes))
 
 
 def insert_if_absent(
@@ -580,6 +576,12 @@ def insert_if_absent(
     """INSERT ... ON CONFLICT (keys) DO NOTHING; whether the row went in (by RETURNING: the
     driver's rowcount says -1 here). Where another process's transaction inserts the same
     key, PostgreSQL waits for it to end first."""
-    construct = postgresql.insert(table) if _postgresql(conn) else sqlite.insert(table)
-    statement = construct.values(dict(values)).on_conflict_do_nothing(index_elements=list(keys))
+    statement = _insert(conn, table).values(dict(values))
+    statement = statement.on_conflict_do_nothing(index_elements=list(keys))
     return conn.execute(statement.returning(*keys)).first() is not None
+
+
+def _insert(conn: Connection, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT that can say ON CONFLICT: both dialects speak it, each under its own
+    SQLAlchemy construct."""
+    return postgresql.insert(table) if _postgresql(conn) else sqlite.insert(table)

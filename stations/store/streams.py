@@ -46,22 +46,17 @@ def every(tx: Tx) -> list[StreamState]:
     return [StreamState.from_tuple(tuple(r)) for r in rows]
 
 
-def expiring(tx: Tx, now: int) -> list[StreamState]:
-    """Streams, not yet deleted, whose TTL or Expires-At has passed at ``now``: one statement
-    over the rows that have either, so idle streams without them cost nothing."""
+def expiring(tx: Tx, now: int) -> list[str]:
+    """The names of the streams not yet deleted whose TTL or Expires-At has passed
+    at ``now`` (as read without a lock: the caller decides on each row under its lock): one
+    statement over the rows that have either, so idle streams without them cost nothing."""
     ttl_end = streams.c.accessed_at + streams.c.ttl_seconds * 1000
-    rows = (
-        db.conn_of(tx)
-        .execute(
-            select(streams).where(
-                streams.c.deleted.is_(False),
-                ((streams.c.expires_at.is_not(None)) & (streams.c.expires_at <= now))
-                | ((streams.c.ttl_seconds.is_not(None)) & (ttl_end <= now)),
-            )
-        )
-        .all()
+    query = select(streams.c.name).where(
+        streams.c.deleted.is_(False),
+        ((streams.c.expires_at.is_not(None)) & (streams.c.expires_at <= now))
+        | ((streams.c.ttl_seconds.is_not(None)) & (ttl_end <= now)),
     )
-    return [StreamState.from_row(r) for r in rows]
+    return list(db.conn_of(tx).execute(query).scalars())
 
 
 Segment = tuple[int, int, int | None]  # (stream id, from position exclusive, to inclusive)
