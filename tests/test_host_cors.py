@@ -149,11 +149,15 @@ def test_every_answer_varies_by_origin(mode: str, request: pytest.FixtureRequest
         assert "origin" in r.headers.get("Vary", "").lower(), (extra, r.headers)
 
 
-def test_a_405_names_the_methods_allowed(loopback: Server) -> None:
-    r = httpx.delete(f"{loopback.url}/livez", timeout=10)
-    assert r.status_code == 405
-    assert r.json()["error"]["code"] == "method_not_allowed"
-    assert "GET" in r.headers.get("Allow", "").split(","), r.headers
+@pytest.mark.parametrize("mode", ["loopback", "tokens"])
+def test_a_405_names_the_methods_allowed(mode: str, request: pytest.FixtureRequest) -> None:
+    """With tokens too, and without one: no token would make the request work."""
+    server: Server = request.getfixturevalue(mode)
+    for path, allowed in (("/livez", "GET"), ("/api/stations", "GET")):
+        r = httpx.delete(f"{server.url}{path}", timeout=10)
+        assert r.status_code == 405, (path, r.text)
+        assert r.json()["error"]["code"] == "method_not_allowed"
+        assert allowed in r.headers.get("Allow", "").split(","), r.headers
 
 
 def test_cors_origin_option_names_the_granted_origins(configured: Server) -> None:

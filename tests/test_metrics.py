@@ -189,3 +189,23 @@ def test_series_stay_bounded(srv: Server, http: httpx.Client) -> None:
     gone = scrape(http)
     assert ("stations_station_messages", (("station", names[0]),)) not in gone
     assert ("stations_station_messages", (("station", names[3]),)) in gone
+
+
+def test_console_files_are_counted_by_the_status_they_answer(
+    srv: Server, http: httpx.Client
+) -> None:
+    """A static file's status (304 to a conditional GET, 206 to a range) is only decided as
+    it is sent: the count must not say 200 for them."""
+    first = http.get("/ui/app.js")
+    assert first.status_code == 200
+    validator = {"If-None-Match": first.headers["ETag"]}
+    assert http.get("/ui/app.js", headers=validator).status_code == 304
+    assert http.get("/ui/app.js", headers={"Range": "bytes=0-9"}).status_code == 206
+    counted = {
+        dict(labels)["status"]: count
+        for (name, labels), count in scrape(http).items()
+        if name == "stations_http_requests_total"
+        and dict(labels)["method"] == "GET"
+        and dict(labels)["route"].startswith("/ui")
+    }
+    assert counted == {"200": 1, "304": 1, "206": 1}, counted

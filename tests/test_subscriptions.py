@@ -712,3 +712,36 @@ async def test_two_processes_creating_one_subscription_at_once(
             statuses += codes
             assert codes == [200, 200, 200, 201], (i, [r.text[:200] for r in answers])
     assert len(statuses) == 160
+
+
+MALFORMED_HOSTS = [
+    "https://[v1.x]/hook",  # an IPvFuture literal: no resolver answers it, retried forever
+    "https://[example.com]/hook",  # brackets hold IPv6 literals only
+    "https://exa_mple..com/hook",  # an empty label
+    "https://-example.com/hook",  # a label starts with a hyphen
+    "https://example-.com/hook",
+    "https://exa$mple.com/hook",
+    "https://10.1/hook",  # all-numeric: not a DNS name, and not an IPv4 literal either
+    "https://1.2.3.256/hook",
+    "https://" + "a" * 64 + ".com/hook",  # a label over 63 octets
+    "https://" + ".".join(["abcdefghi"] * 26) + "/hook",  # a name over 253 octets
+]
+
+
+def test_webhook_urls_whose_host_no_resolver_answers_are_refused() -> None:
+    from stations.domain.subscriptions.errors import UrlRejected
+    from stations.domain.subscriptions.urls import check_webhook_url
+
+    for url in MALFORMED_HOSTS:
+        with pytest.raises(UrlRejected) as refused:
+            check_webhook_url(url, allow_loopback=False)
+        assert refused.value.field == "webhook.url", url
+    for url in (
+        "https://example.com/hook",
+        "https://xn--bcher-kva.example/x",
+        "https://bücher.example/x",
+        "https://hooks_1.example.com./x",
+        "https://93.184.215.14/hook",
+        "https://[2606:2800:220:1::]/hook",
+    ):
+        assert check_webhook_url(url, allow_loopback=False)[0], url

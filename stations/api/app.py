@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from stations.api import cursors, groups, stations, streams, subscriptions, transactions
 from stations.api.auth import Token, needs
 from stations.api.drain import Drain
-from stations.api.edge import edge_middleware
+from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
 from stations.api.headers import CorsPolicy, on_prepare
 from stations.api.limits import Limits, ReaderSlots
@@ -141,6 +141,7 @@ def make_app(
     app.router.add_routes(cursors.routes())
     app.router.add_routes(stations.routes())
     app.on_response_prepare.append(on_prepare)
+    app.on_response_prepare.append(count_file)
 
     async def start(_app: web.Application) -> None:
         await service.start()

@@ -204,9 +204,13 @@ def require_station(request: web.Request, name: object, field: str | None) -> No
 
 
 def _is_open(request: web.Request) -> bool:
-    """Health probes and the console's own files (it is what asks for a token)."""
+    """Health probes, the console's own files (it is what asks for a token), and a method no
+    route of the path takes: the 405 names the methods the API publishes anyway, where a 401
+    would tell a client to come back with a token for a request that can never work."""
     match = request.match_info
     if match.http_exception is None and route_class(request) == "open":
+        return True
+    if isinstance(match.http_exception, web.HTTPMethodNotAllowed):
         return True
     resource = match.route.resource
     return resource is not None and (

@@ -37,7 +37,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     drain: Drain = app["drain"]
     started = time.perf_counter()
     task = drain.enter()
-    status = 500
+    status: int | None = 500
     try:
         response: web.StreamResponse | None = headers.refused_host(request)
         if response is None:
@@ -46,7 +46,12 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 headers.console(response)
         if drain.draining and not response.prepared:
             response.force_close()  # the client's next request finds the port closed
-        status = response.status
+        if isinstance(response, web.FileResponse) and not response.prepared:
+            # its status (304, 206, 416) is decided as it is sent: counted then
+            request[_FILE_STARTED] = started
+            status = None
+        else:
+            status = response.status
         return response
     except web.HTTPException as exc:  # an answer already (a redirect): aiohttp sends it
         status = exc.status
@@ -56,7 +61,19 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise
     finally:
         drain.leave(task)
-        metrics.observe(request, status, time.perf_counter() - started)
+        if status is not None:
+            metrics.observe(request, status, time.perf_counter() - started)
+
+
+_FILE_STARTED = "stations.file_started"
+
+
+async def count_file(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: a console file's count, by the status it is sent with."""
+    started = request.get(_FILE_STARTED)
+    if started is not None and isinstance(request, web.Request):
+        metrics: Metrics = request.app["metrics"]
+        metrics.observe(request, response.status, time.perf_counter() - started)
 
 
 async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse:

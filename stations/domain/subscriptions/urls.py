@@ -5,6 +5,7 @@ made; the HTTP layer's resolver judges each resolved address again with ``addres
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import urlsplit
 
 from stations.domain.subscriptions.errors import UrlRejected
@@ -33,6 +34,26 @@ def address_refusal(
         return "private and local network addresses are refused"
     if not address.is_global:
         return "only globally routable addresses are accepted"
+    return None
+
+
+# A DNS label: letters, digits and hyphens, not at either end (underscores too, as service names
+# use them); names a resolver can never answer are refused now rather than retried forever.
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def _dns_name_refusal(host: str) -> str | None:
+    """Why ``host`` (not an IP literal) cannot be a DNS name, or None."""
+    try:
+        ascii_name = host.encode("idna").decode("ascii").lower().rstrip(".")
+    except UnicodeError:
+        return "the host is not a valid domain name"
+    labels = ascii_name.split(".")
+    if len(ascii_name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return "the host is not a valid domain name"
+    if labels[-1].isdigit():
+        # URL parsers read an all-numeric last label as (part of) an IPv4 address
+        return "the host is not a valid IPv4 address"
     return None
 
 
@@ -65,6 +86,11 @@ def check_webhook_url(url: str, allow_loopback: bool) -> tuple[str, bool]:
         address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
     except ValueError:
         address = None
+    bracketed = parts.netloc.rpartition("@")[2].startswith("[")
+    if bracketed and not isinstance(address, ipaddress.IPv6Address):
+        raise UrlRejected("webhook.url: brackets must hold an IPv6 address", "webhook.url")
+    if address is None and (reason := _dns_name_refusal(host)):
+        raise UrlRejected(f"webhook.url: {reason}", "webhook.url")
     if address is not None:
         reason = address_refusal(address, allow_loopback)
         if reason:
