@@ -79,6 +79,13 @@ def test_an_existing_subscription_outside_the_scope_is_not_shown(server: Server)
         answer = shop.get(f"{SUBS}/{sub_id}")
         assert answer.status_code == 404
         assert answer.json()["error"]["message"] == f"subscription {sub_id} not found"
+    # Nor does a different definition under that id: it answered 409 "exists with a
+    # different configuration" where GET says there is none.
+    other = {"type": "webhook", "streams": ["shop"], "webhook": {"url": "https://x.test/o"}}
+    answer = shop.put(f"{SUBS}/both", json=other)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["message"] == "subscription both not found"
+    assert admin.get(f"{SUBS}/both").json()["webhook"]["url"] == "https://x.test/s"
 
 
 def test_group_limits_need_the_scope_of_the_dls_forward_target(server: Server) -> None:

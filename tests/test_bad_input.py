@@ -581,6 +581,25 @@ def test_append_to_closed_stream(client: httpx.Client, txt: str) -> None:
     r = client.post(txt, headers=JSON, content=b"1")
     assert_error(r, 409)
     assert r.headers["Stream-Closed"] == "true"
+    # A close-only request without producer headers is idempotent: 204 again.
+    assert client.post(txt, headers={"Stream-Closed": "true"}).status_code == 204
+
+
+def test_a_producer_closing_a_stream_closed_by_another_tuple_is_refused(
+    client: httpx.Client, txt: str
+) -> None:
+    """PROTOCOL.md §5.2.1: only the tuple that closed the stream is answered as a duplicate;
+    any other producer close (a later seq, a fenced older epoch, another producer) is 409, as
+    the reference answers. It was 204, telling a zombie producer its close had worked."""
+    closing = {"Stream-Closed": "true", **producer("p1", 3, 0)}
+    assert client.post(txt, headers=closing).status_code == 204
+    again = client.post(txt, headers=closing)
+    assert again.status_code == 204, again.text  # the closing request's retry
+    assert again.headers["Producer-Seq"] == "0"
+    for other in (producer("p1", 3, 1), producer("p1", 2, 0), producer("p2", 0, 0)):
+        r = client.post(txt, headers={"Stream-Closed": "true", **other})
+        assert_error(r, 409)
+        assert r.headers["Stream-Closed"] == "true", other
 
 
 def test_stream_seq_regression(client: httpx.Client, txt: str) -> None:

@@ -180,3 +180,46 @@ def test_tokens_mode_grants_every_origin(tokens: Server) -> None:
     r = _get(tokens, "/api/stations", Origin=origin)
     assert r.status_code == 401
     assert _preflight(tokens, origin).headers.get(ACAO) == origin
+
+
+# -- Cross-site writes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example", "null", "https://127.0.0.1.evil.example"]
+)
+def test_token_less_modes_refuse_writes_from_foreign_pages(loopback: Server, origin: str) -> None:
+    """A page on any site may send a "simple" request (POST, text/plain, no preflight) to a
+    loopback server: CORS only keeps it from reading the answer, and a server that trusts
+    every request would act on it (create stations, append, drop dead letters). The browser
+    names the page's origin; a write from one not granted is refused before anything is done."""
+    name = f"csrf-{abs(hash(origin))}"
+    simple = {"Origin": origin, "Content-Type": "text/plain"}
+    r = httpx.post(f"{loopback.url}/api/stations", headers=simple, json={"name": name}, timeout=10)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["field"] == "Origin"
+    assert _get(loopback, f"/api/stations/{name}").status_code == 404
+    before = _get(loopback, "/v1/stream/hc?offset=-1").content
+    r = httpx.post(f"{loopback.url}/v1/stream/hc", headers=simple, content=b"[1]", timeout=10)
+    assert r.status_code == 403, r.text
+    assert _get(loopback, "/v1/stream/hc?offset=-1").content == before
+    # Reading stays a CORS matter: answered, without a grant the page cannot read it.
+    read = _get(loopback, "/api/stations", Origin=origin)
+    assert read.status_code == 200 and ACAO not in read.headers
+
+
+def test_token_less_modes_take_writes_from_their_own_and_loopback_pages(loopback: Server) -> None:
+    port = loopback.url.rsplit(":", 1)[1]
+    for n, origin in enumerate((loopback.url, f"http://localhost:{port}", "http://[::1]:3000")):
+        body = {"name": f"own-{n}"}
+        r = httpx.post(f"{loopback.url}/api/stations", headers={"Origin": origin}, json=body)
+        assert r.status_code == 201, (origin, r.text)
+    # Without Origin (curl, the SDK, another server) nothing changes.
+    assert httpx.post(f"{loopback.url}/api/stations", json={"name": "own-x"}).status_code == 201
+
+
+def test_tokens_mode_takes_writes_from_any_page_with_a_token(tokens: Server) -> None:
+    """The bearer token is what a foreign page cannot send by itself."""
+    auth = {"Authorization": f"Bearer {ADMIN}", "Origin": "https://dashboard.example"}
+    r = httpx.post(f"{tokens.url}/api/stations", headers=auth, json={"name": "from-a-page"})
+    assert r.status_code == 201, r.text

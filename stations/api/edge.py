@@ -6,7 +6,8 @@ adds around a handler:
 2. the ``Host`` check (``headers.refused_host``);
 3. CORS preflights, answered here (``headers.preflight``);
 4. request bodies sent with a ``Content-Encoding`` (``limits.refused_encoding``);
-5. the bearer token (``auth.refused``);
+5. token-less modes: writes sent by foreign web pages (``headers.refused_origin``); else the
+   bearer token (``auth.refused``);
 6. a slot for a waiting read (``limits.ReaderSlots``), then the handler;
 7. what the handler raised, as the JSON error it means (``errors.answer``);
 8. the console's security headers on its pages. CORS and the other headers every response
@@ -80,7 +81,9 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     """Steps 3 to 7."""
     if request.method == "OPTIONS":
         return headers.preflight(request)
-    refusal = limits.refused_encoding(request) or auth.refused(request)
+    refusal = (
+        limits.refused_encoding(request) or headers.refused_origin(request) or auth.refused(request)
+    )
     if refusal is not None:
         return refusal
     try:

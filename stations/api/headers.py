@@ -203,6 +203,34 @@ def refused_host(request: web.Request) -> web.Response | None:
     return None
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def refused_origin(request: web.Request) -> web.Response | None:
+    """Without tokens the server acts on every request it gets, and any web page can make a
+    browser send one (a "simple" POST needs no preflight; CORS only hides the answer). So a
+    request that may change something, sent by a page (it names its ``Origin``) that is not
+    this server's own and not granted, is refused before anything is done. With tokens the
+    bearer token, which no page sends by itself, is the guard."""
+    if request.method in SAFE_METHODS or request.app.get("tokens"):
+        return None
+    origin = request.headers.get("Origin")
+    if origin is None or _policy(request).grants(origin) or _same_origin(request, origin):
+        return None
+    return error_response(
+        403,
+        "forbidden_origin",
+        "without --tokens only this server's own pages, loopback pages and --cors-origin "
+        "origins may send writes",
+        "Origin",
+    )
+
+
+def _same_origin(request: web.Request, origin: str) -> bool:
+    host = request.headers.get("Host")
+    return host is not None and origin.rstrip("/").lower() == f"{request.scheme}://{host}".lower()
+
+
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
     """Every response is decorated as it is prepared: the handlers' own, the edge's refusals,
     HTTP exceptions (aiohttp builds a response from them) and streams (SSE) a handler prepares

@@ -21,6 +21,7 @@ from stations.domain.errors import Forbidden, StationsError
 from stations.domain.subscriptions import links, spec, wakes
 from stations.domain.subscriptions.engine import SubscriptionEngine
 from stations.domain.subscriptions.errors import (
+    AlreadyExists,
     InvalidRequest,
     NoPendingWork,
     SubscriptionNotFound,
@@ -133,7 +134,11 @@ async def put_subscription(request: web.Request) -> web.Response:
         await resolve_refusal(definition.webhook_url, request.app["webhooks_allow_loopback"])
     service = request.app["service"]
     base_url = _base_url(request)
-    _, created = await service.write(links.create_or_confirm, sub_id, definition, base_url)
+    try:
+        _, created = await service.write(links.create_or_confirm, sub_id, definition, base_url)
+    except AlreadyExists:
+        await _scope_of(request, sub_id)  # one outside the scope "does not exist" here too
+        raise
     if not created:  # the one that exists may link more streams since (``/streams``)
         await _scope_of(request, sub_id)
     await engine.refresh({sub_id})

@@ -152,7 +152,9 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
         closer = (state.closer_id, state.closer_epoch, state.closer_seq)
         if producer is not None and closer == (producer.id, producer.epoch, producer.seq):
             return AppendResult(state.tail, True, True, producer, producer.seq)
-        if req.close and not req.messages and req.body_error is None:
+        # A close-only request is idempotent, except from a producer: only the tuple that
+        # closed the stream is its retry (PROTOCOL.md §5.2.1); any other may be a fenced one.
+        if req.close and not req.messages and req.body_error is None and producer is None:
             return AppendResult(state.tail, True)
         raise StreamClosed(state.tail)
     if req.body_error is not None:

@@ -80,6 +80,9 @@ class Index:
         return {i for i in out if self._defs[i]["wake_stream"] != path}
 
 
+TIMER_RETRY_MS = round(RETRY_AFTER_FAILURE_S * 1000)  # after a timer's database work failed
+
+
 class SubscriptionEngine:
     def __init__(self, service: Any, send: Send, *, concurrency: int = 32) -> None:
         self._service = service
@@ -207,7 +210,12 @@ class SubscriptionEngine:
                             raise
                     if self._index_dirty:
                         ids, self._index_dirty = self._index_dirty, set()
-                        await self.refresh(ids)
+                        try:
+                            await self.refresh(ids)
+                        except Exception:
+                            self._index_dirty |= ids  # as the appends below: not forgotten
+                            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                            raise
                     if self._touched:
                         touched, self._touched = self._touched, {}
                         try:
@@ -223,7 +231,13 @@ class SubscriptionEngine:
                             raise
                     if self._wake_dirty:
                         ids, self._wake_dirty = self._wake_dirty, set()
-                        for sub_id, at in await self._service.read_db(store.deadlines, ids):
+                        try:
+                            deadlines = await self._service.read_db(store.deadlines, ids)
+                        except Exception:
+                            self._wake_dirty |= ids
+                            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                            raise
+                        for sub_id, at in deadlines:
                             self._arm(sub_id, at)
                 except asyncio.CancelledError:
                     raise
@@ -276,7 +290,10 @@ class SubscriptionEngine:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("subscription %s: timer work failed", sub_id)
+            # Nothing else would arm it again before the next append or a restart: the
+            # database still holds what is due, and the next try reads it afresh.
+            log.exception("subscription %s: timer work failed; trying again in 1 s", sub_id)
+            self._arm(sub_id, now_ms() + TIMER_RETRY_MS)
 
     async def _deliver(self, delivery: Delivery) -> None:
         headers = {
