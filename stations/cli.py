@@ -269,8 +269,9 @@ def serve(args: argparse.Namespace) -> None:
     ):
         if not (math.isfinite(getattr(args, option)) and getattr(args, option) > 0):
             _fail(f"--{option.replace('_', '-')} must be a positive number of seconds")
-    if not (math.isfinite(args.read_budget_mb) and args.read_budget_mb > 0):
-        _fail("--read-budget-mb must be a positive number")
+    # Counted in bytes: 1e308 MiB is no number of bytes (it crashed with a traceback).
+    if not (math.isfinite(args.read_budget_mb) and 0 < args.read_budget_mb <= 1 << 33):
+        _fail("--read-budget-mb must be a positive number, at most 8589934592 (8 PiB)")
     for option in ("max_connections", "max_waiting_readers", "max_append_messages"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             _fail(f"--{option.replace('_', '-')} must be at least 1")

@@ -165,6 +165,7 @@ def test_many_small_json_messages_in_one_append_cost_bytes_not_kilobytes(
         ("--send-timeout-s", "inf"),
         ("--read-budget-mb", "nan"),  # a traceback
         ("--read-budget-mb", "inf"),
+        ("--read-budget-mb", "1e308"),  # finite, but no number of bytes: a traceback
     ],
 )
 def test_a_timeout_or_budget_that_is_no_number_is_refused_at_start(

@@ -86,10 +86,21 @@ def test_only_stations_with_something_due_are_named(store: Engine) -> None:
 
     assert write(store, T0, retention.enforce) == [1 + 2]  # count keeps 2, bytes keeps 1
     assert due(store, T0) == []
-    # The next look: when the oldest message leaves maxAgeMs, the DLS's empty now + retentionMs.
-    assert due(store, T0 + 29_999) == []
-    assert due(store, T0 + 30_000) == ["dls"]
-    assert due(store, T0 + 60_000) == ["age", "dls"]
+    # "age" holds no message and "dls" no entry: no rule by time will ever drop anything there
+    # until something is stored, so neither is looked at again (each was, every maxAgeMs or
+    # retentionMs, forever: 3,000 such stations stalled every write for seconds at a time).
+    assert due(store, T0 + 10**12) == []
+    # A message stored makes the next look the moment it leaves maxAgeMs; later ones do not
+    # move it.
+    write(store, T0 + 5, produce("age", 2))
+    write(store, T0 + 900, produce("age", 1))
+    assert due(store, T0 + 60_004) == []
+    assert due(store, T0 + 60_005) == ["age"]
+    assert write(store, T0 + 60_005, retention.enforce) == [2]
+    assert due(store, T0 + 60_899) == []
+    assert due(store, T0 + 60_900) == ["age"]
+    assert write(store, T0 + 60_900, retention.enforce) == [1]
+    assert due(store, T0 + 10**12) == []
 
     # Appends past a count rule make a station due; so does a PATCH that gives it a rule.
     write(store, T0 + 1, produce("roomy", 200))
@@ -137,3 +148,41 @@ def test_max_age_drops_old_messages_again_after_the_station_went_empty(server: A
             assert c.post("/api/stations/aging/messages", json=body).status_code == 200
             assert count() == 3
             eventually(lambda: count() == 0, f"maxAgeMs to drop round {round_}")
+
+
+def test_rules_by_time_look_again_when_something_is_stored(server: Any) -> None:
+    """An empty station has no look planned; what is stored later plans one. A dead letter
+    under ``dls.retentionMs`` expires after the DLS had gone empty, and a message under
+    ``maxAgeMs`` is dropped in time although the look planned for an older DLS entry is a day
+    away."""
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        config = {"retention": {"maxAgeMs": 400}, "dls": {"retentionMs": 86_400_000}}
+        assert c.post("/api/stations", json={"name": "both", **config}).status_code == 201
+        assert c.post("/api/stations", json={"name": "dl", "dls": {"retentionMs": 400}}).is_success
+
+        def stats(name: str) -> dict[str, Any]:
+            stats: dict[str, Any] = c.get(f"/api/stations/{name}").json()["stats"]
+            return stats
+
+        def entries(name: str) -> int:
+            return len(c.get(f"/api/stations/{name}/dls").json()["entries"])
+
+        for name in ("both", "dl"):
+            assert c.put(f"/api/stations/{name}/groups/g", json={}).status_code == 201
+        time.sleep(1)  # both empty, looked at, and no look planned since
+        for round_ in range(2):
+            for name in ("both", "dl"):
+                body = {"messages": [{"data": round_}]}
+                assert c.post(f"/api/stations/{name}/messages", json=body).status_code == 200
+                got = c.post(f"/api/stations/{name}/groups/g/fetch", json={"max": 1}).json()
+                offsets = [m["offset"] for m in got["messages"]]
+                r = c.post(f"/api/stations/{name}/groups/g/dead-letter", json={"offsets": offsets})
+                assert r.json()["deadLettered"] == 1, r.text
+            eventually(lambda: entries("dl") == 0, f"dls.retentionMs, round {round_}")
+            eventually(lambda: stats("both")["messages"] == 0, f"maxAgeMs, round {round_}")
+        # The day-long DLS rule keeps its entries; the second message came and went under
+        # maxAgeMs while the look for them was planned a day away.
+        assert entries("both") == 2
+        body = {"messages": [{"data": "late"}]}
+        assert c.post("/api/stations/both/messages", json=body).status_code == 200
+        eventually(lambda: stats("both")["messages"] == 0, "maxAgeMs after a dead letter")

@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from stations.domain import text
+from stations.domain import retention, text
 from stations.domain.errors import BadRequest, StationsError
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append, live_stream, unpack
@@ -124,6 +124,8 @@ def add(
             )
             forwards.append((entry_reason, headers, data))
         store.add(conn, rows)
+        if rows:
+            retention.look_by(batch, state, retention.dls_retention_ms(state))
         if target:
             _forward(batch, state, group_name, target, forwards)
 

@@ -28,6 +28,10 @@ _failing: set[tuple[str, str]] = set()
 @contextmanager
 def per_station(batch: Batch, job: str, station: str) -> Iterator[None]:
     key = (job, station)
+    if batch.aborted is not None:
+        # The database aborted this transaction (a deadlock): it runs again whole, so no
+        # share is this station's failure, and none may be swallowed.
+        raise batch.aborted
     hooks, undone = len(batch.after_commit), len(batch.undo)
     try:
         with batch.savepoint():
@@ -35,6 +39,8 @@ def per_station(batch: Batch, job: str, station: str) -> Iterator[None]:
     except Exception:
         del batch.after_commit[hooks:]  # what the rolled-back share meant to do after commit
         batch.undo_since(undone)  # and what it did in RAM at once
+        if batch.aborted is not None:
+            raise batch.aborted from None
         if key in _failing:
             logger.debug("%s still fails for station %s", job, station, exc_info=True)
         else:
@@ -65,6 +71,8 @@ def each_station(
     except Exception:
         del batch.after_commit[hooks:]
         batch.undo_since(undone)
+        if batch.aborted is not None:
+            raise batch.aborted from None
     for item in items:
         with per_station(batch, job, name(item)):
             work(item)

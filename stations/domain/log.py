@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import overload
 
-from stations.domain import framing
+from stations.domain import framing, retention
 from stations.domain import producers as sessions
 from stations.domain.errors import BadRequest, Conflict, Forbidden, Gone, NotFound, TooLarge
 from stations.domain.idwindow import IdWindow
@@ -199,6 +199,7 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
         )
 
     results: Sequence[Outcome]
+    before = state.tail
     if not req.msg_ids:
         # The common case, kept tight: every message is new.
         base, now, n = state.tail, batch.now, len(req.messages)
@@ -219,6 +220,8 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     else:
         headers = req.headers or [None] * len(req.messages)
         results = _append_tagged(batch, window, state, req, headers)
+    if state.tail > before:  # stored: a maxAgeMs rule drops it by then
+        retention.look_by(batch, state, retention.max_age_ms(state))
 
     if producer is not None:
         batch.sessions[(state.id, producer.id)] = sessions.Session(producer.epoch, producer.seq)

@@ -6,7 +6,10 @@ outlives the data. Offsets before the head answer 410 Gone.
 
 Only stations that are due are visited (``stations.store.upkeep``): those over a count rule, and
 those whose ``upkeep_at`` has come, the moment decided here after each visit: when the oldest
-retained message or the oldest DLS entry leaves its rule. An idle station costs nothing.
+retained message or the oldest DLS entry leaves its rule. A station holding nothing a rule by
+time could drop has no next look until something is stored (``look_by``, called by the append
+and the dead letter that store it). An idle station costs nothing, and a visit is made in
+chunks of stations, each its own writer transaction, so that appends get in between.
 """
 
 from __future__ import annotations
@@ -61,31 +64,72 @@ def _new_head(batch: Batch, state: StreamState) -> int:
     return min(head, state.tail)
 
 
+def max_age_ms(state: StreamState) -> int | None:
+    age: int | None = (state.config.get("retention") or {}).get("maxAgeMs")
+    return age
+
+
+def dls_retention_ms(state: StreamState) -> int | None:
+    keep: int | None = (state.config.get("dls") or {}).get("retentionMs")
+    return keep
+
+
+def look_by(batch: Batch, state: StreamState, keep_ms: int | None) -> None:
+    """Something was just stored that a rule by time keeping ``keep_ms`` will drop (a message
+    under ``maxAgeMs``, a dead letter under ``dls.retentionMs``): make sure the station is
+    looked at by then. Usually a look is planned already, no later: nothing to write."""
+    if keep_ms is None:
+        return
+    at = batch.now + keep_ms
+    if state.upkeep_at is None or state.upkeep_at > at:
+        state.upkeep_at = at
+        upkeep.set_upkeep_at(batch.conn, state.id, at)
+
+
 def _next_look(batch: Batch, state: StreamState, head: int) -> int | None:
-    """When a rule by time next drops something (None: the station has no such rule). Data
-    stored later leaves its rule later still, so a look then is never too late."""
+    """When a rule by time next drops something; None when nothing kept is under such a rule
+    (``look_by`` plans the look when something is). Data stored later leaves its rule later
+    still, so a look then is never too late."""
     at: int | None = None
-    max_age = (state.config.get("retention") or {}).get("maxAgeMs")
+    max_age = max_age_ms(state)
     if max_age is not None:
         oldest = messages.oldest_stored_after(batch.conn, state.id, head)
-        at = (batch.now if oldest is None else oldest) + max_age
-    keep = (state.config.get("dls") or {}).get("retentionMs")
+        if oldest is not None:
+            at = oldest + max_age
+    keep = dls_retention_ms(state)
     if keep is not None:
         oldest = upkeep.oldest_dead_letter(batch.conn, state.id)
-        due = (batch.now if oldest is None else oldest) + keep
-        at = due if at is None else min(at, due)
+        if oldest is not None:
+            at = oldest + keep if at is None else min(at, oldest + keep)
     return at
 
 
-def enforce(batch: Batch) -> int:
-    """Drop what the due stations' rules no longer keep; returns messages dropped."""
+# Stations visited in one writer transaction: thousands due at once (a rule by time falling due
+# on many stations together) held every append behind them for seconds.
+CHUNK = 100
+
+
+def enforce_chunk(batch: Batch, after: str | None = None) -> tuple[int, str | None]:
+    """Drop what the rules of up to ``CHUNK`` due stations (named after ``after``) no longer
+    keep; returns the messages dropped and, when more may be due, where the next chunk starts."""
     batch.flush()
     batch.forget()
     total = 0
-    for name in upkeep.retention_due(batch.conn, batch.now):
+    names = upkeep.retention_due(batch.conn, batch.now, after, CHUNK)
+    for name in sorted(names):  # the lock order every process uses
         # One station's failure (a bad stored setting, an error on its rows) stays its own.
         with per_station(batch, "retention", name):
             total += _enforce_one(batch, name)
+    return total, (names[-1] if len(names) == CHUNK else None)
+
+
+def enforce(batch: Batch) -> int:
+    """Every due station's retention in this one transaction (tests, tools); returns messages
+    dropped. The scheduler runs ``enforce_chunk``, a transaction each."""
+    total, after = enforce_chunk(batch)
+    while after is not None:
+        dropped, after = enforce_chunk(batch, after)
+        total += dropped
     return total
 
 
@@ -106,7 +150,7 @@ def _enforce_one(batch: Batch, name: str) -> int:
         after = max(state.head, state.fork_offset or 0)
         dropped = max(0, head - after)
         messages.drop_through(batch.conn, state.id, after, head, dropped)
-    keep = (state.config.get("dls") or {}).get("retentionMs")
+    keep = dls_retention_ms(state)
     if keep is not None:
         dead_letters.expire(batch.conn, state.id, batch.now - keep)
     upkeep.set_upkeep_at(batch.conn, state.id, _next_look(batch, state, max(head, state.head)))

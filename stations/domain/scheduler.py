@@ -85,6 +85,9 @@ class LeaseTimer:
             self.arm(await self.service.write(groups.expire_all, since))
         except Exception:
             logger.exception("lease expiry failed")
+            # Nothing was settled: the next tick looks back this far again, so the fetchers
+            # whose messages fell due meanwhile are still woken.
+            self._last = min(self._last, since)
             self.arm(now_ms() + 1000)
 
 
@@ -143,7 +146,8 @@ class Scheduler:
         def op(batch: Batch) -> float:
             # Only stations holding ids that left their window: idle ones cost nothing. One
             # station's failure stays its own.
-            due = upkeep.ids_due(batch.conn, batch.now)
+            # In Python's order of names, as every process locks (a collation may differ).
+            due = sorted(upkeep.ids_due(batch.conn, batch.now), key=lambda s: s.name)
             each_station(batch, "id sweep", due, lambda s: s.name, lambda s: ids.sweep(batch, s))
             if batch.now >= self._next_let_go:  # now and then: the sweep may run every 25 ms
                 self._next_let_go = batch.now + LET_GO_EVERY_MS
@@ -177,7 +181,12 @@ class Scheduler:
 
     async def enforce_retention(self) -> None:
         try:
-            # Message retention and DLS expiry of the stations that are due.
-            await self.service.write(retention.enforce)
+            # Message retention and DLS expiry of the stations that are due, a chunk of them
+            # per writer transaction: appends queued meanwhile go between two chunks.
+            after: str | None = None
+            while True:
+                _, after = await self.service.write(retention.enforce_chunk, after)
+                if after is None:
+                    break
         except Exception:
             logger.exception("retention failed")

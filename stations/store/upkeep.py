@@ -19,10 +19,13 @@ from stations.store.db import Tx
 from stations.store.schema import dls, id_blocks, id_runs, msg_ids, streams
 
 
-def retention_due(tx: Tx, now: int) -> list[str]:
-    """Stations whose time rules need a look or whose count rules are exceeded, by name (one
-    lock order for every process). Each term can use its own index: ``upkeep_at``, and the
-    count rules' columns, which are NULL on stations without the rule."""
+def retention_due(
+    tx: Tx, now: int, after: str | None = None, limit: int | None = None
+) -> list[str]:
+    """Stations whose time rules need a look or whose count rules are exceeded, in the
+    database's order of names, at most ``limit`` of them after ``after`` (a chunk; the caller
+    sorts it for its lock order). Each term can use its own index: ``upkeep_at``, and the count
+    rules' columns, which are NULL on stations without the rule."""
     s = streams.c
     query = (
         select(s.name)
@@ -34,6 +37,10 @@ def retention_due(tx: Tx, now: int) -> list[str]:
         )
         .order_by(s.name)
     )
+    if after is not None:
+        query = query.where(s.name > after)
+    if limit is not None:
+        query = query.limit(limit)
     return list(db.conn_of(tx).execute(query).scalars())
 
 
