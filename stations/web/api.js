@@ -28,7 +28,18 @@ function authHeaders(extra = {}) {
   return secret ? { ...extra, Authorization: `Bearer ${secret}` } : extra;
 }
 
-export async function request(method, path, body, { signal, bearer } = {}) {
+// JSON numbers as the server wrote them: JSON.parse rounds an integer beyond 2^53 (and drops the
+// ".0" of 1.0), so where the source text says more than the double, the text is kept (a raw JSON
+// value, which JSON.stringify writes back as is). Only payloads need this: see `exact`.
+const keepSource = typeof JSON.rawJSON === 'function';
+function exactNumbers(key, value, context) {
+  if (keepSource && typeof value === 'number' && context?.source !== undefined && String(value) !== context.source) {
+    return JSON.rawJSON(context.source);
+  }
+  return value;
+}
+
+export async function request(method, path, body, { signal, bearer, exact } = {}) {
   const headers = { Accept: 'application/json' };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   const res = await fetch(path, {
@@ -41,7 +52,7 @@ export async function request(method, path, body, { signal, bearer } = {}) {
   if (res.status === 204) return null;
   let data = null;
   try {
-    data = await res.json();
+    data = exact ? JSON.parse(await res.text(), exactNumbers) : await res.json();
   } catch {
     data = null;
   }
@@ -71,14 +82,14 @@ export const api = {
   patch: (name, changes) => request('PATCH', one(name), changes),
   remove: (name) => request('DELETE', one(name)),
   messages: (name, offset = '-1', limit = 50, opts) =>
-    request('GET', one(name) + '/messages' + query({ offset, limit }), undefined, opts),
+    request('GET', one(name) + '/messages' + query({ offset, limit }), undefined, { ...opts, exact: true }),
   produce: (name, message) => request('POST', one(name) + '/messages', { messages: [message] }),
   groups: (name, opts) => request('GET', one(name) + '/groups', undefined, opts),
   deleteGroup: (name, group) =>
     request('DELETE', one(name) + '/groups/' + encodeURIComponent(group)),
   cursors: (name, opts) => request('GET', one(name) + '/cursors', undefined, opts),
   dls: (name, { group, after, limit = 100 } = {}, opts) =>
-    request('GET', one(name) + '/dls' + query({ group, after, limit }), undefined, opts),
+    request('GET', one(name) + '/dls' + query({ group, after, limit }), undefined, { ...opts, exact: true }),
   replay: (name, selection) => request('POST', one(name) + '/dls/replay', selection),
   drop: (name, selection) => request('POST', one(name) + '/dls/drop', selection),
   seek: (name, group, target) =>
@@ -90,13 +101,32 @@ export const api = {
  * arrive. The wake-up comes from the Durable Streams read: Server-Sent Events through EventSource
  * when no token is in use, else long-poll fetches (EventSource cannot send an Authorization
  * header). The messages themselves are read through the management API, so they carry ids,
- * headers and times. Returns a function that stops following.
+ * headers and times. `onError(err, final)` reports a failed read: final (the station is gone,
+ * 404) means following stopped, else it retries, and `onResumed()` follows the next good read.
+ * `onClosed()`: the station was closed, what it held is read, and following stopped. Returns a
+ * function that stops following.
  */
-export function follow(name, offset, onMessages, onError = () => {}) {
+export function follow(name, offset, onMessages, { onError = () => {}, onResumed = () => {}, onClosed = () => {} } = {}) {
   const ctrl = new AbortController();
   let cursor = offset;
   let pulling = null;
   let again = false;
+  let source = null;
+  let failing = false;
+
+  const stop = () => {
+    ctrl.abort();
+    source?.close();
+  };
+
+  function fail(err) {
+    if (ctrl.signal.aborted) return;
+    // A deleted station does not come back under this tail: reading on would fail for ever.
+    const final = err?.status === 404;
+    if (final) stop();
+    failing = true;
+    onError(err, final);
+  }
 
   async function pull() {
     if (pulling) {
@@ -117,6 +147,10 @@ export function follow(name, offset, onMessages, onError = () => {}) {
             continue;
           }
           cursor = page.nextOffset;
+          if (failing) {
+            failing = false;
+            onResumed();
+          }
           if (page.messages.length) onMessages(page.messages);
           if (page.upToDate) break;
         }
@@ -125,6 +159,20 @@ export function follow(name, offset, onMessages, onError = () => {}) {
       pulling = null;
     });
     return pulling;
+  }
+
+  // Stream-Closed: nothing more will come, and a read at the tail of a closed stream answers at
+  // once, so following on would ask again and again. Read what is left, then stop.
+  async function closed() {
+    source?.close();
+    try {
+      await pull();
+    } catch (err) {
+      fail(err);
+    }
+    if (ctrl.signal.aborted) return;
+    stop();
+    onClosed();
   }
 
   const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -141,36 +189,53 @@ export function follow(name, offset, onMessages, onError = () => {}) {
         if (res.status === 401) onUnauthorized(new ApiError(401, null));
         if (!res.ok) throw new ApiError(res.status, (await res.json().catch(() => null))?.error);
         await res.arrayBuffer();
+        if (res.headers.get('Stream-Closed') === 'true') return closed();
       } catch (err) {
         if (ctrl.signal.aborted) return;
-        onError(err);
+        fail(err);
         await pause(2000);
       }
     }
   }
 
-  let source = null;
   function sse() {
     if (ctrl.signal.aborted) return;
-    source = new EventSource(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=sse`);
-    source.addEventListener('data', () => pull().catch(onError));
+    const here = new EventSource(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=sse`);
+    source = here;
+    here.addEventListener('data', () => pull().catch(fail));
+    here.addEventListener('control', (event) => {
+      let control = null;
+      try {
+        control = JSON.parse(event.data);
+      } catch {
+        control = null;
+      }
+      if (control?.streamClosed) closed();
+    });
     // The server ends each SSE response after a while; reconnect from our own cursor rather
-    // than letting EventSource repeat the first URL.
-    source.addEventListener('error', () => {
-      source.close();
-      if (!ctrl.signal.aborted) setTimeout(sse, 1000);
+    // than letting EventSource repeat the first URL. An EventSource refused (404) or cut off
+    // says only "error": the read before reconnecting finds out which, and reports it.
+    here.addEventListener('error', () => {
+      here.close();
+      if (!ctrl.signal.aborted && source === here) pause(1000).then(connect);
     });
   }
 
-  if (token.get()) {
-    longPoll();
-  } else {
-    pull()
-      .catch(onError)
-      .finally(sse);
+  async function connect() {
+    while (!ctrl.signal.aborted) {
+      try {
+        await pull();
+        sse();
+        return;
+      } catch (err) {
+        if (ctrl.signal.aborted) return;
+        fail(err);
+        await pause(2000);
+      }
+    }
   }
-  return () => {
-    ctrl.abort();
-    source?.close();
-  };
+
+  if (token.get()) longPoll();
+  else connect();
+  return stop;
 }

@@ -82,17 +82,23 @@ export function when(iso) {
   return Number.isNaN(d.getTime()) ? iso : d.toLocaleString();
 }
 
-/** A message payload as readable text: JSON pretty-printed, text as is, binary as base64. */
-export function payloadText(item) {
+/** As the server decides: a station stores JSON only when its media type is exactly application/json. */
+export const isJsonType = (contentType) => (contentType || '').split(';')[0].trim().toLowerCase() === 'application/json';
+
+/**
+ * A message payload as readable text: on a JSON station always JSON text (so the string "123"
+ * shows quoted, apart from the number 123), pretty-printed; else text as is, binary as base64.
+ */
+export function payloadText(item, json) {
   if (item.dataBase64 !== undefined && item.dataBase64 !== null) return item.dataBase64;
-  if (typeof item.data === 'string') return item.data;
+  if (!json && typeof item.data === 'string') return item.data;
   return JSON.stringify(item.data, null, 2);
 }
 
-/** `<pre>` holding a payload as text (never markup). */
-export function payload(item) {
+/** `<pre>` holding a payload as text (never markup); `json`: the station stores JSON. */
+export function payload(item, json) {
   const pre = h('pre', { class: 'payload' });
-  pre.textContent = payloadText(item);
+  pre.textContent = payloadText(item, json);
   if (item.dataBase64 !== undefined && item.dataBase64 !== null) {
     return h('div', {}, h('p', { class: 'hint' }, 'Binary payload, shown as base64:'), pre);
   }

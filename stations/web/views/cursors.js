@@ -57,5 +57,9 @@ export async function renderCursors(panel, ctx, name) {
     if (err?.status === 401 || ctx.signal.aborted) return;
     problem.replaceChildren(alertBox(err));
   }
-  ctx.every(2000, refresh);
+  ctx.every(2000, () =>
+    refresh().catch((err) => {
+      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+    }),
+  );
 }

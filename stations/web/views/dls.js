@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, duration, h, num, parseDuration, payload, when } from '../dom.js';
+import { alertBox, announce, duration, h, isJsonType, num, parseDuration, payload, when } from '../dom.js';
 
 const REASONS = {
   max_deliveries: 'Max deliveries reached',
@@ -22,8 +22,10 @@ export function redrivePolicyText(policy) {
 
 const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
-export async function renderDls(panel, ctx, station, params = {}) {
+/** `changed()`: entries were replayed or dropped (the station page updates its DLS count). */
+export async function renderDls(panel, ctx, station, params = {}, changed = () => {}) {
   const name = station.name;
+  const json = isJsonType(station.contentType);
   const groupSelect = h('select', { id: 'dls-group' }, h('option', { value: '' }, 'All groups'));
   const selectAll = h('input', { type: 'checkbox', id: 'dls-select-all' });
   const replay = h('button', { type: 'button', class: 'primary' }, 'Replay');
@@ -127,12 +129,17 @@ export async function renderDls(panel, ctx, station, params = {}) {
         e.redriveAt ? h('span', { class: 'hint' }, ' next ', h('time', { datetime: e.redriveAt }, when(e.redriveAt))) : null,
       ),
       h('td', { 'data-label': 'Dead-lettered at' }, h('time', { datetime: e.deadLetteredAt }, when(e.deadLetteredAt))),
-      h('td', { 'data-label': 'Payload', class: 'payload-cell' }, payload(e)),
+      h('td', { 'data-label': 'Payload', class: 'payload-cell' }, payload(e, json)),
     );
   }
 
+  // Bumped by every load: only the latest one's page is shown (a replay's reload may overtake
+  // a "Load more" still under way, whose page would then follow the wrong rows).
+  let loads = 0;
   async function load(append = false) {
+    const mine = ++loads;
     const page = await api.dls(name, { group: groupSelect.value, after: append ? next : undefined }, { signal: ctx.signal });
+    if (mine !== loads) return;
     entries = append ? entries.concat(page.entries) : page.entries;
     next = page.next;
     if (append) body.append(...page.entries.map(row));
@@ -176,6 +183,7 @@ export async function renderDls(panel, ctx, station, params = {}) {
     await guarded(async () => {
       const { replayed } = await api.replay(name, delayMs ? { ids, delayMs } : { ids });
       announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
+      changed();
       await load();
     });
   });
@@ -191,6 +199,7 @@ export async function renderDls(panel, ctx, station, params = {}) {
     await guarded(async () => {
       const { dropped } = await api.drop(name, { ids });
       announce(`Dropped ${plural(dropped, 'entry', 'entries')}.`);
+      changed();
       await load();
     });
   });
@@ -207,6 +216,7 @@ export async function renderDls(panel, ctx, station, params = {}) {
       const selection = group ? { all: true, group } : { all: true };
       const { replayed } = await api.replay(name, delayMs ? { ...selection, delayMs } : selection);
       announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
+      changed();
       await load();
     });
   });
@@ -216,7 +226,20 @@ export async function renderDls(panel, ctx, station, params = {}) {
   });
   groupSelect.addEventListener('change', () => guarded(() => load()));
   refreshButton.addEventListener('click', () => guarded(() => load()));
-  more.addEventListener('click', () => guarded(() => load(true)));
+  // One page at a time: a second click before the first page came would ask for it again.
+  // (aria-disabled, not disabled: a disabled button would drop keyboard focus to the page.)
+  let loadingMore = false;
+  more.addEventListener('click', async () => {
+    if (loadingMore) return;
+    loadingMore = true;
+    more.setAttribute('aria-disabled', 'true');
+    try {
+      await guarded(() => load(true));
+    } finally {
+      loadingMore = false;
+      more.removeAttribute('aria-disabled');
+    }
+  });
 
   panel.replaceChildren(
     h('h2', {}, 'Dead-letter store'),

@@ -73,6 +73,40 @@ const positiveInt = (text) => {
   return /^\d+$/.test(t) && Number(t) >= 1 && Number.isSafeInteger(Number(t)) ? Number(t) : NaN;
 };
 
+const REDRIVE_MAX_DELAY = 604_800_000; // the API's default dls.redrive.maxDelayMs
+
+/**
+ * The PATCH body for a save: only the settings the form changed, and in retention, dls and
+ * consumerDefaults only the changed keys (the API merges those key by key). Sending the whole
+ * config would overwrite what someone else changed meanwhile, and would name dls.forwardTo,
+ * which a token scoped to this station alone may not name. dls.redrive goes whole: the API
+ * replaces it. Nothing changed: {} (the server still answers, e.g. 403 to a consumer).
+ */
+function changedSettings(config, out) {
+  const changes = {};
+  if (out.idempotencyWindowMs !== config.idempotencyWindowMs) changes.idempotencyWindowMs = out.idempotencyWindowMs;
+  for (const section of ['retention', 'dls', 'consumerDefaults']) {
+    const before = config[section] || {};
+    const diff = {};
+    for (const [key, value] of Object.entries(out[section])) {
+      if (key === 'redrive') continue;
+      if (value !== (before[key] ?? null)) diff[key] = value;
+    }
+    if (Object.keys(diff).length) changes[section] = diff;
+  }
+  const was = config.dls?.redrive || null;
+  const now = out.dls.redrive;
+  const same =
+    was === null || now === null
+      ? was === now
+      : now.maxRedrives === was.maxRedrives &&
+        now.delayMs === was.delayMs &&
+        now.backoff === was.backoff &&
+        (now.maxDelayMs ?? REDRIVE_MAX_DELAY) === was.maxDelayMs;
+  if (!same) changes.dls = { ...changes.dls, redrive: now };
+  return changes;
+}
+
 export async function renderForm(container, ctx, station) {
   const editing = Boolean(station);
   const config = station || {
@@ -364,8 +398,7 @@ export async function renderForm(container, ctx, station) {
     submit.disabled = true;
     try {
       if (editing) {
-        const { name: _n, contentType: _c, ...changes } = out;
-        await api.patch(config.name, changes);
+        await api.patch(config.name, changedSettings(config, out));
         announce('Settings saved.');
         location.hash = stationHref(config.name);
       } else {

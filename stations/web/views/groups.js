@@ -61,37 +61,65 @@ export async function renderGroups(panel, ctx, station) {
     }
   }
 
-  async function refresh() {
-    const { groups } = await api.groups(name, { signal: ctx.signal });
-    // Rows are rebuilt; keep keyboard focus on the same control.
-    const focused = body.contains(document.activeElement) ? document.activeElement.getAttribute('aria-label') : null;
-    body.replaceChildren(
-      ...groups.map((g) =>
-        h(
-          'tr',
-          {},
-          h('th', { scope: 'row', 'data-label': 'Group' }, g.name),
-          COLUMNS.map(([key, label]) =>
-            h('td', { class: key === 'deadLettered' && g[key] ? 'n warn' : 'n', 'data-label': label }, num(g[key])),
-          ),
-          h('td', { 'data-label': 'Max deliveries' }, num(g.maxMsgDeliveries)),
-          h('td', { 'data-label': 'Max ack time' }, duration(g.maxAckTimeMs)),
-          h(
-            'td',
-            { class: 'row-actions' },
-            g.deadLettered
-              ? h('a', { href: stationHref(name, 'dls') + '?group=' + encodeURIComponent(g.name) }, 'Dead letters')
-              : null,
-            h(
-              'button',
-              { type: 'button', class: 'quiet', 'aria-label': `Delete group ${g.name}`, onclick: () => remove(g.name) },
-              'Delete',
-            ),
-          ),
-        ),
+  // Rows keyed by group name and updated in place, as the station list does: a rebuilt row
+  // would take keyboard focus (on its link or button) with it every refresh.
+  const rows = new Map();
+
+  function row(g) {
+    const cells = {};
+    const link = h('a', { href: stationHref(name, 'dls') + '?group=' + encodeURIComponent(g.name) }, 'Dead letters');
+    const actions = h(
+      'td',
+      { class: 'row-actions' },
+      h(
+        'button',
+        { type: 'button', class: 'quiet', 'aria-label': `Delete group ${g.name}`, onclick: () => remove(g.name) },
+        'Delete',
       ),
     );
-    if (focused) body.querySelector(`[aria-label="${CSS.escape(focused)}"]`)?.focus();
+    const tr = h(
+      'tr',
+      {},
+      h('th', { scope: 'row', 'data-label': 'Group' }, g.name),
+      COLUMNS.map(([key, label]) => (cells[key] = h('td', { class: 'n', 'data-label': label }))),
+      (cells.maxMsgDeliveries = h('td', { 'data-label': 'Max deliveries' })),
+      (cells.maxAckTimeMs = h('td', { 'data-label': 'Max ack time' })),
+      actions,
+    );
+    return { tr, cells, link, actions };
+  }
+
+  function update(r, g) {
+    const texts = Object.fromEntries(COLUMNS.map(([key]) => [key, num(g[key])]));
+    texts.maxMsgDeliveries = num(g.maxMsgDeliveries);
+    texts.maxAckTimeMs = duration(g.maxAckTimeMs);
+    for (const [key, text] of Object.entries(texts)) {
+      if (r.cells[key].textContent !== text) r.cells[key].textContent = text;
+    }
+    r.cells.deadLettered.classList.toggle('warn', g.deadLettered > 0);
+    if (g.deadLettered && !r.link.isConnected) r.actions.prepend(r.link);
+    else if (!g.deadLettered && r.link.isConnected) r.link.remove();
+  }
+
+  async function refresh() {
+    const { groups } = await api.groups(name, { signal: ctx.signal });
+    const seen = new Set();
+    groups.forEach((g, i) => {
+      seen.add(g.name);
+      let r = rows.get(g.name);
+      if (!r) {
+        r = row(g);
+        rows.set(g.name, r);
+      }
+      update(r, g);
+      if (body.children[i] !== r.tr) body.insertBefore(r.tr, body.children[i] || null);
+    });
+    for (const [group, r] of rows) {
+      if (!seen.has(group)) {
+        r.tr.remove();
+        rows.delete(group);
+      }
+    }
     table.hidden = groups.length === 0;
     empty.hidden = groups.length > 0;
     seek.setGroups(groups.map((g) => g.name));
@@ -106,7 +134,12 @@ export async function renderGroups(panel, ctx, station) {
     problem.replaceChildren(alertBox(err));
     table.hidden = true;
   }
-  ctx.every(2000, refresh);
+  // A failed refresh leaves the last figures on screen: say they are not current.
+  ctx.every(2000, () =>
+    refresh().catch((err) => {
+      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+    }),
+  );
   await renderCursors(panel, ctx, name);
 }
 

@@ -7,7 +7,8 @@ export function renderLogin(main, ctx, { reason, onSignedIn }) {
   const input = h('input', {
     type: 'password',
     name: 'token',
-    autocomplete: 'current-password',
+    // Not a password to remember: the token stays in this tab (sessionStorage), never on disk.
+    autocomplete: 'off',
     required: true,
     spellcheck: 'false',
   });

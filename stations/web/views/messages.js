@@ -8,6 +8,7 @@ import {
   field,
   h,
   headersList,
+  isJsonType,
   payload,
   setFieldError,
   when,
@@ -33,7 +34,15 @@ function latestOffset(tail) {
   return start === 0 ? '-1' : offsetFrom(String(start));
 }
 
-export function messageItem(m) {
+/** The payload as UTF-8 bytes in base64, the form the API takes raw bytes in. */
+function base64Utf8(text) {
+  const bytes = new TextEncoder().encode(text);
+  let binary = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(binary);
+}
+
+export function messageItem(m, json) {
   return h(
     'li',
     { class: 'msg' },
@@ -45,14 +54,14 @@ export function messageItem(m) {
       m.time ? h('time', { datetime: m.time }, when(m.time)) : null,
     ),
     headersList(m.headers),
-    payload(m),
+    payload(m, json),
   );
 }
 
 export async function renderMessages(panel, ctx, station) {
   const name = station.name;
-  // As the server decides: JSON only when the media type is exactly application/json.
-  const json = station.contentType.split(';')[0].trim().toLowerCase() === 'application/json';
+  const json = isJsonType(station.contentType);
+  const item = (m) => messageItem(m, json);
 
   // Produce a test message.
   const msgId = h('input', { type: 'text', autocomplete: 'off', spellcheck: 'false', maxlength: '256' });
@@ -89,12 +98,14 @@ export async function renderMessages(panel, ctx, station) {
     if (msgId.value !== '') message.id = msgId.value;
     if (json) {
       try {
-        message.data = JSON.parse(data.value);
+        JSON.parse(data.value);
       } catch (err) {
         setFieldError(produceForm, 'payload', `The payload is not JSON: ${err.message}`);
         data.focus();
         return;
       }
+      // Sent as typed, not as the parsed value: JSON.parse rounds integers beyond 2^53.
+      message.dataBase64 = base64Utf8(data.value);
     } else {
       message.data = data.value;
     }
@@ -128,7 +139,12 @@ export async function renderMessages(panel, ctx, station) {
       if (!live.checked && upToDate) await load(current, false);
     } catch (err) {
       if (err?.status === 401) return;
-      const where = { 'messages.0.id': 'msgId', 'messages.0.data': 'payload', 'messages.0.headers': 'headers' }[err?.field];
+      const where = {
+        'messages.0.id': 'msgId',
+        'messages.0.data': 'payload',
+        'messages.0.dataBase64': 'payload',
+        'messages.0.headers': 'headers',
+      }[err?.field];
       if (where) setFieldError(produceForm, where, err.message);
       else {
         result.className = 'result error';
@@ -155,6 +171,9 @@ export async function renderMessages(panel, ctx, station) {
   let upToDate = false;
   const history = [];
   let stopFollow = null;
+  // Bumped by every start and stop of the live tail: a start that awaited the station while
+  // the switch went off (and on again) sees a newer generation and leaves following to it.
+  let generation = 0;
 
   function setPaging() {
     const liveOn = live.checked;
@@ -169,18 +188,20 @@ export async function renderMessages(panel, ctx, station) {
     try {
       page = await api.messages(name, offset, PAGE, { signal: ctx.signal });
     } catch (err) {
-      if (err?.status === 401 || ctx.signal.aborted) return;
+      if (err?.status === 401 || ctx.signal.aborted || live.checked) return;
       // 410: retention dropped the offset asked for (Latest asks for tail - PAGE).
       if (err?.status === 410 && fallback) return load(fallback, remember);
       problem.replaceChildren(alertBox(err));
       return;
     }
+    // The live tail started meanwhile: the list is its now.
+    if (live.checked) return;
     if (remember && offset !== current) history.push(current);
     current = offset;
     nextOffset = page.nextOffset;
     upToDate = page.upToDate;
     offsetInput.value = offset;
-    list.replaceChildren(...page.messages.map(messageItem));
+    list.replaceChildren(...page.messages.map(item));
     status.textContent = page.messages.length
       ? `${page.messages.length === 1 ? '1 message' : `${page.messages.length} messages`} from offset ${offset}${upToDate ? ', up to the tail' : ''}.`
       : 'No messages from this offset yet.';
@@ -188,31 +209,60 @@ export async function renderMessages(panel, ctx, station) {
   }
 
   async function startLive() {
+    stopFollow?.();
+    stopFollow = null;
+    const mine = ++generation;
     let from = nextOffset || '-1';
     if (!upToDate) {
       // Far from the tail: start at the tail rather than replaying everything in between.
       const s = await api.station(name, { signal: ctx.signal }).catch(() => station);
       from = s.stats?.tailOffset || from;
-      list.replaceChildren();
     }
-    if (!live.checked || ctx.signal.aborted) return;
+    if (mine !== generation || !live.checked || ctx.signal.aborted) return;
+    if (!upToDate) list.replaceChildren();
+    problem.replaceChildren();
     status.textContent = 'Live: new messages appear below as they arrive.';
+    // Following stopped by itself (closed, deleted): the switch goes off, paging comes back.
+    const stopped = (text) => {
+      if (mine !== generation) return;
+      generation += 1;
+      stopFollow = null;
+      live.checked = false;
+      status.textContent = text;
+      setPaging();
+    };
+    const shown = () => {
+      status.textContent = `Live: ${list.children.length} messages shown, newest last.`;
+    };
     stopFollow = follow(
       name,
       from,
       (messages) => {
-        list.append(...messages.map(messageItem));
+        list.append(...messages.map(item));
         while (list.children.length > LIVE_KEEP) list.firstElementChild.remove();
-        status.textContent = `Live: ${list.children.length} messages shown, newest last.`;
+        shown();
       },
-      (err) => {
-        if (err?.status !== 401) status.textContent = `Live tail interrupted (${errorText(err)}); retrying…`;
+      {
+        onResumed: () => mine === generation && shown(),
+        onError: (err, final) => {
+          if (err?.status === 401 || mine !== generation) return;
+          if (!final) {
+            status.textContent = `Live tail interrupted (${errorText(err)}); retrying…`;
+            return;
+          }
+          stopped('Stopped following: the station is gone.');
+          problem.replaceChildren(
+            alertBox(err?.status === 404 ? new Error(`Station “${name}” no longer exists: it was deleted.`) : err),
+          );
+        },
+        onClosed: () => stopped('The station is closed: no more messages will arrive, so following stopped.'),
       },
     );
     setPaging();
   }
 
   function stopLive() {
+    generation += 1;
     stopFollow?.();
     stopFollow = null;
     setPaging();

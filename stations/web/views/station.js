@@ -10,11 +10,22 @@ import { renderGroups } from './groups.js';
 import { redrivePolicyText, renderDls } from './dls.js';
 import { TABS, stationHref } from '../routes.js';
 
-function tabList(name, active, station) {
+/** The DLS tab's count of entries: shown while there are any, updated in place. */
+function setBadge(tab, count) {
+  const old = tab.querySelector('.badge');
+  if (!count) {
+    old?.remove();
+    return;
+  }
+  const badge = old || tab.appendChild(h('span', { class: 'badge' }));
+  badge.setAttribute('aria-label', `, ${count} entries`);
+  if (badge.textContent !== num(count)) badge.textContent = num(count);
+}
+
+function tabList(name, active) {
   const list = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Station sections' });
   for (const tab of TABS) {
     const selected = tab.id === active;
-    const count = tab.id === 'dls' ? station.stats?.deadLettered : null;
     list.append(
       h(
         'a',
@@ -27,7 +38,6 @@ function tabList(name, active, station) {
           tabindex: selected ? '0' : '-1',
         },
         tab.label,
-        count ? h('span', { class: 'badge', 'aria-label': `, ${count} entries` }, num(count)) : null,
       ),
     );
   }
@@ -71,21 +81,43 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
     'aria-labelledby': `tab-${tab}`,
     class: 'panel',
   });
+  const tabs = tabList(name, tab);
+  // Figures that change under the page: the DLS count on its tab, and whether it is closed.
+  const closedPill = h('span', { class: 'pill closed', title: 'Closed: it takes no more messages.' });
+  const marks = {
+    deadLettered: (count) => setBadge(tabs.querySelector('#tab-dls'), count),
+    closed: (closed) => {
+      closedPill.hidden = !closed;
+      closedPill.textContent = closed ? 'closed' : '';
+    },
+    update(s) {
+      this.deadLettered(s.stats?.deadLettered);
+      this.closed(Boolean(s.closed));
+    },
+  };
+  marks.update(station);
   main.replaceChildren(
     h('p', { class: 'crumbs' }, h('a', { href: '#/' }, 'All stations')),
     h(
       'div',
       { class: 'page-head' },
       h('h1', { tabindex: '-1' }, h('span', { class: 'visually-hidden' }, 'Station '), name),
+      closedPill,
       h('span', { class: 'pill' }, station.contentType),
     ),
-    tabList(name, tab, station),
+    tabs,
     panel,
   );
-  if (tab === 'overview') renderOverview(panel, ctx, station);
+  // After a replay or drop: the count on the DLS tab follows (best effort).
+  const recount = () =>
+    api
+      .station(name, { signal: ctx.signal })
+      .then((s) => marks.update(s))
+      .catch(() => {});
+  if (tab === 'overview') renderOverview(panel, ctx, station, marks);
   else if (tab === 'messages') await renderMessages(panel, ctx, station);
   else if (tab === 'groups') await renderGroups(panel, ctx, station);
-  else if (tab === 'dls') await renderDls(panel, ctx, station, params);
+  else if (tab === 'dls') await renderDls(panel, ctx, station, params, recount);
   else if (tab === 'settings') await renderForm(panel, ctx, station);
 }
 
@@ -93,9 +125,17 @@ function stat(label, value, cls) {
   return h('div', { class: `stat ${cls || ''}` }, h('dt', {}, label), h('dd', {}, value));
 }
 
-function renderOverview(panel, ctx, station) {
+function renderOverview(panel, ctx, station, marks) {
   const stats = h('dl', { class: 'stats' });
+  const problem = h('div');
+  const closedNote = h(
+    'p',
+    { class: 'notice' },
+    'This station is closed: it takes no more messages. What it holds can still be read and consumed.',
+  );
   const fill = (s) => {
+    marks.update(s);
+    closedNote.hidden = !s.closed;
     const st = s.stats || {};
     stats.replaceChildren(
       stat('Messages', num(st.messages)),
@@ -159,7 +199,9 @@ function renderOverview(panel, ctx, station) {
     lag.destroy();
   });
   panel.replaceChildren(
+    closedNote,
     h('h2', {}, 'Live stats'),
+    problem,
     stats,
     h('div', { class: 'charts' }, rate.el, lag.el),
     h('h2', {}, 'Settings'),
@@ -188,7 +230,13 @@ function renderOverview(panel, ctx, station) {
     ]);
     fill(s);
     sample(s, g.groups || []);
+    problem.replaceChildren();
   };
-  refresh().catch(() => {});
-  ctx.every(2000, refresh);
+  // A failed refresh leaves the last figures on screen: say they are not current.
+  const refreshOrSay = () =>
+    refresh().catch((err) => {
+      if (err?.status !== 401 && err?.status !== 404 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+    });
+  refreshOrSay();
+  ctx.every(2000, refreshOrSay);
 }
