@@ -541,3 +541,47 @@ def test_transactions_crossing_stations_both_ways_never_answer_a_deadlock(
     assert stored == total  # one per message: its ack's produce or its forwarded dead letter
     view = ca.get(f"/api/stations/{b}/groups").json()["groups"][0]
     assert (view["inFlight"], view["pending"]) == (0, 0)
+
+
+def test_an_id_sweep_deletes_by_the_window_in_force_when_it_deletes(pg_url: str) -> None:
+    """The id sweep finds the due stations without a lock; a PATCH that grew the window in
+    another process right after must decide which ids go. Staged in lock step: the sweep used
+    the window it had read and deleted ids the grown window still holds, and another process
+    then took a retry of one of them for a new message."""
+    from stations.domain.catalog import patch_station
+    from stations.domain.idwindow import IdWindow
+    from stations.domain.lifecycle import CreateRequest, create
+    from stations.domain.log import AppendRequest, append
+    from stations.domain.station import parse_config
+    from stations.store import db, idtable, upkeep
+    from stations.store.clock import now_ms
+    from stations.store.writer import Batch
+
+    engine = db.make_engine(pg_url)
+    try:
+        db.upgrade(engine)
+        config = parse_config({"name": "w", "idempotencyWindowMs": 1_000})
+        with engine.connect() as conn, conn.begin():
+            batch = Batch(conn, now_ms())
+            request = CreateRequest("w", "application/json", config, compare_config=True)
+            create(batch, IdWindow(), request)
+            ids: list[str | None] = ["a", "b", "c"]
+            append(batch, IdWindow(), AppendRequest("w", "application/json", [b"1"] * 3, ids))
+            batch.flush()
+
+        sweeper = engine.connect()
+        sweep_tx = sweeper.begin()
+        later = Batch(sweeper, now_ms() + 5_000)  # the ids are past the 1 s window by then
+        (due,) = upkeep.ids_due(sweeper, later.now)
+        with engine.connect() as conn, conn.begin():  # another process grows the window
+            grow = {"idempotencyWindowMs": 3_600_000}
+            patching = Batch(conn, now_ms())
+            patch_station(patching, IdWindow(), "w", grow)
+            patching.flush()
+        IdWindow().sweep(later, due)
+        sweep_tx.commit()
+        sweeper.close()
+        with engine.connect() as conn:
+            assert idtable.counts(conn, now_ms() + 5_000).get(due.id) == 3
+    finally:
+        engine.dispose()

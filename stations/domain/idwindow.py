@@ -232,6 +232,13 @@ class IdWindow:
         """Delete (a chunk of) the expired ids of a station; returns how many went."""
         if self.runs is not None:
             return self.runs.sweep(batch, state)
+        if batch.row_locks:
+            # Found due without a lock: another process may have grown the window since. The
+            # window in force under the row's lock decides (a PATCH holds that lock).
+            locked = batch.stream(state.name)
+            if locked is None or locked.id != state.id or locked.deleted:
+                return 0
+            state = locked
         return idtable.sweep(batch.conn, state.id, batch.now - state.window_ms, SWEEP_CHUNK)
 
 
