@@ -430,7 +430,14 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     stop = _on_signals()
     try:
-        await runner.setup()
+        # A signal while the database does not answer yet stops the start (it waited forever).
+        setup: asyncio.Future[None] = asyncio.ensure_future(runner.setup())
+        waited: list[asyncio.Future[Any]] = [setup, stop]
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if not setup.done():
+            print(f"stations: {stop.result()}: stopping before the database answered", flush=True)
+            os._exit(EXIT_CANNOT_START)  # its threads may be stuck connecting: not joined
+        setup.result()
     except Unusable as exc:
         # Exit 1, not 2: installing the newer version (or granting writes) and restarting cures it.
         _fail(str(exc), EXIT_CANNOT_START)
@@ -439,8 +446,12 @@ async def _serve(args: argparse.Namespace) -> None:
             f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}",
             EXIT_CANNOT_START,
         )
-    except Exception as exc:  # an unusable --db URL surfaces here (driver missing, bad path)
+    except (ArgumentError, ImportError) as exc:  # an unusable --db URL (a driver missing)
         _fail(f"cannot open the database: {exc}")
+    except Exception as exc:
+        # Anything else may pass (exit 1, a supervisor restarts): exit 2 says the command line
+        # will never work, and a crash's recovery failing once kept a service down for good.
+        _fail(f"cannot start: {type(exc).__name__}: {exc}", EXIT_CANNOT_START)
     site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
@@ -458,8 +469,18 @@ async def _serve(args: argparse.Namespace) -> None:
                 flush=True,
             )
     finally:
-        # Close idle connections and what is left, then the database.
-        await runner.cleanup()
+        # Close idle connections and what is left, then the database: at most as long again
+        # as the drain, as a database that stopped answering would hold the close for ever.
+        try:
+            await asyncio.wait_for(runner.cleanup(), max(args.drain_timeout_s, 5.0))
+        except TimeoutError:
+            print(
+                "stations: warning: the database did not answer while closing; exiting without "
+                "it (acknowledged writes were committed before they were answered)",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_CANNOT_START)
 
 
 def _on_signals() -> asyncio.Future[str]:
@@ -471,6 +492,9 @@ def _on_signals() -> asyncio.Future[str]:
     def received(sig: signal.Signals) -> None:
         for each in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(each)
+            # The system's default, which ends the process: Python's own for SIGINT raises
+            # KeyboardInterrupt, which a thread stuck on the database never lets through.
+            signal.signal(each, signal.SIG_DFL)
         if not stop.done():
             stop.set_result(sig.name)
 

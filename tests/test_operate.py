@@ -4,6 +4,7 @@ CLI against a server that is down, and the package as a type-checked library."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -142,9 +144,81 @@ def test_a_stuck_write_is_cut_at_the_drain_timeout_and_a_second_signal_stops_at_
         server.kill()
 
 
+@pytest.fixture
+def silent_database() -> Iterator[str]:
+    """A PostgreSQL URL whose port accepts connections and never answers (a host gone silent
+    behind a middlebox): libpq's defaults waited for ever."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"postgresql://postgres@127.0.0.1:{listener.getsockname()[1]}/test"
+    listener.close()
+    for sock in accepted:
+        sock.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_stops_a_start_the_database_does_not_answer(
+    tmp_path: Path, silent_database: str, sig: signal.Signals
+) -> None:
+    """It went on waiting, and the signal did nothing."""
+    command = [sys.executable, "-m", "stations", "serve", "--port", str(free_port())]
+    proc = subprocess.Popen(
+        [*command, "--db", silent_database],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        time.sleep(2)  # connecting
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=5)
+        assert proc.returncode == 1, (out, err)
+        assert b"stopping before the database answered" in out, (out, err)
+        assert b"Traceback" not in err
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_start_the_database_does_not_answer_gives_up(
+    tmp_path: Path, silent_database: str
+) -> None:
+    started = time.monotonic()
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", silent_database], tmp_path)
+    assert_one_line_error(proc, "cannot reach the database")
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 25
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
 def test_bad_drain_timeout(tmp_path: Path, value: str) -> None:
     assert_one_line_error(run_cli(["serve", "--drain-timeout-s", value], tmp_path), "--drain")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@127.0.0.1:notaport/db",
+        "postgresql://u@[::1:5432/db",
+        "sqlite://localhost:x/tmp/s.db",
+    ],
+)
+def test_a_db_url_whose_port_is_no_number_is_a_bad_command_line(tmp_path: Path, url: str) -> None:
+    """SQLAlchemy says ValueError for these, not ArgumentError: a traceback and exit 1."""
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", url], tmp_path)
+    assert_one_line_error(proc, "--db is not a database URL")
+    assert proc.returncode == 2
 
 
 def test_a_data_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:

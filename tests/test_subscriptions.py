@@ -745,3 +745,37 @@ def test_webhook_urls_whose_host_no_resolver_answers_are_refused() -> None:
         "https://[2606:2800:220:1::]/hook",
     ):
         assert check_webhook_url(url, allow_loopback=False)[0], url
+
+
+async def test_a_restart_after_a_crash_before_the_wake_started_delivers_it(
+    make_server: Any, tmp_path: Any
+) -> None:
+    """kill -9 after an append committed and before the transaction that starts its webhook
+    wake: the restart's sweep starts it. It armed the same subscription's timer twice, and
+    the second ``_arm`` asked uvloop's Handle (given for a moment already due) for ``when()``,
+    which it has not: the server refused to start, with the exit code of a bad command line."""
+    import sqlite3
+
+    receiver = Receiver(answer={})  # no done: the data stays pending
+    await receiver.start()
+    db = tmp_path / "crash.db"
+    server: Server = make_server(f"sqlite:///{db}", LOOPBACK)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        assert (await client.put("/v1/stream/w/a", json=[])).status_code == 201
+        spec = {"type": "webhook", "pattern": "w/*", "webhook": {"url": receiver.url}}
+        r = await client.put("/v1/stream/__ds/subscriptions/s1", json=spec)
+        assert r.status_code == 201, r.text
+        await append(client, "w/a", {"x": 1})
+        await receiver.wait(1)
+    server.kill()
+    # What the crash leaves: the append committed, no wake started for it.
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE ds_subscriptions SET wake_id = NULL, next_attempt_at = NULL, attempts = 0"
+        )
+    server.start()
+    try:
+        await receiver.wait(2)
+        assert receiver.received[1][0]["subscription_id"] == "s1"
+    finally:
+        await receiver.stop()

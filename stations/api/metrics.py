@@ -14,12 +14,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -30,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from stations.domain.errors import Unavailable
 from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
 
@@ -145,6 +147,12 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
         )
+        self.database_up = Gauge(
+            "stations_database_up",
+            "1 when this scrape read the stations' figures from the database, 0 when it could "
+            "not (an outage: the station and group series are left out, the rest is served)",
+            registry=self.registry,
+        )
         service.tally.batch_observers.append(self._batch)
         self.stations = StationsCollector(service)
         self.registry.register(self.stations)
@@ -174,9 +182,19 @@ class Metrics:
         self.batch_size.observe(ops)
         self.commit_seconds.observe(seconds)
 
-    async def render(self) -> bytes:
+    async def render(self, refreshes: Iterable[Callable[[], Awaitable[None]]] = ()) -> bytes:
+        """The scrape. During a database outage it still answers, with what this process
+        knows (HTTP series, the 503s among them, the writer, the process): a refused scrape
+        lost exactly the series an outage alert is made of."""
         async with self._lock:  # one snapshot per render, scrapes one after another
-            self.stations.snapshot = await self.service.figures(self.max_stations)
+            try:
+                for refresh in refreshes:  # other gauges read from the database
+                    await refresh()
+                self.stations.snapshot = await self.service.figures(self.max_stations)
+                self.database_up.set(1)
+            except Unavailable:
+                self.stations.snapshot = None
+                self.database_up.set(0)
             return generate_latest(self.registry)
 
 
@@ -194,9 +212,7 @@ CLIENT_CLOSED = 499
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    for refresh in request.app.get("metrics_refresh", ()):  # gauges read from the database
-        await refresh()
-    body = await request.app["metrics"].render()
+    body = await request.app["metrics"].render(request.app.get("metrics_refresh", ()))
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

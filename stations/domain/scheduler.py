@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from stations.domain import catalog, groups, lifecycle, retention
+from stations.domain.errors import Unavailable
 from stations.domain.idwindow import IdWindow
 from stations.domain.isolate import each_station
+from stations.repeats import Repeats
 from stations.store import upkeep
 from stations.store.clock import SYNC_S, local_s, now_ms
 from stations.store.writer import Batch
@@ -56,6 +58,7 @@ class LeaseTimer:
         self._sched = sched
         self._at: float | None = None
         self._last = 0
+        self._failures = Repeats(logger, "lease expiry")
 
     def arm(self, when_ms: int | None) -> None:
         if when_ms is None:
@@ -83,8 +86,9 @@ class LeaseTimer:
         since, self._last = self._last, now_ms()
         try:
             self.arm(await self.service.write(groups.expire_all, since))
-        except Exception:
-            logger.exception("lease expiry failed")
+            self._failures.succeeded()
+        except Exception as exc:
+            self._failures.failed(exc, traceback=not isinstance(exc, Unavailable))
             # Nothing was settled: the next tick looks back this far again, so the fetchers
             # whose messages fell due meanwhile are still woken.
             self._last = min(self._last, since)
@@ -101,6 +105,19 @@ class Scheduler:
         self._sched = AsyncIOScheduler()
         self.leases = LeaseTimer(service, self._sched)
         self._next_let_go = 0  # when the id sweep next drops caches of deleted stations
+        self._failures: dict[str, Repeats] = {}
+
+    @contextlib.contextmanager
+    def _reported(self, job: str) -> Iterator[None]:
+        """A job's failure is logged, not raised (the next run tries again): in full once,
+        then quietly while it repeats; a database outage without a traceback."""
+        repeats = self._failures.setdefault(job, Repeats(logger, job))
+        try:
+            yield
+        except Exception as exc:
+            repeats.failed(exc, traceback=not isinstance(exc, Unavailable))
+        else:
+            repeats.succeeded()
 
     def start(self) -> None:
         self._sched.add_job(self.sweep_ids, "interval", seconds=1.0, id="ids")
@@ -154,33 +171,24 @@ class Scheduler:
                 ids.let_go_of_gone(batch)
             return (upkeep.smallest_window(batch.conn) or 240_000) / 4000
 
-        try:
+        with self._reported("id sweep"):
             period = await self.service.write(op)
-        except Exception:
-            logger.exception("id sweep failed")
-            return
-        self._set_sweep_period(period, only_shorter=False)
+            self._set_sweep_period(period, only_shorter=False)
 
     async def refresh_statistics(self) -> None:
-        try:
+        with self._reported("refreshing statistics"):
             await self.service.refresh_statistics()
-        except Exception:
-            logger.exception("refreshing statistics failed")
 
     async def sync_clock(self) -> None:
-        try:
+        with self._reported("measuring the database's clock"):
             await self.service.sync_clock()
-        except Exception:
-            logger.exception("measuring the database's clock failed")
 
     async def expire_streams(self) -> None:
-        try:
+        with self._reported("expiry sweep"):
             await self.service.write(lifecycle.expired_streams, self.service.ids)
-        except Exception:
-            logger.exception("expiry sweep failed")
 
     async def enforce_retention(self) -> None:
-        try:
+        with self._reported("retention"):
             # Message retention and DLS expiry of the stations that are due, a chunk of them
             # per writer transaction: appends queued meanwhile go between two chunks.
             after: str | None = None
@@ -188,5 +196,3 @@ class Scheduler:
                 _, after = await self.service.write(retention.enforce_chunk, after)
                 if after is None:
                     break
-        except Exception:
-            logger.exception("retention failed")

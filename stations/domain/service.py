@@ -37,6 +37,7 @@ from stations.domain.offsets import EARLIEST, Start
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
 from stations.domain.streams import StreamState
+from stations.repeats import Repeats
 from stations.store.checkpoints import WalFigures
 from stations.store.clock import now_ms
 from stations.store.database import Database
@@ -67,15 +68,21 @@ def _then(fn: Callable[..., T], then: Callable[[T], None]) -> Callable[..., T]:
     return op
 
 
+# Every request meets an outage: one line when it starts, a count a minute, one when it ends.
+_outage = Repeats(logger, "the database")
+
+
 async def _committed(work: Awaitable[T]) -> T:
     """Await database work; a database or disk failure becomes ``Unavailable``."""
     try:
-        return await work
+        done = await work
     except Exception as exc:
         failure = _unavailable(exc)
         if failure is exc:
             raise
         raise failure from exc
+    _outage.succeeded()
+    return done
 
 
 def _unavailable(exc: Exception) -> Exception:
@@ -83,7 +90,7 @@ def _unavailable(exc: Exception) -> Exception:
     else is raised as it is."""
     if isinstance(exc, StationsError) or not Database.unavailable(exc):
         return exc
-    logger.warning("database unavailable: %s", _first_line(exc))
+    _outage.failed(exc, traceback=False)
     return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
 
 

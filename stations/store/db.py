@@ -28,7 +28,8 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.engine import make_url as _make_url
 
 # What a bad --db URL or an unreachable database raises, for the CLI's one-line errors.
 from sqlalchemy.exc import ArgumentError as ArgumentError
@@ -47,6 +48,15 @@ RANDOM_PAGE_COST = 1.1
 # PostgreSQL statistics are refreshed (``analyze_grown``) once a table has changed by this many
 # rows plus this fraction of its size since its last ANALYZE, like autoanalyze's defaults.
 ANALYZE_ROWS, ANALYZE_FRACTION = 200, 0.1
+
+
+def make_url(url: str | URL) -> URL:
+    """SQLAlchemy's ``make_url``, whose ``ValueError`` for a port that is no number (it crashed
+    ``stations serve`` with a traceback) is an ``ArgumentError`` like any other malformed URL."""
+    try:
+        return _make_url(url)
+    except ValueError as exc:
+        raise ArgumentError(f"malformed URL ({exc})") from None
 
 
 def default_url(data_dir: str = DEFAULT_DATA_DIR) -> str:
@@ -199,16 +209,32 @@ def analyze_grown(engine: Engine) -> list[str]:
     return grown
 
 
+PG_CONNECT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms: data sent and never acknowledged
+}
+
+
 def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) -> Engine:
     """Build an engine. ``writer`` engines take SQLite's write lock when a transaction begins."""
     url = normalize_url(url)
     if is_sqlite(url):
         return _sqlite_engine(url, durability=durability, writer=writer)
+    # libpq's defaults wait for ever on a database host that went silent (a partition, a
+    # dead host): connecting gives up, and an idle or busy connection is found dead, in
+    # seconds. The URL's own settings win.
+    given = make_url(url).query
+    connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given}
     engine = create_engine(
         url,
         pool_size=1 if writer else 8,
         max_overflow=0 if writer else 8,
         pool_pre_ping=True,
+        connect_args=connect_args,
     )
     settings = [f"SET random_page_cost TO {RANDOM_PAGE_COST}"]
     if durability == "process":

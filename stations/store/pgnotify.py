@@ -14,6 +14,9 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from stations.repeats import Repeats
+from stations.store import db
+
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
@@ -44,6 +47,8 @@ class Listener:
         self._own_pid = own_pid
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        # Lost and reconnecting every second while the database is away: logged once.
+        self._failures = Repeats(logger, "LISTEN connection (reconnecting)")
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -67,6 +72,7 @@ class Listener:
                     application_name=APPLICATION_NAME,
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    self._failures.succeeded()
                     # Commits made while no LISTEN ran were never announced: wake everyone.
                     self._on_connect()
                     self._ready.set()
@@ -83,9 +89,9 @@ class Listener:
                             timer.cancel()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 # Waiters still wake on this process's own commits and on their timeouts.
-                logger.warning("LISTEN connection lost; reconnecting", exc_info=True)
+                self._failures.failed(exc, traceback=not db.unavailable(exc))
                 self._ready.set()
                 await asyncio.sleep(1)
 

@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError, Unavailable
 from stations.domain.streams import StreamState
+from stations.repeats import Repeats
 from stations.store import db, sql
 from stations.store.checkpoints import Checkpoints
 from stations.store.clock import now_ms
@@ -273,6 +274,8 @@ class Writer:
         self.relaxed_commits = 0  # commits that did not wait for the disk (monitoring)
         self.transient_retries = 0  # transactions the database aborted and we ran again
         self._stopped = False  # ops handed over from now on are refused
+        # The database or its disk away: every batch fails alike, logged once and counted.
+        self._failures = Repeats(log, "write batch")
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -361,8 +364,9 @@ class Writer:
         outcome: Any
         try:
             outcome = self._execute([p.op for p in batch], _strict(batch), _run_hooks)
+            self._failures.succeeded()
         except Exception as exc:  # the database itself failed: every request hears it
-            log.exception("write batch failed")
+            self._failures.failed(exc, traceback=not db.unavailable(exc))
             outcome = exc
         self._settle(batch, 0, outcome, time.perf_counter() - started, None)
         if self._checkpoints is not None:
@@ -403,8 +407,9 @@ class Writer:
                     outcome = self._execute(
                         [p.op for p in batch], _strict(batch), self._hooks_on_loop
                     )
+                    self._failures.succeeded()
             except Exception as exc:  # the database itself failed: every request hears it
-                log.exception("write batch failed")
+                self._failures.failed(exc, traceback=not db.unavailable(exc))
                 outcome = exc
             seconds = time.perf_counter() - started
             # Hooks put in memory what the next transaction must see (the ids just stored):
@@ -501,12 +506,14 @@ class Writer:
             # Several ops in one transaction lock rows in the order they come, whatever order
             # each keeps on its own: one aborted as deadlocked goes op by op at once.
             return self._transaction(ops, strict)
-        except Exception:
+        except Exception as failure:
             if len(ops) == 1:
                 raise
             # One op tripped the database (a lost race with another process, say): run each op
-            # alone so the others are not failed with it.
-            log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
+            # alone so the others are not failed with it. (A lost connection says nothing of
+            # the ops: the next try reconnects, and an outage is logged by the caller.)
+            if not db.unavailable(failure):
+                log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
             outcomes: list[tuple[bool, Any]] = []
             changed: set[str] = set()
             for op in ops:
@@ -521,6 +528,9 @@ class Writer:
                 run_hooks(hooks)
                 outcomes.append(outcome)
                 changed |= ch
+            away = [o for ok, o in outcomes if not ok and db.unavailable(o)]
+            if len(away) == len(outcomes):
+                raise away[-1] from failure  # the database is away: every op hears it, as one
             return outcomes, changed, []
 
     def _transaction_again_if_aborted(

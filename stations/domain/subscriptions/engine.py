@@ -89,7 +89,8 @@ class SubscriptionEngine:
         self._send = send
         self._sem = asyncio.Semaphore(concurrency)  # webhook POSTs in flight at most
         self.index = Index()
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        # (when, handle): uvloop gives a plain Handle, without ``when()``, for a moment due.
+        self._timers: dict[str, tuple[float, asyncio.Handle]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._touched: dict[str, set[str]] = {}
         self._index_dirty: set[str] = set()
@@ -122,7 +123,7 @@ class SubscriptionEngine:
             self._service.notifier.listeners.remove(self._on_fire)
         with contextlib.suppress(ValueError):
             self._service.notifier.resync.remove(self._on_resync)
-        for handle in self._timers.values():
+        for _, handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
         tasks = list(self._tasks) + ([self._drainer] if self._drainer else [])
@@ -258,17 +259,17 @@ class SubscriptionEngine:
             return
         loop = asyncio.get_running_loop()
         when = loop.time() + max(0, at_ms - now_ms()) / 1000
-        handle = self._timers.get(sub_id)
-        if handle is not None:
-            if handle.when() <= when:
+        armed = self._timers.get(sub_id)
+        if armed is not None:
+            if armed[0] <= when:
                 return  # an earlier timer will look and re-arm for the later moment
-            handle.cancel()
-        self._timers[sub_id] = loop.call_at(when, self._fire_timer, sub_id)
+            armed[1].cancel()
+        self._timers[sub_id] = (when, loop.call_at(when, self._fire_timer, sub_id))
 
     def _disarm(self, sub_id: str) -> None:
-        handle = self._timers.pop(sub_id, None)
-        if handle is not None:
-            handle.cancel()
+        armed = self._timers.pop(sub_id, None)
+        if armed is not None:
+            armed[1].cancel()
 
     def _fire_timer(self, sub_id: str) -> None:
         self._timers.pop(sub_id, None)

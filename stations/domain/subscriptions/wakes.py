@@ -187,8 +187,9 @@ def sweep(batch: Batch, ctx: Context, sub_ids: list[str]) -> Outcome:
                     and glob_match(row["pattern"], path)
                 ):
                     link_stream(batch, sub_id, path, explicit=False, acked=0, existing=existing)
-        out.deadlines += _maybe_wake(batch, ctx, row, list(existing.values())).deadlines
-        if row["wake_id"] is not None:
+        started = _maybe_wake(batch, ctx, row, list(existing.values())).deadlines
+        out.deadlines += started
+        if not started and row["wake_id"] is not None:
             due = [t for t in (row["next_attempt_at"], row["lease_expires_at"]) if t is not None]
             if due:
                 out.deadlines.append((sub_id, min(due)))

@@ -1,0 +1,57 @@
+"""Failures that repeat, logged like an operator wants them: in full once, then a line a minute
+while they go on, and a line when the work succeeds again.
+
+The scheduler's jobs run every second and the writer every batch: while the database is away,
+a traceback each time wrote some 140 MB of log an hour and buried the first one, the one that
+says what happened. Used by the domain's scheduler and the store's writer alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+EVERY_S = 60.0
+
+
+class Repeats:
+    def __init__(self, logger: logging.Logger, what: str, every_s: float = EVERY_S) -> None:
+        self._logger = logger
+        self._what = what
+        self._every_s = every_s
+        self._since: float | None = None  # when the current run of failures began
+        self._told = 0.0  # when it was last logged
+        self._count = 0  # failures since then
+
+    def failed(self, exc: BaseException, *, traceback: bool = True) -> None:
+        """Log ``exc`` (with its traceback if ``traceback``) if it starts a run of failures,
+        else count it and say how many now and then."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since, self._told, self._count = now, now, 0
+            self._logger.error(
+                "%s failed: %s", self._what, _first_line(exc), exc_info=exc if traceback else None
+            )
+            return
+        self._count += 1
+        if now - self._told >= self._every_s:
+            self._logger.warning(
+                "%s still failing (%d more times in %.0f s): %s",
+                self._what,
+                self._count,
+                now - self._told,
+                _first_line(exc),
+            )
+            self._told, self._count = now, 0
+
+    def succeeded(self) -> None:
+        if self._since is not None:
+            self._logger.warning(
+                "%s works again, after %.0f s", self._what, time.monotonic() - self._since
+            )
+            self._since = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
