@@ -8,6 +8,7 @@ import asyncio
 import errno
 import ipaddress
 import logging
+import logging.handlers
 import math
 import os
 import signal
@@ -312,8 +313,11 @@ def _access_log(target: str | None) -> dict[str, Any]:
     logger.propagate = False
     logger.setLevel(logging.INFO)
     try:
+        # A file moved away by logrotate is noticed and opened anew at the next line.
         handler: logging.Handler = (
-            logging.StreamHandler(sys.stderr) if target == "-" else logging.FileHandler(target)
+            logging.StreamHandler(sys.stderr)
+            if target == "-"
+            else logging.handlers.WatchedFileHandler(target)
         )
     except OSError as exc:
         _fail(f"--access-log: cannot open {target}: {exc.strerror}")
@@ -417,6 +421,7 @@ async def _serve(args: argparse.Namespace) -> None:
             loopback_host_only=tokens is None and _is_loopback(args.host),
         ),
     )
+    app["access_log"] = args.access_logging.get("access_log")  # for lines aiohttp leaves out
     drain: Drain = app["drain"]
     # A client that leaves cancels its handler: a parked fetch then leases nothing nobody will
     # get, and a waiting reader gives its slot back at once (aiohttp waits for the handler
@@ -500,6 +505,9 @@ def _on_signals() -> asyncio.Future[str]:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, received, sig)
+    # SIGHUP, which logrotate's scripts send to have logs opened anew, ended the process: the
+    # access log follows its file by itself, so there is nothing to do.
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)
     return stop
 
 

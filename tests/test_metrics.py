@@ -4,6 +4,7 @@ random names arrive; the optional access log; and ``--log-level info`` stays qui
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -137,6 +138,14 @@ def test_figures_after_known_traffic(srv: Server, http: httpx.Client, tmp_path: 
     assert server_log == before, server_log[len(before) :]
     own = [line for line in server_log.splitlines() if "alembic" not in line]
     assert len(own) < 5, server_log
+
+    # A request whose client left has its access line too (it had none: aiohttp writes a
+    # line per answer it sends).
+    with contextlib.suppress(httpx.TimeoutException):
+        http.get("/v1/stream/met-a?offset=now&live=long-poll", timeout=0.5)
+    time.sleep(0.5)  # the server sees the connection go
+    log = (tmp_path / "access.log").read_text()
+    assert '"GET /v1/stream/met-a?offset=now&live=long-poll HTTP/1.1" 499' in log, log[-2000:]
 
 
 def _random_traffic(http: httpx.Client, count: int) -> list[str]:

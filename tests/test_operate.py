@@ -271,6 +271,37 @@ def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
     assert line == f"stations: error: cannot reach {nobody} (Connection refused)"
 
 
+@pytest.mark.parametrize("status", [404, 502])
+def test_the_cli_says_when_the_url_is_no_stations_server(tmp_path: Path, status: int) -> None:
+    """A web server's 404 page was "not found" (exit 3) with the whole page as its message,
+    and a proxy's 502 page was printed whole too."""
+    import http.server
+
+    page = b"<html><head><title>Error</title></head><body>" + b"x" * 2000 + b"</body></html>"
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        proc = run_cli(["station", "show", "orders", "--url", url], tmp_path)
+        assert proc.returncode == 6, (proc.returncode, proc.stderr)
+        line = assert_one_line_error(proc, f"HTTP {status} with an HTML page")
+        assert "<html" not in line and len(line) < 300
+    finally:
+        web.shutdown()
+
+
 def test_the_wheel_is_typed_and_builds_without_deprecated_metadata(tmp_path: Path) -> None:
     """The SDK is typed, but without ``py.typed`` mypy ignored its types in users' code; a
     license given as a TOML table is deprecated by setuptools, to fail in 2027."""
@@ -428,3 +459,25 @@ def test_a_data_directory_serve_makes_is_private(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert oct(data.stat().st_mode & 0o777) == oct(0o700)
+
+
+def test_the_access_log_can_be_rotated(tmp_path: Path) -> None:
+    """logrotate moves the file and sends SIGHUP: the lines went on into the moved file, and
+    SIGHUP ended the server at once, without a drain."""
+    access = tmp_path / "access.log"
+    server = Server(_sqlite(tmp_path), tmp_path, ["--access-log", str(access)]).start()
+    assert server.proc is not None
+    try:
+        assert httpx.get(f"{server.url}/livez", timeout=10).status_code == 200
+        access.rename(tmp_path / "access.log.1")
+        server.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        assert server.proc.poll() is None, server.log()
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+        deadline = time.monotonic() + 10
+        while not (access.exists() and "/healthz" in access.read_text()):
+            assert time.monotonic() < deadline, "no line in the new file"
+            time.sleep(0.1)
+        assert "/healthz" not in (tmp_path / "access.log.1").read_text()
+    finally:
+        server.kill()

@@ -99,3 +99,30 @@ def test_database_outage_is_a_json_503_and_health_reports_it(
     assert log.count("Traceback") == 0, log[-3000:]
     assert log.count("failed: ") <= 10, log[-3000:]
     assert "works again" in log
+
+
+def test_the_first_write_after_postgresql_ended_the_connections_succeeds(
+    pg_url: str, make_server: Callable[..., Server]
+) -> None:
+    """A PostgreSQL restart (or failover, or an idle timeout) ends the server's connections:
+    the pool checks its connections before use, but the writer keeps one of its own, and the
+    first write after answered 503 for a database that was there. A transaction whose
+    connection was lost before its COMMIT was sent runs again on a new one."""
+    import psycopg
+
+    srv = make_server(pg_url)
+    name = pg_url.rsplit("/", 1)[1]
+    with httpx.Client(base_url=srv.url, timeout=15) as http:
+        assert http.put("/v1/stream/t1", headers=JSON).status_code == 201
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            ).fetchone()
+        assert ended is not None and ended[0] >= 1
+        answers = [http.post("/v1/stream/t1", headers=JSON, content=b"[%d]" % k) for k in (1, 2)]
+        assert [r.status_code for r in answers] == [204, 204], [r.text for r in answers]
+        assert http.get("/v1/stream/t1", params={"offset": "-1"}).json() == [1, 2]
+    log = (srv.workdir / f"server-{srv.port}.log").read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]

@@ -59,11 +59,33 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise
     except asyncio.CancelledError:
         status = CLIENT_CLOSED
+        _access_line_of_a_client_gone(request, started)
         raise
     finally:
         drain.leave(task)
         if status is not None:
             metrics.observe(request, status, time.perf_counter() - started)
+
+
+def _access_line_of_a_client_gone(request: web.Request, started: float) -> None:
+    """aiohttp writes an access line for each answer it sends; a request whose client left
+    (its handler cancelled) has none, so it would be missing from the log: its line is
+    written here, in the same format, with nginx's 499."""
+    logger = request.app.get("access_log")
+    if logger is None:
+        return
+    version = request.version
+    logger.info(
+        '%s "%s %s HTTP/%d.%d" %d - %.6f "%s"',
+        request.remote,
+        request.method,
+        request.path_qs,
+        version.major,
+        version.minor,
+        CLIENT_CLOSED,
+        time.perf_counter() - started,
+        request.headers.get("User-Agent", "-"),
+    )
 
 
 _FILE_STARTED = "stations.file_started"

@@ -206,6 +206,11 @@ def _describe(body: bytes) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
+def _html(headers: Mapping[str, str], body: bytes) -> bool:
+    content_type = headers.get("Content-Type", "").lower()
+    return content_type.startswith("text/html") or body.lstrip()[:1] == b"<"
+
+
 def error_for(
     status: int,
     headers: Mapping[str, str],
@@ -220,6 +225,16 @@ def error_for(
     if not message:  # e.g. a HEAD answer: say what was asked instead
         message = f"{what}: HTTP {status}" if what else f"HTTP {status}"
     common: dict[str, Any] = {"status": status, "code": code, "field": field, "headers": headers}
+    if _html(headers, body):
+        # A proxy's error page, or another web server at this URL: its 404 says nothing of a
+        # station, and the page itself is no message (it was printed whole).
+        message = (
+            f"{what + ': ' if what else ''}HTTP {status} with an HTML page, not an answer of "
+            "Stations (a proxy's error, or another server at this URL?)"
+        )
+        if status >= 500:
+            return ServerError(message, retry_after=retry_after(headers), **common)
+        return StationsError(message, headers=headers)  # no Stations status: not "not found"
     if status == 403 and _digits(headers.get("Producer-Epoch", "")):
         return ProducerFenced(message, current_epoch=int(headers["Producer-Epoch"]), **common)
     if status == 409 and headers.get("Stream-Closed", "").lower() == "true":

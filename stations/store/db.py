@@ -537,6 +537,23 @@ def insert_many_sql(conn: Connection, table: Table) -> str | None:
 _DISK_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT}
 
 
+def connection_lost(conn: Connection, exc: BaseException) -> bool:
+    """Whether ``exc`` left ``conn`` unusable: SQLAlchemy invalidated it, or (a driver-level
+    statement of the hot path, which SQLAlchemy does not watch) the driver says it is."""
+    if conn.invalidated:
+        return True
+    if not unavailable(exc):
+        return False
+    try:
+        dbapi = conn.connection.dbapi_connection
+    except Exception:
+        return True
+    lost = bool(getattr(dbapi, "broken", False) or getattr(dbapi, "closed", False))
+    if lost:
+        conn.invalidate()
+    return lost
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means the database (or the disk under it) failed, so that the request
     was not decided and may be retried, rather than a bug or bad input. Statements run through

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
 
 from stations.domain.errors import StationsError, Unavailable
 from stations.domain.streams import StreamState
@@ -54,6 +53,10 @@ NOTIFY = "SELECT pg_notify(%s, %s)"
 # way round. Nothing of an aborted transaction happened (its RAM effects are undone too).
 TRANSIENT_SQLSTATES = frozenset({"40P01", "40001"})
 TRANSIENT_TRIES = 5
+
+
+class LostBeforeCommit(Exception):
+    """The connection was lost before the transaction's COMMIT was sent (its cause)."""
 
 
 def transient(exc: BaseException) -> bool:
@@ -505,10 +508,14 @@ class Writer:
                 return self._transaction_again_if_aborted(ops, strict)
             # Several ops in one transaction lock rows in the order they come, whatever order
             # each keeps on its own: one aborted as deadlocked goes op by op at once.
-            return self._transaction(ops, strict)
-        except Exception as failure:
+            try:
+                return self._transaction(ops, strict)
+            except LostBeforeCommit:
+                return self._transaction(ops, strict)  # once more, on a new connection
+        except Exception as caught:
+            failure = caught.__cause__ or caught if isinstance(caught, LostBeforeCommit) else caught
             if len(ops) == 1:
-                raise
+                raise failure from None
             # One op tripped the database (a lost race with another process, say): run each op
             # alone so the others are not failed with it. (A lost connection says nothing of
             # the ops: the next try reconnects, and an outage is logged by the caller.)
@@ -539,6 +546,11 @@ class Writer:
         for attempt in range(1, TRANSIENT_TRIES + 1):
             try:
                 return self._transaction(ops, strict)
+            except LostBeforeCommit as lost:
+                if attempt > 1:  # a connection made just now, lost again: the database is away
+                    raise lost.__cause__ or lost from None
+                log.info("the database ended the connection; running the transaction again")
+                continue
             except Exception as exc:
                 if not transient(exc) or attempt == TRANSIENT_TRIES:
                     raise
@@ -553,6 +565,7 @@ class Writer:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
         batch = Batch(conn, now_ms(), durable=strict)
+        committing = False
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
                 for op in ops:
@@ -567,9 +580,15 @@ class Writer:
                     hook(batch)
                 if self._pg and batch.changed:  # one pipelined round trip for all
                     sql.execute(conn, NOTIFY, [(CHANNEL, name) for name in batch.changed])
+                committing = True
         except BaseException as exc:
             batch.undo_since(0)
-            if isinstance(exc, DBAPIError) and conn.invalidated:
+            if db.connection_lost(conn, exc):
                 self._conn = None
+                if not committing:
+                    # PostgreSQL ended the connection (a restart, a failover, an idle
+                    # timeout) before the COMMIT was sent: nothing of this happened, and a
+                    # new connection may run it again (the first write after answered 503).
+                    raise LostBeforeCommit() from exc
             raise
         return outcomes, batch.changed, batch.after_commit
