@@ -456,7 +456,9 @@ async def _serve(args: argparse.Namespace) -> None:
     except Exception as exc:
         # Anything else may pass (exit 1, a supervisor restarts): exit 2 says the command line
         # will never work, and a crash's recovery failing once kept a service down for good.
-        _fail(f"cannot start: {type(exc).__name__}: {exc}", EXIT_CANNOT_START)
+        orig = getattr(exc, "orig", None) or exc  # the driver's words, without SQLAlchemy's
+        first = (str(orig).strip().splitlines() or [""])[0]  # link to its docs on a line of its own
+        _fail(f"cannot start: {type(orig).__name__}: {first}", EXIT_CANNOT_START)
     site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL

@@ -221,6 +221,15 @@ def test_a_db_url_whose_port_is_no_number_is_a_bad_command_line(tmp_path: Path, 
     assert proc.returncode == 2
 
 
+def test_a_file_that_is_no_database_is_one_line(tmp_path: Path) -> None:
+    """SQLAlchemy's "(Background on this error at: ...)" made it two, against the rule."""
+    path = tmp_path / "not-a-db"
+    path.write_bytes(b"garbage " * 200)
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{path}"], tmp_path)
+    assert_one_line_error(proc, "file is not a database")
+    assert proc.returncode == 1
+
+
 def test_a_data_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     """It said "cannot lock the database file: Not a directory" without saying which: the
     default is relative to wherever the service was started."""
