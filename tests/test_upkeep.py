@@ -186,3 +186,23 @@ def test_rules_by_time_look_again_when_something_is_stored(server: Any) -> None:
         body = {"messages": [{"data": "late"}]}
         assert c.post("/api/stations/both/messages", json=body).status_code == 200
         eventually(lambda: stats("both")["messages"] == 0, "maxAgeMs after a dead letter")
+
+
+def test_a_patch_and_an_append_in_one_transaction_keep_the_look_the_patch_asks(
+    store: Engine,
+) -> None:
+    """A PATCH giving a station with month-old messages ``maxAgeMs`` asks for a look now; an
+    append to it later in the same writer transaction planned its own look from the cached row
+    (no look yet) and put it off by maxAgeMs, the old messages kept that long."""
+    day = 86_400_000
+    write(store, T0, station("old"), produce("old", 5))
+    patch = {"retention": {"maxAgeMs": day}}
+    later = T0 + 30 * day
+    write(
+        store,
+        later,
+        lambda batch: patch_station(batch, IdWindow(), "old", patch),
+        produce("old", 1),
+    )
+    assert due(store, later) == ["old"]
+    assert write(store, later, retention.enforce) == [5]

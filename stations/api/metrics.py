@@ -36,6 +36,7 @@ from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
 
 DEFAULT_MAX_STATIONS = 500
+DATABASE_S = 3.0  # the longest a scrape waits for the figures read from the database
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
@@ -188,11 +189,14 @@ class Metrics:
         lost exactly the series an outage alert is made of."""
         async with self._lock:  # one snapshot per render, scrapes one after another
             try:
-                for refresh in refreshes:  # other gauges read from the database
-                    await refresh()
-                self.stations.snapshot = await self.service.figures(self.max_stations)
+                # Within a scraper's patience (Prometheus gives up after 10 s by default): a
+                # database host gone silent holds a read until the connect timeout (10 s).
+                async with asyncio.timeout(DATABASE_S):
+                    for refresh in refreshes:  # other gauges read from the database
+                        await refresh()
+                    self.stations.snapshot = await self.service.figures(self.max_stations)
                 self.database_up.set(1)
-            except Unavailable:
+            except (Unavailable, TimeoutError):
                 self.stations.snapshot = None
                 self.database_up.set(0)
             return generate_latest(self.registry)

@@ -62,7 +62,12 @@ def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> Stream
     elif state.window_ms > before:
         window.grown(batch, state, before)
     batch.touch(state)
-    upkeep.set_rules(batch.conn, state.id, upkeep_columns(state.config, batch.now))
+    columns = upkeep_columns(state.config, batch.now)
+    upkeep.set_rules(batch.conn, state.id, columns)
+    # The cached row too: an append later in this transaction plans its look from it, and
+    # would put off the look the new rules ask for now.
+    for column, value in columns.items():
+        setattr(state, column, value)
     _announce_window(batch, state.window_ms)
     return state
 

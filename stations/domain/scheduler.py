@@ -22,7 +22,7 @@ from stations.domain.errors import Unavailable
 from stations.domain.idwindow import IdWindow
 from stations.domain.isolate import each_station
 from stations.repeats import Repeats
-from stations.store import upkeep
+from stations.store import db, upkeep
 from stations.store.clock import SYNC_S, local_s, now_ms
 from stations.store.writer import Batch
 
@@ -44,6 +44,12 @@ class Host(Protocol):
     async def refresh_statistics(self) -> None: ...
 
     async def sync_clock(self) -> None: ...
+
+
+def _outage(exc: BaseException) -> bool:
+    """The database is away: its message says it all (jobs that reach the engine directly,
+    statistics and the clock, see the driver's error, not ``Unavailable``)."""
+    return isinstance(exc, Unavailable) or db.unavailable(exc)
 
 
 class LeaseTimer:
@@ -88,7 +94,7 @@ class LeaseTimer:
             self.arm(await self.service.write(groups.expire_all, since))
             self._failures.succeeded()
         except Exception as exc:
-            self._failures.failed(exc, traceback=not isinstance(exc, Unavailable))
+            self._failures.failed(exc, traceback=not _outage(exc))
             # Nothing was settled: the next tick looks back this far again, so the fetchers
             # whose messages fell due meanwhile are still woken.
             self._last = min(self._last, since)
@@ -115,7 +121,7 @@ class Scheduler:
         try:
             yield
         except Exception as exc:
-            repeats.failed(exc, traceback=not isinstance(exc, Unavailable))
+            repeats.failed(exc, traceback=not _outage(exc))
         else:
             repeats.succeeded()
 

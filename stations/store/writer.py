@@ -514,13 +514,13 @@ class Writer:
                 return self._transaction(ops, strict)  # once more, on a new connection
         except Exception as caught:
             failure = caught.__cause__ or caught if isinstance(caught, LostBeforeCommit) else caught
-            if len(ops) == 1:
+            if len(ops) == 1 or db.unavailable(failure):
+                # The database or its disk is away (or a connection could not be made): each
+                # op alone would wait for the same, a connect timeout each, for nothing.
                 raise failure from None
             # One op tripped the database (a lost race with another process, say): run each op
-            # alone so the others are not failed with it. (A lost connection says nothing of
-            # the ops: the next try reconnects, and an outage is logged by the caller.)
-            if not db.unavailable(failure):
-                log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
+            # alone so the others are not failed with it.
+            log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
             outcomes: list[tuple[bool, Any]] = []
             changed: set[str] = set()
             for op in ops:
@@ -535,9 +535,6 @@ class Writer:
                 run_hooks(hooks)
                 outcomes.append(outcome)
                 changed |= ch
-            away = [o for ok, o in outcomes if not ok and db.unavailable(o)]
-            if len(away) == len(outcomes):
-                raise away[-1] from failure  # the database is away: every op hears it, as one
             return outcomes, changed, []
 
     def _transaction_again_if_aborted(

@@ -19,11 +19,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stations.domain.errors import Unavailable
 from stations.domain.subscriptions import wakes
 from stations.domain.subscriptions.keys import Signer
 from stations.domain.subscriptions.links import INDEX_KEY, WAKE_KEY
 from stations.domain.subscriptions.spec import glob_match
 from stations.domain.subscriptions.wakes import Context, Delivery, Outcome
+from stations.repeats import Repeats
+from stations.store import db
 from stations.store import subscriptions as store
 from stations.store.clock import now_ms
 
@@ -81,6 +84,7 @@ class Index:
 
 
 TIMER_RETRY_MS = round(RETRY_AFTER_FAILURE_S * 1000)  # after a timer's database work failed
+TIMER_RETRY_MAX_MS = 60_000
 
 
 class SubscriptionEngine:
@@ -91,6 +95,8 @@ class SubscriptionEngine:
         self.index = Index()
         # (when, handle): uvloop gives a plain Handle, without ``when()``, for a moment due.
         self._timers: dict[str, tuple[float, asyncio.Handle]] = {}
+        self._timer_failures: dict[str, int] = {}  # timers whose work failed, how often
+        self._failing = Repeats(log, "subscription timers")
         self._tasks: set[asyncio.Task[Any]] = set()
         self._touched: dict[str, set[str]] = {}
         self._index_dirty: set[str] = set()
@@ -267,6 +273,7 @@ class SubscriptionEngine:
         self._timers[sub_id] = (when, loop.call_at(when, self._fire_timer, sub_id))
 
     def _disarm(self, sub_id: str) -> None:
+        self._timer_failures.pop(sub_id, None)
         armed = self._timers.pop(sub_id, None)
         if armed is not None:
             armed[1].cancel()
@@ -288,13 +295,21 @@ class SubscriptionEngine:
                 delivery = await self.run(wakes.due, sub_id)
                 if delivery is not None:
                     await self._deliver(delivery)
+            self._timer_failures.pop(sub_id, None)
+            self._failing.succeeded()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             # Nothing else would arm it again before the next append or a restart: the
-            # database still holds what is due, and the next try reads it afresh.
-            log.exception("subscription %s: timer work failed; trying again in 1 s", sub_id)
-            self._arm(sub_id, now_ms() + TIMER_RETRY_MS)
+            # database still holds what is due, and the next try reads it afresh, 1 s later,
+            # then 2, 4 ... up to a minute while it keeps failing (an outage: every
+            # subscription with a timer fails alike, logged once).
+            failures = self._timer_failures.get(sub_id, 0)
+            self._timer_failures[sub_id] = failures + 1
+            outage = isinstance(exc, Unavailable) or db.unavailable(exc)
+            self._failing.failed(exc, traceback=not outage)
+            delay = min(TIMER_RETRY_MS << min(failures, 6), TIMER_RETRY_MAX_MS)
+            self._arm(sub_id, now_ms() + delay)
 
     async def _deliver(self, delivery: Delivery) -> None:
         headers = {
