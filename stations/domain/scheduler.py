@@ -9,6 +9,7 @@ use: a 1 s window is swept about every quarter second, a 24 h window once a minu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
@@ -44,6 +45,20 @@ class Host(Protocol):
     async def refresh_statistics(self) -> None: ...
 
     async def sync_clock(self) -> None: ...
+
+
+class _NotSkips(logging.Filter):
+    """A job still running when its next run falls due is not run twice, by design (the next
+    run does its work): APScheduler warns of each, four times a second under load."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances" not in str(record.msg)
+
+
+def _quiet_skips() -> None:
+    scheduler_log = logging.getLogger("apscheduler.scheduler")
+    if not any(isinstance(f, _NotSkips) for f in scheduler_log.filters):
+        scheduler_log.addFilter(_NotSkips())
 
 
 def _outage(exc: BaseException) -> bool:
@@ -120,12 +135,15 @@ class Scheduler:
         repeats = self._failures.setdefault(job, Repeats(logger, job))
         try:
             yield
+        except asyncio.CancelledError:
+            return  # stopping: the job ends with the scheduler (APScheduler logged a traceback)
         except Exception as exc:
             repeats.failed(exc, traceback=not _outage(exc))
         else:
             repeats.succeeded()
 
     def start(self) -> None:
+        _quiet_skips()
         self._sched.add_job(self.sweep_ids, "interval", seconds=1.0, id="ids")
         self._sched.add_job(self.expire_streams, "interval", seconds=5.0, id="expiry")
         self._sched.add_job(self.enforce_retention, "interval", seconds=1.0, id="retention")
