@@ -57,6 +57,10 @@ async function route() {
     main.append(h1, back);
   }
   if (ctx.signal.aborted) return;
+  // Focus already on something of the new page (the reader reached a link while the rest was
+  // still loading): it stays there, rather than being taken back to the heading.
+  const active = document.activeElement;
+  if (active && active !== main && main.contains(active)) return;
   // Keep focus on the control that caused the change (e.g. a tab); else start at the heading.
   const again = focusedId && document.getElementById(focusedId);
   if (again && main.contains(again)) again.focus();
