@@ -514,9 +514,10 @@ class Writer:
                 return self._transaction(ops, strict)  # once more, on a new connection
         except Exception as caught:
             failure = caught.__cause__ or caught if isinstance(caught, LostBeforeCommit) else caught
-            if len(ops) == 1 or db.unavailable(failure):
+            if len(ops) == 1 or (db.unavailable(failure) and not transient(failure)):
                 # The database or its disk is away (or a connection could not be made): each
-                # op alone would wait for the same, a connect timeout each, for nothing.
+                # op alone would wait for the same, a connect timeout each, for nothing. (A
+                # deadlock is the database's too, but one op by one op is its cure.)
                 raise failure from None
             # One op tripped the database (a lost race with another process, say): run each op
             # alone so the others are not failed with it.
