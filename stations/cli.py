@@ -334,6 +334,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
     from stations.domain.service import Service
+    from stations.repeats import first_line
     from stations.store.db import (
         ArgumentError,
         InUse,
@@ -456,9 +457,8 @@ async def _serve(args: argparse.Namespace) -> None:
     except Exception as exc:
         # Anything else may pass (exit 1, a supervisor restarts): exit 2 says the command line
         # will never work, and a crash's recovery failing once kept a service down for good.
-        orig = getattr(exc, "orig", None) or exc  # the driver's words, without SQLAlchemy's
-        first = (str(orig).strip().splitlines() or [""])[0]  # link to its docs on a line of its own
-        _fail(f"cannot start: {type(orig).__name__}: {first}", EXIT_CANNOT_START)
+        orig = getattr(exc, "orig", None) or exc
+        _fail(f"cannot start: {type(orig).__name__}: {first_line(exc)}", EXIT_CANNOT_START)
     site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL

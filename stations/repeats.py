@@ -30,7 +30,11 @@ class Repeats:
         if self._since is None:
             self._since, self._told, self._count = now, now, 0
             self._logger.error(
-                "%s failed: %s", self._what, _first_line(exc), exc_info=exc if traceback else None
+                "%s failed: %s: %s",
+                self._what,
+                type(exc).__name__,
+                first_line(exc),
+                exc_info=exc if traceback else None,
             )
             return
         self._count += 1
@@ -40,7 +44,7 @@ class Repeats:
                 self._what,
                 self._count,
                 now - self._told,
-                _first_line(exc),
+                first_line(exc),
             )
             self._told, self._count = now, 0
 
@@ -52,6 +56,9 @@ class Repeats:
             self._since = None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says, the driver's words where SQLAlchemy wraps them
+    (its own message adds a second line, a link to its docs)."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0][:200] if text else type(orig).__name__

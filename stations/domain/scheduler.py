@@ -23,7 +23,7 @@ from stations.domain.errors import Unavailable
 from stations.domain.idwindow import IdWindow
 from stations.domain.isolate import each_station
 from stations.repeats import Repeats
-from stations.store import db, upkeep
+from stations.store import upkeep
 from stations.store.clock import SYNC_S, local_s, now_ms
 from stations.store.writer import Batch
 
@@ -59,12 +59,6 @@ def _quiet_skips() -> None:
     scheduler_log = logging.getLogger("apscheduler.scheduler")
     if not any(isinstance(f, _NotSkips) for f in scheduler_log.filters):
         scheduler_log.addFilter(_NotSkips())
-
-
-def _outage(exc: BaseException) -> bool:
-    """The database is away: its message says it all (jobs that reach the engine directly,
-    statistics and the clock, see the driver's error, not ``Unavailable``)."""
-    return isinstance(exc, Unavailable) or db.unavailable(exc)
 
 
 class LeaseTimer:
@@ -109,7 +103,7 @@ class LeaseTimer:
             self.arm(await self.service.write(groups.expire_all, since))
             self._failures.succeeded()
         except Exception as exc:
-            self._failures.failed(exc, traceback=not _outage(exc))
+            self._failures.failed(exc, traceback=not isinstance(exc, Unavailable))
             # Nothing was settled: the next tick looks back this far again, so the fetchers
             # whose messages fell due meanwhile are still woken.
             self._last = min(self._last, since)
@@ -138,7 +132,7 @@ class Scheduler:
         except asyncio.CancelledError:
             return  # stopping: the job ends with the scheduler (APScheduler logged a traceback)
         except Exception as exc:
-            repeats.failed(exc, traceback=not _outage(exc))
+            repeats.failed(exc, traceback=not isinstance(exc, Unavailable))
         else:
             repeats.succeeded()
 

@@ -37,7 +37,7 @@ from stations.domain.offsets import EARLIEST, Start
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
 from stations.domain.streams import StreamState
-from stations.repeats import Repeats
+from stations.repeats import Repeats, first_line
 from stations.store.checkpoints import WalFigures
 from stations.store.clock import now_ms
 from stations.store.database import Database
@@ -47,12 +47,6 @@ from stations.store.writer import Batch
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
-
-
-def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    text = str(orig).strip().splitlines()
-    return text[0][:200] if text else type(orig).__name__
 
 
 def _then(fn: Callable[..., T], then: Callable[[T], None]) -> Callable[..., T]:
@@ -91,7 +85,7 @@ def _unavailable(exc: Exception) -> Exception:
     if isinstance(exc, StationsError) or not Database.unavailable(exc):
         return exc
     _outage.failed(exc, traceback=False)
-    return Unavailable(f"the database is unavailable, retry later: {_first_line(exc)}")
+    return Unavailable(f"the database is unavailable, retry later: {first_line(exc)}")
 
 
 # Writes this small may run on the event loop's thread when the server is idle (see
@@ -209,10 +203,10 @@ class Service:
         return self.db.wal()
 
     async def refresh_statistics(self) -> None:
-        await self.db.refresh_statistics()
+        await _committed(self.db.refresh_statistics())
 
     async def sync_clock(self) -> None:
-        await self.db.sync_clock()
+        await _committed(self.db.sync_clock())
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""
@@ -228,7 +222,7 @@ class Service:
         except Exception as exc:
             if not self.db.unavailable(exc):
                 raise
-            return _first_line(exc)
+            return first_line(exc)
         return None
 
     # -- streams ----------------------------------------------------------------------------

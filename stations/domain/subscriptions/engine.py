@@ -26,7 +26,6 @@ from stations.domain.subscriptions.links import INDEX_KEY, WAKE_KEY
 from stations.domain.subscriptions.spec import glob_match
 from stations.domain.subscriptions.wakes import Context, Delivery, Outcome
 from stations.repeats import Repeats
-from stations.store import db
 from stations.store import subscriptions as store
 from stations.store.clock import now_ms
 
@@ -306,8 +305,7 @@ class SubscriptionEngine:
             # subscription with a timer fails alike, logged once).
             failures = self._timer_failures.get(sub_id, 0)
             self._timer_failures[sub_id] = failures + 1
-            outage = isinstance(exc, Unavailable) or db.unavailable(exc)
-            self._failing.failed(exc, traceback=not outage)
+            self._failing.failed(exc, traceback=not isinstance(exc, Unavailable))
             delay = min(TIMER_RETRY_MS << min(failures, 6), TIMER_RETRY_MAX_MS)
             self._arm(sub_id, now_ms() + delay)
 
