@@ -13,7 +13,7 @@ import pytest
 
 from stations.client import IdempotentProducer
 from stations.domain import framing
-from stations.domain.errors import TooLarge
+from stations.errors import TooLarge
 from tests.harness import Server
 
 JSON = {"Content-Type": "application/json"}

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from stations.domain import framing
-from stations.domain.errors import BadRequest
+from stations.errors import BadRequest
 
 
 def one_by_one(body: bytes) -> list[bytes]:

@@ -4,6 +4,9 @@ nothing is imported) and hold each layer to its rule:
 - ``stations/domain/`` decides: it imports no SQLAlchemy, Alembic, psycopg, HTTP server nor
   ``stations.api``;
 - ``stations/api/`` speaks HTTP: no SQLAlchemy, no ``stations.store``;
+- ``stations/store/`` speaks SQL below the domain: it imports neither the domain nor
+  ``stations.api`` (what both share, a stream's record and the server's errors, lies below
+  them in ``stations.records`` and ``stations.errors``, which import nothing of ours);
 - ``stations/client/`` (the SDK) speaks HTTP only: nothing server-side;
 - the domain runs no SQL either through a connection it was handed: no ``execute``,
   ``exec_driver_sql``, no SQL text;
@@ -38,6 +41,8 @@ DIALECT_NAME = re.compile(r"sqlite|postgres|paramstyle|dialect", re.IGNORECASE)
 DIALECT_IN_STRING = re.compile(
     r"^[rbf]*['\"](sqlite|postgres|postgresql)(\+\w+)?['\"]$|paramstyle|FOR UPDATE"
 )
+# Below both the domain and the store: what they share.
+SHARED = ("stations.records", "stations.errors")
 RUNS_SQL = re.compile(r"^(execute|executemany|exec_driver_sql|scalar_one|scalars)$")
 SQL_TEXT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM)\b .*\b(FROM|SET|VALUES|WHERE)\b")
 
@@ -96,6 +101,12 @@ def import_violations() -> set[tuple[str, str]]:
                 for lib in (*SERVER_DRIVERS, "stations.store"):
                     if under(target, lib):
                         found.add((rel(path), f"api imports {lib}"))
+            if under(name, "stations.store"):
+                for layer in ("stations.domain", "stations.api"):
+                    if under(target, layer):
+                        found.add((rel(path), f"store imports {layer}"))
+            if name in SHARED and under(target, "stations") and target not in SHARED:
+                found.add((rel(path), f"{name} imports {target}"))
             if under(name, "stations.client") and (
                 under(target, *SERVER_DRIVERS, "apscheduler")
                 or (under(target, "stations") and not under(target, "stations.client"))

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from stations.domain import cursors, lifecycle, reads, retention
-from stations.domain.errors import Conflict, Gone
 from stations.domain.idwindow import IdWindow
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, append
 from stations.domain.offsets import EARLIEST, encode
 from stations.domain.service import Service
+from stations.errors import Conflict, Gone
 from stations.store import db
 from stations.store.streams import load
 from tests.test_upkeep import station, write

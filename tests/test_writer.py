@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stations.domain.errors import Unavailable
+from stations.errors import Unavailable
 from stations.store import db
 from stations.store.writer import Writer
 

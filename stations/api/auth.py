@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from stations.api.errors import error_response
-from stations.domain.errors import Forbidden
+from stations.errors import Forbidden
 
 ROLES = ("admin", "producer", "consumer")
 FIELDS = ("token", "role", "stations")  # of a tokens file entry

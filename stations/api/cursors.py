@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, Gauge
 from stations.api.auth import needs
 from stations.api.stations import json_body, station_name
 from stations.domain import cursors
-from stations.domain.errors import BadRequest
 from stations.domain.service import Service
+from stations.errors import BadRequest
 
 
 def _service(request: web.Request) -> Service:

@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from stations.domain import errors
+from stations import errors
 from stations.domain.budget import Overloaded
 from stations.domain.log import SequenceGap, StreamClosed
 from stations.domain.offsets import encode

@@ -10,9 +10,9 @@ from aiohttp import web
 from stations.api.auth import needs, require_station
 from stations.api.stations import _int_param, json_body, service, station_name
 from stations.domain import dls, messages, text
-from stations.domain.errors import BadRequest
 from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
+from stations.errors import BadRequest
 
 MAX_WAIT_MS = 300_000
 

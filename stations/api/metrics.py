@@ -31,9 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from stations.domain.errors import Unavailable
 from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
+from stations.errors import Unavailable
 
 DEFAULT_MAX_STATIONS = 500
 DATABASE_S = 3.0  # the longest a scrape waits for the figures read from the database

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from stations.domain import framing
 from stations.domain.reads import ReadResult
-from stations.domain.streams import StreamState
+from stations.records import StreamState
 
 MAX_READ_BYTES = 4 * 1024 * 1024  # a catch-up response carries at most about this much
 CHUNK = 64 * 1024  # one write; aiohttp drains the transport after each 64 KiB written

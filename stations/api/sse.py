@@ -14,10 +14,10 @@ from aiohttp import web
 from stations.api import reading
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.budget import Overloaded
-from stations.domain.errors import StationsError
 from stations.domain.offsets import Start, encode
 from stations.domain.service import Service
-from stations.domain.streams import is_json_type
+from stations.errors import StationsError
+from stations.records import is_json_type
 
 _LINES = re.compile(r"\r\n|\r|\n")
 MAX_LEAD = 3  # a character's bytes before its last: the most a text page may end inside of

@@ -11,8 +11,8 @@ from aiohttp import web
 
 from stations.api.auth import needs, require_station
 from stations.domain import messages
-from stations.domain.errors import BadRequest
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
+from stations.errors import BadRequest
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]

@@ -13,14 +13,14 @@ from stations.api.auth import needs, require_station
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing
-from stations.domain.errors import BadRequest, TooLarge
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import EARLIEST, NOW, BadOffset, Start, decode_start, encode
 from stations.domain.producers import parse_headers
 from stations.domain.reads import ReadResult
 from stations.domain.station import default_config, validate_name
-from stations.domain.streams import StreamState, is_json_type
+from stations.errors import BadRequest, TooLarge
+from stations.records import StreamState, is_json_type
 
 PREFIX = "/v1/stream/"
 _TTL = re.compile(r"^(0|[1-9][0-9]*)$")

@@ -17,7 +17,6 @@ from aiohttp import web
 from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
-from stations.domain.errors import Forbidden, StationsError
 from stations.domain.subscriptions import links, spec, wakes
 from stations.domain.subscriptions.engine import SubscriptionEngine
 from stations.domain.subscriptions.errors import (
@@ -27,6 +26,7 @@ from stations.domain.subscriptions.errors import (
     SubscriptionNotFound,
     TokenRefused,
 )
+from stations.errors import Forbidden, StationsError
 
 PREFIX = "/v1/stream/__ds"
 SUBS = PREFIX + "/subscriptions/{id}"

@@ -15,8 +15,8 @@ from aiohttp import web
 from stations.api.auth import ALLOWED, Token, needs
 from stations.api.stations import json_body, service
 from stations.domain import transactions
-from stations.domain.errors import Forbidden, NotFound
 from stations.domain.offsets import encode
+from stations.errors import Forbidden, NotFound
 
 
 async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:

@@ -12,13 +12,14 @@ from typing import Any
 
 from stations.domain import idwindow
 from stations.domain import station as config_rules
-from stations.domain.errors import NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult, create
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import encode
-from stations.domain.streams import StreamState, upkeep_columns
+from stations.domain.streams import upkeep_columns
+from stations.errors import NotFound
+from stations.records import StreamState
 from stations.store import streams as rows
 from stations.store import upkeep
 from stations.store.db import Tx

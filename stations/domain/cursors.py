@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode
-from stations.domain.streams import StreamState
+from stations.errors import BadRequest, NotFound
+from stations.records import StreamState
 from stations.store import cursors as store
 from stations.store.db import Tx
 from stations.store.streams import load

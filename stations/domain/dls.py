@@ -30,12 +30,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from stations.domain import retention, text
-from stations.domain.errors import BadRequest, StationsError
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append, live_stream, unpack
 from stations.domain.messages import iso, to_view
 from stations.domain.reads import SEP, Message, Piece
-from stations.domain.streams import StreamState
+from stations.errors import BadRequest, StationsError
+from stations.records import StreamState
 from stations.store import dls as store
 from stations.store import groups as group_store
 from stations.store import messages as stored

@@ -18,14 +18,11 @@ from typing import overload
 import msgspec
 import orjson
 
-from stations.domain.errors import BadRequest, TooLarge
+from stations.errors import BadRequest, TooLarge
+from stations.records import exact_ints
 
 SEP = b"\n"  # between the messages of a multi-message JSON row: compact JSON has no raw newline
 
-# Every digit becomes "0", everything else a space: a run of 20 zeros is then a run of 20 digits,
-# which bytes.translate and a substring search find far faster than a regular expression.
-_DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for b in range(256))
-_TWENTY_DIGITS = b"0" * 20
 # How a nonzero number that a double holds as 0 (below 2.5e-324) is written: with a negative
 # exponent of three digits or more, or else with hundreds of zeros after the point (twenty are
 # enough to look closer). The exponent's pattern starts with "-" for a fast scan.
@@ -60,11 +57,6 @@ _MARK = _OutOfRangeMark()
 
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
-
-
-def exact_ints(body: bytes) -> bool:
-    """Whether orjson parsed every integer of ``body`` exactly (none has 20 digits or more)."""
-    return _TWENTY_DIGITS not in body.translate(_DIGITS_ONLY)
 
 
 def number_doubts(body: bytes) -> tuple[bool, bool]:

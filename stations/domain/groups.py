@@ -24,11 +24,11 @@ from datetime import datetime
 from typing import Any, cast
 
 from stations.domain import dls, isolate, reads
-from stations.domain.errors import BadRequest, NotFound
 from stations.domain.log import live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
-from stations.domain.streams import StreamState
+from stations.errors import BadRequest, NotFound
+from stations.records import StreamState
 from stations.store import groups as store
 from stations.store.groups import Connection
 from stations.store.streams import load, segments

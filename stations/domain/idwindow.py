@@ -24,7 +24,7 @@ from stations.store import streams as stream_rows
 from stations.store.idruns import IdRuns
 
 if TYPE_CHECKING:
-    from stations.domain.streams import StreamState
+    from stations.records import StreamState
     from stations.store.writer import Batch
 
 CACHE_SIZE = 50_000  # ids per station kept in RAM in front of msg_ids (PostgreSQL)

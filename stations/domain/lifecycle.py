@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stations.domain import idwindow
-from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.station import first_difference
-from stations.domain.streams import (
-    StreamState,
-    is_json_type,
-    same_content_type,
-    upkeep_columns,
-)
+from stations.domain.streams import same_content_type, upkeep_columns
+from stations.errors import BadRequest, Conflict, Gone, NotFound
+from stations.records import StreamState, is_json_type
 from stations.store import cursors as reader_cursors
 from stations.store import streams as rows
 from stations.store.db import Tx

@@ -13,10 +13,11 @@ from typing import overload
 
 from stations.domain import framing, retention
 from stations.domain import producers as sessions
-from stations.domain.errors import BadRequest, Conflict, Forbidden, Gone, NotFound, TooLarge
 from stations.domain.idwindow import IdWindow
 from stations.domain.producers import Producer, Verdict
-from stations.domain.streams import StreamState, same_content_type
+from stations.domain.streams import same_content_type
+from stations.errors import BadRequest, Conflict, Forbidden, Gone, NotFound, TooLarge
+from stations.records import StreamState
 from stations.store import sql
 from stations.store.writer import Batch
 

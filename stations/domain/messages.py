@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from stations.domain import framing, log
-from stations.domain.errors import BadRequest
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import encode
 from stations.domain.reads import Message
-from stations.domain.streams import StreamState
+from stations.errors import BadRequest
+from stations.records import StreamState
 
 if TYPE_CHECKING:
     from stations.store.writer import Batch

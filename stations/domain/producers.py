@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from stations.domain.errors import BadRequest
+from stations.errors import BadRequest
 
 MAX_SAFE_INTEGER = 2**53 - 1
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from stations.domain.errors import BadRequest, Gone
 from stations.domain.log import live_stream, unpack
 from stations.domain.offsets import EARLIEST, Start
-from stations.domain.streams import StreamState
+from stations.errors import BadRequest, Gone
+from stations.records import StreamState
 from stations.store import messages as stored
 from stations.store.db import Tx
 from stations.store.messages import Row

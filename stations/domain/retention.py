@@ -15,7 +15,7 @@ chunks of stations, each its own writer transaction, so that appends get in betw
 from __future__ import annotations
 
 from stations.domain.isolate import per_station
-from stations.domain.streams import StreamState
+from stations.records import StreamState
 from stations.store import dls as dead_letters
 from stations.store import messages, upkeep
 from stations.store import streams as rows

@@ -19,9 +19,9 @@ from typing import Any, Protocol, TypeVar
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from stations.domain import catalog, groups, lifecycle, retention
-from stations.domain.errors import Unavailable
 from stations.domain.idwindow import IdWindow
 from stations.domain.isolate import each_station
+from stations.errors import Unavailable
 from stations.repeats import Repeats
 from stations.store import upkeep
 from stations.store.clock import SYNC_S, local_s, now_ms

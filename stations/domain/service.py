@@ -27,7 +27,6 @@ from stations.domain import (
     transactions,
 )
 from stations.domain.budget import ByteBudget
-from stations.domain.errors import Gone, StationsError, Unavailable
 from stations.domain.groups import Fetched, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
@@ -36,7 +35,8 @@ from stations.domain.notify import Notifier
 from stations.domain.offsets import EARLIEST, Start
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
-from stations.domain.streams import StreamState
+from stations.errors import Gone, StationsError, Unavailable
+from stations.records import StreamState
 from stations.repeats import Repeats, first_line
 from stations.store.checkpoints import WalFigures
 from stations.store.clock import now_ms

@@ -10,7 +10,7 @@ import copy
 import re
 from typing import Any
 
-from stations.domain.errors import BadRequest
+from stations.errors import BadRequest
 
 DEFAULT_CONTENT_TYPE = "application/json"
 MIN_WINDOW_MS = 100

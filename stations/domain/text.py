@@ -4,7 +4,7 @@ PostgreSQL's text columns refuse (the write failed as a 500 there and passed on 
 
 from __future__ import annotations
 
-from stations.domain.errors import BadRequest
+from stations.errors import BadRequest
 
 NAME = 256  # consumer and worker names
 LONG = 4096  # a dead-letter reason (copied into every entry it names), a description, a URL

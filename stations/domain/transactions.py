@@ -20,12 +20,13 @@ from datetime import datetime
 from typing import Any
 
 from stations.domain import dls, groups, messages, text
-from stations.domain.errors import BadRequest, Conflict, Gone, NotFound
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
 from stations.domain.offsets import decode, encode
 from stations.domain.station import validate_name as validate_station
-from stations.domain.streams import StreamState, same_content_type
+from stations.domain.streams import same_content_type
+from stations.errors import BadRequest, Conflict, Gone, NotFound
+from stations.records import StreamState
 from stations.store import groups as group_store
 from stations.store.writer import Batch
 

@@ -54,7 +54,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, delete, func, select
 from stations.store.schema import id_blocks, id_run_chunks, id_runs, streams
 
 if TYPE_CHECKING:
-    from stations.domain.streams import StreamState
+    from stations.records import StreamState
     from stations.store.writer import Batch
 
 log = logging.getLogger("stations.store.idruns")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from sqlalchemy import and_, delete, func, or_, select
 
-from stations.domain.streams import StreamState
+from stations.records import StreamState
 from stations.store import db, sql
 from stations.store.db import Tx
 from stations.store.schema import messages, streams

@@ -1,7 +1,7 @@
 """The ``streams`` table: one row per station (= Durable Streams stream).
 
 Loading, listing, inserting and deleting stream rows, and the fork chain a read follows. What
-follows from a row (expiry, the window) is the domain's ``StreamState``; what to do with it is
+follows from a row (expiry, the window) is ``stations.records.StreamState``; what to do with it is
 the domain's decision (``stations.domain.lifecycle``, ``catalog``).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 
-from stations.domain.streams import StreamState
+from stations.records import StreamState
 from stations.store import db, sql
 from stations.store.db import Tx
 from stations.store.schema import messages, producers, streams

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import exists, func, select, update
 
-from stations.domain.streams import StreamState
+from stations.records import StreamState
 from stations.store import db
 from stations.store.db import Tx
 from stations.store.schema import dls, id_blocks, id_runs, msg_ids, streams
@@ -49,7 +49,7 @@ def set_upkeep_at(tx: Tx, stream_id: int, at: int | None) -> None:
 
 
 def set_rules(tx: Tx, stream_id: int, columns: dict[str, Any]) -> None:
-    """The config's copies after a change of the config (``StreamState.upkeep_columns``)."""
+    """The config's copies after a change of the config (``stations.domain.streams.upkeep_columns``)."""
     db.conn_of(tx).execute(update(streams).where(streams.c.id == stream_id).values(**columns))
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from stations.domain.errors import StationsError, Unavailable
-from stations.domain.streams import StreamState
+from stations.errors import StationsError, Unavailable
+from stations.records import StreamState
 from stations.repeats import Repeats
 from stations.store import db, sql
 from stations.store.checkpoints import Checkpoints

@@ -19,12 +19,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stations.domain.errors import Unavailable
 from stations.domain.subscriptions import wakes
 from stations.domain.subscriptions.keys import Signer
 from stations.domain.subscriptions.links import INDEX_KEY, WAKE_KEY
 from stations.domain.subscriptions.spec import glob_match
 from stations.domain.subscriptions.wakes import Context, Delivery, Outcome
+from stations.errors import Unavailable
 from stations.repeats import Repeats
 from stations.store import subscriptions as store
 from stations.store.clock import now_ms

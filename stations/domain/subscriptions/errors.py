@@ -3,7 +3,7 @@ a status."""
 
 from __future__ import annotations
 
-from stations.domain.errors import BadRequest, Conflict, NotFound, StationsError
+from stations.errors import BadRequest, Conflict, NotFound, StationsError
 
 
 class SubscriptionError(StationsError):

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from stations.domain.errors import StationsError
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
 from stations.domain.offsets import BEGINNING, BadOffset, decode
-from stations.domain.streams import is_json_type
 from stations.domain.subscriptions.errors import (
     AlreadyClaimed,
     Fenced,
@@ -39,6 +37,8 @@ from stations.domain.subscriptions.links import (
     tails_of,
 )
 from stations.domain.subscriptions.spec import glob_match, normalize_path
+from stations.errors import StationsError
+from stations.records import is_json_type
 from stations.store import subscriptions as store
 from stations.store.writer import Batch
 

@@ -1,4 +1,6 @@
-"""Domain errors. The HTTP layer maps each to a status code; the domain never sees HTTP."""
+"""The server's errors, raised by the domain and the store alike. The HTTP layer maps each to a
+status code; neither the domain nor the store sees HTTP. (The SDK has its own:
+``stations.client.errors``.)"""
 
 from __future__ import annotations
 
