@@ -43,3 +43,11 @@ class Unavailable(StationsError):
     """The database or the disk failed: nothing was decided, the client may retry."""
 
     code = "unavailable"
+
+
+class OutcomeUnknown(StationsError):
+    """The database connection was lost while it committed, and the outcome could not be
+    learned again in time: the request may have been carried out. Not a 503, which says that
+    nothing was decided: retrying this blindly could store twice."""
+
+    code = "outcome_unknown"

@@ -6,13 +6,17 @@ shared PostgreSQL server itself is never stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 
+from stations.store.writer import OUTCOME_WAIT_S
 from tests.harness import PG_ADMIN_URL, Server
+from tests.pgcut import CommitCutter
 
 JSON = {"Content-Type": "application/json"}
 
@@ -127,3 +131,74 @@ def test_the_first_write_after_postgresql_ended_the_connections_succeeds(
         assert http.get("/v1/stream/t1", params={"offset": "-1"}).json() == [1, 2]
     log = (srv.workdir / f"server-{srv.port}.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_commit_whose_answer_was_lost_is_answered_by_what_happened(
+    pg_url: str, make_server: Callable[..., Server]
+) -> None:
+    """The connection is lost while PostgreSQL commits (the COMMIT reached it, its answer did
+    not reach the server): the server asks PostgreSQL on a new connection whether the
+    transaction committed and answers accordingly. It answered 503 ("nothing decided, retry"),
+    and a transaction or an append without ids, sent again, was stored twice."""
+    cutter = CommitCutter()
+    try:
+        srv = make_server(cutter.url(pg_url))
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            for name in ("cut-tx", "cut-ds"):
+                assert http.post("/api/stations", json={"name": name}).status_code == 201
+            cutter.arm("cut-tx")
+            r = http.post("/api/transactions", json={"produce": [{"station": "cut-tx", "data": 1}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["produced"][0]["offset"]
+            cutter.arm("cut-ds")
+            r = http.post("/v1/stream/cut-ds", headers=JSON, content=b"[1, 2]")
+            assert r.status_code == 204, r.text
+            assert cutter.cuts == 2
+            for name, stored in (("cut-tx", [1]), ("cut-ds", [1, 2])):
+                assert http.get(f"/v1/stream/{name}", params={"offset": "-1"}).json() == stored
+            r = http.post("/v1/stream/cut-ds", headers=JSON, content=b"[3]")  # it works on
+            assert r.status_code == 204, r.text
+            assert http.get("/v1/stream/cut-ds", params={"offset": "-1"}).json() == [1, 2, 3]
+    finally:
+        cutter.close()
+
+
+def test_a_commit_whose_outcome_cannot_be_learned_is_not_a_503(
+    pg_url: str, make_server: Callable[..., Server]
+) -> None:
+    """Lost during its COMMIT, and the database unreachable for longer than the writer asks:
+    the answer is 500 ``outcome_unknown`` (it may have been carried out), never the 503 that
+    tells clients nothing was decided; the SDK does not send such a transaction again."""
+    from stations.client import Client
+    from stations.client.errors import ServerError, may_have_acted
+
+    cutter = CommitCutter()
+    try:
+        srv = make_server(cutter.url(pg_url))
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            assert http.post("/api/stations", json={"name": "dark"}).status_code == 201
+            cutter.arm("dark", then_refuse_s=OUTCOME_WAIT_S + 3)
+            r = http.post("/api/transactions", json={"produce": [{"station": "dark", "data": 1}]})
+            assert r.status_code == 500, r.text
+            assert r.json()["error"]["code"] == "outcome_unknown"
+            assert "Retry-After" not in r.headers
+
+        async def sdk() -> None:
+            async with Client(srv.url) as client:
+                await client.station("dark").produce(0)  # the server is connected again
+                cutter.arm("dark", then_refuse_s=OUTCOME_WAIT_S + 3)
+                with pytest.raises(ServerError) as raised:
+                    async with client.transaction() as tx:
+                        tx.produce("dark", 2)
+                assert may_have_acted(raised.value)
+
+        asyncio.run(sdk())
+        assert cutter.cuts == 2
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            eventually(
+                lambda: http.get("/v1/stream/dark", params={"offset": "-1"}).status_code == 200,
+                "the server reads again",
+            )
+            assert http.get("/v1/stream/dark", params={"offset": "-1"}).json() == [1, 0, 2]
+    finally:
+        cutter.close()

@@ -432,6 +432,42 @@ async def test_sdk_transaction(shared: Server) -> None:
         assert page.messages[0].msg_id == "t-0" and page.messages[0].headers == {"h": "1"}
 
 
+async def test_a_consumers_transaction_settles_other_consumers_messages(shared: Server) -> None:
+    """The README: messages of several consumers' groups may be settled in one transaction. A
+    ``consumer.transaction()`` named its consumer, which the server requires to hold every lease,
+    so another consumer's message failed it with a 409 saying the lease "moved" (it had not)."""
+    from stations.client import Client
+
+    async with Client(shared.url) as c:
+        a = await c.create_station(f"multi-a-{time.time_ns()}")
+        b = await c.create_station(f"multi-b-{time.time_ns()}")
+        await c.station(a.name).produce_many([{"a": 1}])
+        await c.station(b.name).produce_many([{"b": 1}])
+        async with (
+            c.station(a.name).consumer("ga", consumer="worker-a", wait_ms=0) as ca,
+            c.station(b.name).consumer("gb", consumer="worker-b", wait_ms=0) as cb,
+        ):
+            (ma,), (mb,) = await ca.fetch(1), await cb.fetch(1)
+            async with ca.transaction() as tx:
+                tx.ack(ma)
+                tx.ack(mb)
+            assert tx.result is not None and tx.result.acked == 2
+            assert (await ca.fetch(1), await cb.fetch(1)) == ([], [])
+        # A request that names its consumer still settles only that consumer's leases, and
+        # the refusal says whose the lease is.
+        await c.station(a.name).produce_many([{"a": 2}])
+    async with httpx.AsyncClient(base_url=shared.url) as http:
+        r = await http.post(
+            f"/api/stations/{a.name}/groups/ga/fetch",
+            json={"max": 1, "waitMs": 0, "consumer": "worker-a"},
+        )
+        (m,) = r.json()["messages"]
+        body = {"consumer": "someone-else", "ack": [lease(a.name, "ga", m)]}
+        answer = await http.post("/api/transactions", json=body)
+        assert answer.status_code == 409, answer.text
+        assert "held by consumer worker-a, not by someone-else" in answer.text
+
+
 def test_sync_transaction(shared: Server) -> None:
     from stations.client.sync import SyncClient
 

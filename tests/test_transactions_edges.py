@@ -61,7 +61,7 @@ async def test_leases_of_another_station_group_or_consumer(api: Api) -> None:
         r = await post(api, {"ack": [{**lease(a, "g", got[0]), **wrong}], "produce": produce})
         assert r.status_code == 409 and field_of(r) == "ack.0.offset", r.text
     r = await post(api, {"consumer": "c2", "ack": [lease(a, "g", got[0])], "produce": produce})
-    assert r.status_code == 409 and "another consumer" in r.text
+    assert r.status_code == 409 and "held by consumer c1, not by c2" in r.text
     # Named twice, by two verbs: refused before anything is looked up.
     r = await post(api, {"ack": [lease(a, "g", got[0])], "nack": [lease(a, "g", got[0])]})
     assert r.status_code == 400 and field_of(r) == "nack.0.offset", r.text

@@ -22,6 +22,7 @@ STATUS = {
     errors.Gone: 410,
     errors.TooLarge: 413,
     errors.Unavailable: 503,
+    errors.OutcomeUnknown: 500,  # done or not: unlike a 503, a client may not simply retry
 }
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait before retrying
 

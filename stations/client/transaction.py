@@ -9,8 +9,9 @@
 Nothing is sent until the block ends; then everything goes in one request
 (``POST /api/transactions``) and commits in one database transaction, or none of it does. An
 exception inside the block sends nothing (the leases stay; the messages come again once they
-expire, or nack them). ``commit()`` raises ``Conflict`` when a lease expired or moved to another
-consumer: nothing was produced, the message will come (or already came) again.
+expire, or nack them). ``commit()`` raises ``Conflict`` when a lease expired or was delivered
+again: nothing was produced, the message will come (or already came) again. Messages of other
+consumers (other groups, other stations) may be settled in the same transaction.
 
 Retries: a commit whose outcome is unknown is not retried. A 429, a 503 or a refused connection
 says nothing was committed; those are retried (with backoff, honouring ``Retry-After``). When it
@@ -50,6 +51,9 @@ class _Consumer(Protocol):
 
     @property
     def group(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
 
 
 class _Message(Protocol):
@@ -127,16 +131,24 @@ class Transaction:
         self._body["produce"].append(item)
 
     def ack(self, msg: _Message) -> None:
-        self._body["ack"].append(_lease(msg))
+        self._body["ack"].append(self._lease(msg))
 
     def nack(self, msg: _Message, delay_ms: int = 0) -> None:
-        self._body["nack"].append({**_lease(msg), "delayMs": delay_ms})
+        self._body["nack"].append({**self._lease(msg), "delayMs": delay_ms})
 
     def dead_letter(self, msg: _Message, reason: str | None = None) -> None:
-        item = _lease(msg)
+        item = self._lease(msg)
         if reason is not None:
             item["reason"] = reason
         self._body["deadLetter"].append(item)
+
+    def _lease(self, msg: _Message) -> dict[str, Any]:
+        # The request names one consumer, which must hold every lease it settles: with a
+        # message of another consumer's it names none (each lease is told by its offset,
+        # delivery count and deadline all the same).
+        if msg._consumer.name != self.consumer:
+            self.consumer = None
+        return _lease(msg)
 
     def __len__(self) -> int:
         return sum(map(len, self._body.values()))

@@ -275,7 +275,7 @@ def _check_leases(
             if s.deadline is not None and s.deadline != due:
                 raise _stale(s, "is another delivery of this message (a seek or replay)")
             if req.consumer is not None and consumer != req.consumer:
-                raise _stale(s, "moved to another consumer")
+                raise _stale(s, f"is held by consumer {consumer}, not by {req.consumer}")
     return ids
 
 

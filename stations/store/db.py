@@ -554,6 +554,29 @@ def connection_lost(conn: Connection, exc: BaseException) -> bool:
     return lost
 
 
+def transaction_id(conn: Connection) -> int | None:
+    """PostgreSQL: the id of the transaction open on ``conn`` (assigned now if it had none), to
+    learn its outcome should the connection be lost while it commits (``outcome``). None on
+    SQLite, whose commit is local: it happened or it raised."""
+    if not _postgresql(conn):
+        return None
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute("SELECT txid_current()")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return int(row[0]) if row else None
+
+
+def outcome(conn: Connection, xid: int) -> str | None:
+    """What became of PostgreSQL transaction ``xid``: ``committed``, ``aborted``, ``in
+    progress``, or None when the server no longer knows (far older than any commit in doubt)."""
+    with conn.begin():
+        status = conn.exec_driver_sql("SELECT txid_status(%s)", (xid,)).scalar()
+    return None if status is None else str(status)
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means the database (or the disk under it) failed, so that the request
     was not decided and may be retried, rather than a bug or bad input. Statements run through

@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from stations.errors import StationsError, Unavailable
+from stations.errors import OutcomeUnknown, StationsError, Unavailable
 from stations.records import StreamState
-from stations.repeats import Repeats
+from stations.repeats import Repeats, first_line
 from stations.store import db, sql
 from stations.store.checkpoints import Checkpoints
 from stations.store.clock import now_ms
@@ -53,6 +53,8 @@ NOTIFY = "SELECT pg_notify(%s, %s)"
 # way round. Nothing of an aborted transaction happened (its RAM effects are undone too).
 TRANSIENT_SQLSTATES = frozenset({"40P01", "40001"})
 TRANSIENT_TRIES = 5
+# How long the writer tries to learn whether a commit whose connection was lost happened.
+OUTCOME_WAIT_S = 10.0
 
 
 class LostBeforeCommit(Exception):
@@ -412,7 +414,8 @@ class Writer:
                     )
                     self._failures.succeeded()
             except Exception as exc:  # the database itself failed: every request hears it
-                self._failures.failed(exc, traceback=not db.unavailable(exc))
+                known = db.unavailable(exc) or isinstance(exc, OutcomeUnknown)
+                self._failures.failed(exc, traceback=not known)
                 outcome = exc
             seconds = time.perf_counter() - started
             # Hooks put in memory what the next transaction must see (the ids just stored):
@@ -514,6 +517,8 @@ class Writer:
                 return self._transaction(ops, strict)  # once more, on a new connection
         except Exception as caught:
             failure = caught.__cause__ or caught if isinstance(caught, LostBeforeCommit) else caught
+            if isinstance(failure, OutcomeUnknown):
+                raise  # each op may be done: none may run again
             if len(ops) == 1 or (db.unavailable(failure) and not transient(failure)):
                 # The database or its disk is away (or a connection could not be made): each
                 # op alone would wait for the same, a connect timeout each, for nothing. (A
@@ -564,6 +569,7 @@ class Writer:
         outcomes: list[tuple[bool, Any]] = []
         batch = Batch(conn, now_ms(), durable=strict)
         committing = False
+        xid: int | None = None
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
                 for op in ops:
@@ -578,15 +584,57 @@ class Writer:
                     hook(batch)
                 if self._pg and batch.changed:  # one pipelined round trip for all
                     sql.execute(conn, NOTIFY, [(CHANNEL, name) for name in batch.changed])
+                xid = db.transaction_id(conn)
                 committing = True
         except BaseException as exc:
-            batch.undo_since(0)
-            if db.connection_lost(conn, exc):
+            lost = db.connection_lost(conn, exc)
+            if lost:
                 self._conn = None
-                if not committing:
-                    # PostgreSQL ended the connection (a restart, a failover, an idle
-                    # timeout) before the COMMIT was sent: nothing of this happened, and a
-                    # new connection may run it again (the first write after answered 503).
-                    raise LostBeforeCommit() from exc
+            if lost and committing and xid is not None and self._committed_after_all(xid, exc):
+                return outcomes, batch.changed, batch.after_commit
+            batch.undo_since(0)
+            if lost:
+                # PostgreSQL ended the connection (a restart, a failover, an idle timeout)
+                # before the COMMIT was sent, or while it was and the transaction did not
+                # commit: nothing of this happened, and a new connection may run it again
+                # (the first write after answered 503).
+                raise LostBeforeCommit() from exc
             raise
         return outcomes, batch.changed, batch.after_commit
+
+    def _committed_after_all(self, xid: int, lost: BaseException) -> bool:
+        """The connection was lost while transaction ``xid`` committed: ask PostgreSQL on a
+        new connection whether it did. True: it did (answer its requests as done); False: it
+        did not (it may run again). When that cannot be learned within ``OUTCOME_WAIT_S``,
+        raises ``OutcomeUnknown``: answering 503 ("nothing decided, retry") could have a
+        client store twice what was stored once."""
+        deadline = time.monotonic() + OUTCOME_WAIT_S
+        pause = 0.01
+        why = first_line(lost)
+        # A bounded poll: nothing tells when the old backend finishes its commit or when the
+        # database is reachable again.
+        while True:
+            try:
+                status = db.outcome(self._connection(), xid)
+                if status == "committed":
+                    log.warning("the connection was lost during a COMMIT that succeeded (%s)", why)
+                    return True
+                if status == "aborted":
+                    return False
+                if status is not None:  # in progress: the old backend is still at it
+                    why = f"transaction {xid} still in progress"
+            except Exception as exc:
+                if not db.unavailable(exc):
+                    raise
+                self._conn = None
+                why = first_line(exc)
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        log.error("the outcome of transaction %d is unknown: %s", xid, why)
+        raise OutcomeUnknown(
+            "the database connection was lost while committing and whether the commit "
+            f"happened could not be learned ({why}): the request may have been carried out; "
+            "send it again only if it is idempotent (message ids, producer headers)"
+        ) from lost
