@@ -13,7 +13,7 @@ from stations.api.drain import Drain
 from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
 from stations.api.headers import CorsPolicy, on_prepare
-from stations.api.limits import Limits, ReaderSlots
+from stations.api.limits import Limits, ReaderSlots, SlowClients
 from stations.api.metrics import DEFAULT_MAX_STATIONS, Metrics, metrics_handler
 from stations.domain.service import Service
 
@@ -118,6 +118,8 @@ def make_app(
     app["limits"] = limits
     app["cors"] = cors or CorsPolicy(any_origin=bool(tokens))
     app["readers"] = ReaderSlots(limits.max_waiting_readers)
+    app["slow_clients"] = SlowClients()
+    service.budget.on_starved = app["slow_clients"].close_paused
     app["drain"] = Drain(app["readers"])
     app["metrics"].registry.register(_ReadCollector(service, app["readers"]))
     app["metrics_refresh"] = [cursors.CursorLag(service, app["metrics"].registry).refresh]

@@ -125,15 +125,45 @@ class _Refuser(asyncio.Protocol):
         self._transport = None
 
 
+class SlowClients:
+    """Connections whose client stopped reading (its socket full, the writes paused), and
+    since when. While reads wait for read memory, those paused for a while are closed, as a
+    broker drops a slow consumer: their pages hold the budget, and a handful of clients that
+    never read would otherwise have every other read wait and be refused for as long as
+    ``send_timeout_s`` (and again each time they reconnect)."""
+
+    def __init__(self) -> None:
+        self.paused: dict[GuardedHandler, float] = {}
+        self.closed = 0  # connections closed so (for the log and the tests' figures)
+
+    def close_paused(self, for_s: float) -> int:
+        """Close every connection paused for ``for_s`` seconds or more; returns how many."""
+        now = asyncio.get_running_loop().time()
+        slow = [h for h, since in self.paused.items() if now - since >= for_s]
+        for handler in slow:
+            self.paused.pop(handler, None)
+            if handler.transport is not None:
+                handler.transport.abort()
+        if slow:
+            self.closed += len(slow)
+            logger.info(
+                "closed %d connection(s) whose client stopped reading while other reads waited "
+                "for read memory",
+                len(slow),
+            )
+        return len(slow)
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's request handler with head, body and send timeouts."""
 
-    def __init__(self, limits: Limits, **kwargs: Any) -> None:
+    def __init__(self, limits: Limits, slow: SlowClients | None = None, **kwargs: Any) -> None:
         # Bodies are never decoded (encoding_middleware refuses coded ones): no decompression
         # work for a body nobody will store, and no parser error on one aiohttp cannot decode.
         kwargs["auto_decompress"] = False
         super().__init__(keepalive_timeout=limits.idle_timeout_s, **kwargs)
         self._limits = limits
+        self._slow = slow
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
 
@@ -222,17 +252,21 @@ class GuardedHandler(RequestHandler):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        # The client stopped reading: it has ``send_timeout_s`` to take some more.
+        # The client stopped reading: it has ``send_timeout_s`` to take some more (less when
+        # its pages keep other reads waiting: SlowClients).
         if self._send_timer is None:
-            self._send_timer = asyncio.get_running_loop().call_later(
-                self._limits.send_timeout_s, self._send_timeout
-            )
+            loop = asyncio.get_running_loop()
+            self._send_timer = loop.call_later(self._limits.send_timeout_s, self._send_timeout)
+            if self._slow is not None:
+                self._slow.paused[self] = loop.time()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
+        if self._slow is not None:
+            self._slow.paused.pop(self, None)
 
     def _send_timeout(self) -> None:
         self._send_timer = None
@@ -245,6 +279,8 @@ class GuardedHandler(RequestHandler):
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
+        if self._slow is not None:
+            self._slow.paused.pop(self, None)
         super().connection_lost(exc)
 
 
@@ -263,7 +299,14 @@ class CappedSite(web.SockSite):
             if self.refusing >= REFUSERS:
                 return _Dropper()
             return _Refuser(self)
-        return GuardedHandler(self.limits, manager=server, loop=server._loop, **_kwargs(server))
+        slow = (
+            self._runner.app.get("slow_clients")
+            if isinstance(self._runner, web.AppRunner)
+            else None
+        )
+        return GuardedHandler(
+            self.limits, slow, manager=server, loop=server._loop, **_kwargs(server)
+        )
 
     async def start(self) -> None:
         await web.BaseSite.start(self)

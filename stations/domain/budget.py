@@ -14,6 +14,9 @@ from collections import deque
 from collections.abc import Callable
 
 MIN_GRANT = 64 * 1024  # a read waits for at least this much room rather than run tiny pages
+# How long a read waits for room before ``on_starved`` is told (and again while it waits): the
+# pages holding the budget may be those of clients that stopped reading.
+STARVED_S = 1.0
 
 
 class Overloaded(Exception):
@@ -30,6 +33,10 @@ class ByteBudget:
         self.limit = limit
         self.used = 0
         self.wait_s = wait_s
+        # Called with STARVED_S while reads have waited that long for room (the HTTP layer
+        # closes the connections of clients that stopped reading, whose pages hold it).
+        self.on_starved: Callable[[float], object] | None = None
+        self._starved_timer: asyncio.TimerHandle | None = None
         # (room needed, bytes wanted, whole, the waiter's future: its grant, alive)
         self._waiters: deque[tuple[int, int, bool, asyncio.Future[int], Callable[[], bool]]] = (
             deque()
@@ -55,6 +62,8 @@ class ByteBudget:
         entry = (need, want, whole, future, alive)
         self._waiters.append(entry)
         self._wake()  # room now, behind a whole read that waits for more: taken at once
+        if self._waiters and self._starved_timer is None and self.on_starved is not None:
+            self._starved_timer = asyncio.get_running_loop().call_later(STARVED_S, self._starved)
         try:
             # The grant is counted when the waiter is woken, not when it runs again: nothing
             # that comes in between can take the room it was woken for.
@@ -69,6 +78,14 @@ class ByteBudget:
                     "the server holds too many unread responses; retry shortly"
                 ) from None
             raise
+
+    def _starved(self) -> None:
+        self._starved_timer = None
+        if not any(not entry[3].done() for entry in self._waiters):
+            return
+        assert self.on_starved is not None
+        self.on_starved(STARVED_S)
+        self._starved_timer = asyncio.get_running_loop().call_later(STARVED_S, self._starved)
 
     def _grant(self, want: int, whole: bool) -> int:
         grant = want if whole else max(min(want, self.free), 0)
