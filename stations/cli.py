@@ -146,6 +146,13 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "find a slot)",
     )
     limits.add_argument(
+        "--max-waiting-readers-per-token",
+        type=int,
+        default=None,
+        help="with --tokens: of those, what one token may hold; beyond, 503 with Retry-After "
+        "(default: half of --max-waiting-readers)",
+    )
+    limits.add_argument(
         "--read-budget-mb",
         type=float,
         default=64,
@@ -273,7 +280,12 @@ def serve(args: argparse.Namespace) -> None:
     # Counted in bytes: 1e308 MiB is no number of bytes (it crashed with a traceback).
     if not (math.isfinite(args.read_budget_mb) and 0 < args.read_budget_mb <= 1 << 33):
         _fail("--read-budget-mb must be a positive number, at most 8589934592 (8 PiB)")
-    for option in ("max_connections", "max_waiting_readers", "max_append_messages"):
+    for option in (
+        "max_connections",
+        "max_waiting_readers",
+        "max_waiting_readers_per_token",
+        "max_append_messages",
+    ):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             _fail(f"--{option.replace('_', '-')} must be at least 1")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
@@ -357,9 +369,17 @@ async def _serve(args: argparse.Namespace) -> None:
             f"--max-waiting-readers must be below --max-connections ({max_connections}): "
             "waiting readers must leave slots for producers and /healthz"
         )
+    max_waiting_readers = args.max_waiting_readers or max(1, int(max_connections * 0.9))
+    per_token = args.max_waiting_readers_per_token
+    if per_token is not None and per_token > max_waiting_readers:
+        _fail(
+            f"--max-waiting-readers-per-token may not exceed --max-waiting-readers "
+            f"({max_waiting_readers})"
+        )
     limits = Limits(
         max_connections=max_connections,
-        max_waiting_readers=args.max_waiting_readers or max(1, int(max_connections * 0.9)),
+        max_waiting_readers=max_waiting_readers,
+        max_waiting_readers_per_token=per_token,
         head_timeout_s=args.head_timeout_s,
         body_timeout_s=args.body_timeout_s,
         idle_timeout_s=args.idle_timeout_s,

@@ -117,7 +117,7 @@ def make_app(
     app["metrics"] = Metrics(service, metrics_stations)
     app["limits"] = limits
     app["cors"] = cors or CorsPolicy(any_origin=bool(tokens))
-    app["readers"] = ReaderSlots(limits.max_waiting_readers)
+    app["readers"] = ReaderSlots(limits.max_waiting_readers, limits.max_waiting_readers_per_token)
     app["slow_clients"] = SlowClients()
     service.budget.on_starved = app["slow_clients"].close_paused
     app["drain"] = Drain(app["readers"])

@@ -110,7 +110,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         return refusal
     try:
         if limits.waits(request):
-            with request.app["readers"].slot():
+            with request.app["readers"].slot(request.get("token")):
                 return await handler(request)
         return await handler(request)
     except asyncio.CancelledError:

@@ -4,7 +4,8 @@
   any file descriptor runs out (the file-descriptor soft limit is raised to the hard one first).
 - ``max_waiting_readers``: long-poll and SSE requests in progress; beyond it a reader gets
   ``503`` with ``Retry-After``, so waiting readers never take the slots producers and
-  ``/healthz`` need.
+  ``/healthz`` need. With tokens, one token holds at most ``max_waiting_readers_per_token`` of
+  them (half by default), so no token can keep the others from reading.
 - ``head_timeout_s``: a request head begun but not complete in time is answered ``408``
   and the connection closed (slowloris); ``body_timeout_s``: a request body not complete in
   time is answered ``408``.
@@ -25,6 +26,7 @@ import contextlib
 import json
 import logging
 import resource
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -48,6 +50,7 @@ REFUSERS = 64  # connections being refused at once; more are dropped at once
 class Limits:
     max_connections: int = 10_000
     max_waiting_readers: int = 9_000
+    max_waiting_readers_per_token: int | None = None  # None: half of max_waiting_readers
     head_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     idle_timeout_s: float = 75.0
@@ -331,26 +334,43 @@ def _kwargs(server: Any) -> dict[str, Any]:
 
 
 class ReaderSlots:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_key: int | None = None) -> None:
         self.limit = limit
+        # What one key (a token) may hold: a token that keeps re-polling would otherwise win
+        # every slot its own answers free, and every other token's reads get 503.
+        self.per_key = per_key if per_key is not None else max(1, limit // 2)
         self.used = 0
+        self.by_key: Counter[object] = Counter()
         # Called whenever ``used`` changes (a shutdown's drain waits for only readers to be left).
         self.changed: Callable[[], None] | None = None
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, key: object | None = None) -> Iterator[None]:
+        """A waiting reader's slot; ``key`` (its token, None without tokens) is held to its
+        share."""
         if self.used >= self.limit:
             raise Overloaded(
                 f"the server already serves {self.limit} waiting readers (long-poll and SSE); "
                 "retry shortly"
             )
+        if key is not None and self.by_key[key] >= self.per_key:
+            raise Overloaded(
+                f"this token already holds {self.per_key} waiting readers (long-poll, SSE and "
+                "group fetches), its share of the server's; retry shortly"
+            )
         self.used += 1
+        if key is not None:
+            self.by_key[key] += 1
         if self.changed is not None:
             self.changed()
         try:
             yield
         finally:
             self.used -= 1
+            if key is not None:
+                self.by_key[key] -= 1
+                if not self.by_key[key]:
+                    del self.by_key[key]
             if self.changed is not None:
                 self.changed()
 
