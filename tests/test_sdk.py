@@ -774,8 +774,9 @@ async def test_consumer_close_gives_back_prefetched(client: Client) -> None:
     assert sorted(m.data for m in got) == list(range(1, 10))  # long before the 30 s lease ends
     for m in got:
         await m.ack()
-    await second.close()
+    await second.flush_acks()
     assert await got[0].ack(wait=True) is False  # already settled: the server did not know it
+    await second.close()
     (group,) = await station.groups()
     assert group.pending == 0 and group.in_flight == 0
 

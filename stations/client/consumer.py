@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stations.client.errors import StationsError, error_for, may_have_acted
+from stations.client.errors import ConsumerClosed, StationsError, error_for, may_have_acted
 from stations.client.handle import StationHandle
 from stations.client.models import GroupInfo, _time, message_data
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
@@ -54,7 +54,8 @@ class Message:
     async def ack(self, *, wait: bool = False) -> bool | None:
         """Queue the ack (batched). With ``wait=True`` send it at once (with the acks queued
         meanwhile) and return True when the server settled it, False when it no longer knew
-        the delivery (it was delivered again)."""
+        the delivery (it was delivered again). Raises ``ConsumerClosed`` once its consumer or
+        client is closed: the ack would be lost."""
         return await self._consumer._ack(self.offset, wait)
 
     async def nack(self, delay_ms: int = 0) -> bool:
@@ -101,7 +102,9 @@ class Consumer:
             "start_from": start_from,
         }
         self._started = False
-        self._closed = False
+        self._closed = False  # close() began: nothing more is handed out
+        # close() sent its last acks: an ack now would be dropped, so ack() raises instead.
+        self._finished = False
         self._buffer: deque[Message] = deque()
         self._acks: dict[str, list[asyncio.Future[bool]]] = {}
         self._ack_timer: asyncio.Handle | None = None
@@ -135,11 +138,18 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
-        while not self._buffer:
+        while True:
             if self._closed:
+                # close() gives the buffer back: a message handed out now could not be acked.
                 raise StopAsyncIteration
-            self._buffer.extend(await self.fetch())
-        return self._buffer.popleft()
+            if self._buffer:
+                return self._buffer.popleft()
+            messages = await self.fetch()
+            if self._closed:
+                # close() ran while this fetch waited, and took the buffer before these came.
+                await self._give_back([m.offset for m in messages])
+                raise StopAsyncIteration
+            self._buffer.extend(messages)
 
     async def fetch(
         self, max_messages: int | None = None, wait_ms: int | None = None
@@ -201,6 +211,13 @@ class Consumer:
     # -- settling ---------------------------------------------------------------------------------
 
     async def _ack(self, offset: str, wait: bool) -> bool | None:
+        if self._finished or self.station.client.http.final:
+            # Queued now it would never be sent, and a caller told nothing processes the
+            # message again after its lease; an ack made while close() runs is still sent.
+            raise ConsumerClosed(
+                f"the consumer of group {self.group} is closed: the ack of {offset} was not "
+                "sent (the message will be delivered again)"
+            )
         waiters = self._acks.setdefault(offset, [])
         future: asyncio.Future[bool] | None = None
         if wait:
@@ -338,8 +355,9 @@ class Consumer:
         they are delivered again at once instead of after their lease (a nack: it counts toward
         ``maxMsgDeliveries`` as an expiry would, and one at its last delivery goes to the DLS;
         with a limit of 1, ``batch_size=1`` prefetches nothing). Ack requests other tasks
-        have under way are waited for. Called again, or by several tasks, it waits for the same
-        close and then sends acks queued since (or queued again by a cancelled flush)."""
+        have under way are waited for, and acks made while it runs are sent; after it, ``ack()``
+        raises ``ConsumerClosed`` and iterating ends. Called again, or by several tasks, it
+        waits for the same close and then sends acks queued again by a cancelled flush."""
         if self._close_task is None:
             self._closed = True
             self._close_task = asyncio.get_running_loop().create_task(self._close())
@@ -349,13 +367,27 @@ class Consumer:
         await self.flush_acks()
 
     async def _close(self) -> None:
+        try:
+            await self._send_acks()
+            unread = [m.offset for m in self._buffer]
+            self._buffer.clear()
+            await self._give_back(unread)
+        finally:
+            self._finished = True
+        # Acks made while the messages were given back; none are accepted from here on.
+        await self._send_acks()
+
+    async def _send_acks(self) -> None:
+        """Wait for ack requests under way (any task's), then send the queued acks."""
         while self._flushes or self._sending:
             await asyncio.gather(*self._flushes, *self._sending, return_exceptions=True)
         await self.flush_acks()
-        unread = [m.offset for m in self._buffer]
-        self._buffer.clear()
-        if unread:
+
+    async def _give_back(self, offsets: list[str]) -> None:
+        """Nack leases nobody will process, so they come again at once (best effort: failing,
+        they come again after their lease)."""
+        if offsets:
             try:
-                await self.nack(unread)
+                await self.nack(offsets)
             except StationsError as exc:
-                logger.warning("giving back %d messages failed: %s", len(unread), exc)
+                logger.warning("giving back %d messages failed: %s", len(offsets), exc)

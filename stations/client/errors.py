@@ -149,6 +149,11 @@ class ProducerClosed(StationsError):
     """``append()`` after ``close()`` or ``detach()``."""
 
 
+class ConsumerClosed(StationsError):
+    """``ack()`` after the consumer (or its ``Client``) is closed: the ack could no longer be
+    sent, and the message will be delivered again."""
+
+
 class BufferFull(StationsError):
     """``append()`` while the producer holds ``max_buffered_bytes`` of unacknowledged data.
 

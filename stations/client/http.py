@@ -47,6 +47,11 @@ class Http(BaseHttp):
         self._owns_session = session is None
         self._final = False
 
+    @property
+    def final(self) -> bool:
+        """``close(final=True)`` ran (its ``Client`` is closed): no request goes out any more."""
+        return self._final
+
     def session(self) -> aiohttp.ClientSession:
         if self._final:
             # Not ConnectionFailed: that is retried, and a reader or retry outliving its client

@@ -318,6 +318,7 @@ class IdempotentProducer:
                     await backoff.wait(exc)
                 except StationsError:
                     self._fail(exc)
+                    await self._release()
                     return
             except Exception as exc:
                 # Not an answer (the caller's own aiohttp session closed, a bug): stop loudly.
@@ -325,6 +326,7 @@ class IdempotentProducer:
                 error = StationsError(f"learning the content type of {self.url} failed: {exc!r}")
                 error.__cause__ = exc
                 self._fail(error)
+                await self._release()
                 return
         self._content_type = reply.header("Content-Type") or "application/octet-stream"
         self._session.content_type = self._content_type
@@ -595,11 +597,24 @@ class IdempotentProducer:
             await self.detach()
 
     async def _release(self) -> None:
+        """Close the session this producer made (a stream-URL target). Also called when the
+        content type could not be learnt: the producer is then stopped for good with nothing
+        sent, and a caller that drops it after the error left the session open."""
         if self._owns_http:
             await self._http.close()
 
     async def __aenter__(self) -> IdempotentProducer:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # __aexit__ does not run after a failed __aenter__, and the caller has no reference
+            # to close: stop here. Cancelled (a timeout), the lookup would otherwise go on and
+            # reopen the session behind the caller's back.
+            self._closed = True
+            if self._resolving is not None:
+                self._resolving.cancel()
+            await self._release()
+            raise
         return self
 
     async def __aexit__(self, exc_type: object, *rest: object) -> None:

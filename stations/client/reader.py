@@ -3,6 +3,7 @@ last offset after connection errors and 5xx answers, ending at stream closure.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -88,7 +89,14 @@ class StreamReader:
     async def __anext__(self) -> ReadBatch:
         if self._gen is None:
             self._gen = self._batches()
-        return await self._gen.__anext__()
+        try:
+            return await self._gen.__anext__()
+        except asyncio.CancelledError:
+            # The cancellation (Ctrl-C on the blocking client, a timeout) ended the generator;
+            # kept, it answered StopAsyncIteration as if the stream had ended. The next call
+            # starts a new one from ``offset``, after the last batch handed out.
+            self._gen = None
+            raise
 
     async def aclose(self) -> None:
         if self._gen is not None:

@@ -25,6 +25,10 @@ _SDK_MODULE = "stations.client."
 class _Loop:
     def __init__(self) -> None:
         self.closed = False
+        # Held from the ``closed`` check to the submission in run(), and to set ``closed``: a
+        # call that passed the check just before close() was submitted after the cancelling
+        # of pending calls, or onto the stopped loop, and its caller waited forever.
+        self._lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="stations-sync", daemon=True
@@ -43,14 +47,14 @@ class _Loop:
                 "another thread"
             )
 
-        if self.closed:
-            raise RuntimeError("the SyncClient is closed")
-
         async def call() -> Any:
             result = make()
             return await result if inspect.isawaitable(result) else result
 
-        future = asyncio.run_coroutine_threadsafe(call(), self.loop)
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the SyncClient is closed")
+            future = asyncio.run_coroutine_threadsafe(call(), self.loop)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
@@ -69,7 +73,8 @@ class _Loop:
         """Cancel what still runs on the loop (calls other threads wait in: a long-poll, a
         consumer's iteration), so that they end with an error instead of waiting forever on a
         stopped loop."""
-        self.closed = True
+        with self._lock:
+            self.closed = True
 
         async def cancel() -> None:
             current = asyncio.current_task()
@@ -82,7 +87,8 @@ class _Loop:
             asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(5)
 
     def stop(self) -> None:
-        self.closed = True
+        with self._lock:
+            self.closed = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
@@ -159,7 +165,13 @@ class SyncClient(Blocking):
         self, url: str = "http://127.0.0.1:4437", token: str | None = None, **options: Any
     ):
         loop = _Loop()
-        super().__init__(loop, loop.run(lambda: Client(url, token, **options)))
+        try:
+            client = loop.run(lambda: Client(url, token, **options))
+        except BaseException:
+            # Refused arguments (a URL without http://): nothing else would stop the thread.
+            loop.stop()
+            raise
+        super().__init__(loop, client)
         # Threads that close it at once (each worker at its end): one closes, the others wait
         # for that and return. Unguarded, a second close() ran on and raised from the loop the
         # first one had stopped.
