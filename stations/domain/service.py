@@ -105,12 +105,37 @@ def _tail_state(result: ReadResult) -> StreamState | None:
     return result.state if result.next >= result.state.tail else None
 
 
+# What a round leased: each fetch served with its messages, and the first empty answer.
+_Round = tuple[list[tuple["_Parked", Fetched]], Fetched | None]
+
+
+def _lease_in_turn(batch: Batch, station: str, group: str, waiting: list[_Parked]) -> _Round:
+    """A writer op: lease to ``waiting`` fetches of one group in turn, until one gets nothing
+    (the group has nothing more for any of them). A fetch whose client left or whose time ran
+    out is passed over."""
+    served: list[tuple[_Parked, Fetched]] = []
+    for parked in waiting:
+        if parked.answer.done():
+            continue
+        try:
+            out = groups.fetch(batch, station, group, parked.max_count, parked.consumer)
+        except StationsError:
+            if not served:
+                raise  # refused before it wrote anything: every waiting fetch hears why
+            break  # what was leased stands; the others hear it when they look again
+        if not out.messages:
+            return served, out
+        served.append((parked, out))
+    return served, None
+
+
 @dataclass
 class _Parked:
-    """A fetch waiting for messages. ``answer`` gets the fetch an append's transaction ran for
-    it (once ``served``, nothing else completes it), or None when the notifier woke it or its
-    time ran out first. The waiting request awaits ``answer`` itself, so the commit that
-    serves it resumes it at once."""
+    """A fetch waiting for messages. ``answer`` gets what a transaction leased for it: an
+    append's, which ran the fetch itself (once ``served``, nothing else completes it), or a
+    round's (``Service._round``), which answers only a fetch it leased messages to; or None
+    when its time ran out first. The waiting request awaits ``answer`` itself, so the commit
+    that serves it resumes it at once."""
 
     group: str
     max_count: int
@@ -147,6 +172,10 @@ class Service:
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
         self._parked: dict[str, list[_Parked]] = {}  # station → fetches waiting for messages
+        # (station, group) of the rounds in flight, and of those to run again after them.
+        self._rounds: set[tuple[str, str]] = set()
+        self._rounds_again: set[tuple[str, str]] = set()
+        self.notifier.listeners.append(self._changed)
         # Groups and the DLS keep per-station rows: delete them with the station, count them
         # in its stats.
         if groups.purge_stream not in lifecycle.purge_hooks:
@@ -480,10 +509,13 @@ class Service:
     ) -> Fetched:
         """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first.
 
-        A waiting fetch is parked: an append to its station in this process queues the fetch
-        right behind itself, so both run in one transaction and the fetch is answered by the
-        append's own commit (one commit from append to delivery, not two). Appends by other
-        processes, nack delays and expiries wake it through the notifier instead."""
+        A waiting fetch is parked: an append to its station in this process queues a lease
+        for it right behind itself, so both run in one transaction and the fetch is answered
+        by the append's own commit (one commit from append to delivery, not two). Any other
+        change (another process's append, a nack's delay, an expiry) runs one round per group
+        of the station's parked fetches, which leases to them in turn until the group has
+        nothing more: a fetch that gets nothing stays parked, unwoken. (Every parked fetch
+        leased again on every append: with 1,000 of them, 2,000 writer ops per message.)"""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         woken = self.notifier.subscribe(station)
@@ -493,9 +525,13 @@ class Service:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                if woken.done():  # a change no round has run for this fetch: look again
+                    self.notifier.unsubscribe(station, woken)
+                    woken = self.notifier.subscribe(station)
+                    out = await self._lease(station, group, max_count, consumer)
+                    continue
                 parked = _Parked(group, max_count, consumer, loop.create_future())
                 self._parked.setdefault(station, []).append(parked)
-                woken.add_done_callback(parked.give_up)
                 timer = loop.call_later(remaining, parked.give_up)
                 try:
                     # Cancelled (the client left): so is ``answer``, and the writer drops a
@@ -504,20 +540,14 @@ class Service:
                     served = await _committed(parked.answer)
                 finally:
                     timer.cancel()
-                    woken.remove_done_callback(parked.give_up)
                     waiting = self._parked.get(station)
                     if waiting is not None and parked in waiting:
                         waiting.remove(parked)
                         if not waiting:
                             del self._parked[station]
-                if served is not None:  # fetched in an append's transaction
-                    out = served
-                    if out.messages or not woken.done():
-                        continue
-                if woken.done():  # a change the append's fetch did not serve: look again
-                    self.notifier.unsubscribe(station, woken)
-                    woken = self.notifier.subscribe(station)
-                    out = await self._lease(station, group, max_count, consumer)
+                if served is None:  # its time ran out
+                    break
+                out = served  # empty: an append's transaction had nothing for this group
             return out
         finally:
             self.notifier.unsubscribe(station, woken)
@@ -548,29 +578,80 @@ class Service:
         return then
 
     def _serve_parked(self, station: str) -> None:
-        """Queue the parked fetches of ``station`` right behind an append just queued."""
-        for parked in self._parked.pop(station, ()):
-            if parked.answer.done():
-                continue
+        """Queue leases for the parked fetches of ``station`` right behind an append just
+        queued, answered before it: a round per group (a lone fetch: its own lease)."""
+        for group in {p.group for p in self._parked.get(station, ())}:
+            self._round(station, group, first=True)
+
+    def _changed(self, stations: set[str]) -> None:
+        """A commit changed ``stations`` (notifier listener): their parked fetches look again,
+        one round per group."""
+        for station in stations:
+            for group in {p.group for p in self._parked.get(station, ())}:
+                self._round(station, group, first=False)
+
+    def _round(self, station: str, group: str, *, first: bool) -> None:
+        key = (station, group)
+        if key in self._rounds:  # one round at a time: a change meanwhile runs one more after
+            self._rounds_again.add(key)
+            return
+        waiting = [
+            p
+            for p in self._parked.get(station, ())
+            if p.group == group and not p.served and not p.answer.done()
+        ]
+        if not waiting:
+            return
+        small = sum(p.max_count for p in waiting) <= SMALL_FETCH
+        if first and len(waiting) == 1:
+            # A lone fetch (the latency path): the lease answers it directly, in the step that
+            # settles the commit, even when empty.
+            parked = waiting[0]
+            parked.served = True
             op = _then(
                 functools.partial(
                     groups.fetch,
                     station=station,
-                    name=parked.group,
+                    name=group,
                     max_count=parked.max_count,
                     consumer=parked.consumer,
                 ),
-                self._delivered(station, parked.group),
+                self._delivered(station, group),
             )
-            # Answered before the append that brings its messages: the consumer is waiting.
-            parked.served = True
-            self.db.enqueue(
-                op,
-                relaxed=True,
-                small=parked.max_count <= SMALL_FETCH,
-                first=True,
-                future=parked.answer,
-            )
+            self.db.enqueue(op, relaxed=True, small=small, first=True, future=parked.answer)
+            return
+        self._rounds.add(key)
+        done = self.db.enqueue(
+            functools.partial(_lease_in_turn, station=station, group=group, waiting=waiting),
+            relaxed=True,
+            small=small,
+            first=first,
+        )
+        done.add_done_callback(functools.partial(self._round_done, key))
+
+    def _round_done(self, key: tuple[str, str], done: asyncio.Future[_Round]) -> None:
+        station, group = key
+        self._rounds.discard(key)
+        if done.cancelled():
+            return
+        failure = done.exception()
+        if failure is not None:  # the group or station is gone, the database failed: say so
+            for p in self._parked.get(station, ()):
+                if p.group == group and not p.served and not p.answer.done():
+                    p.answer.set_exception(failure)
+            return
+        served, empty = done.result()
+        delivered = self._delivered(station, group)
+        for parked, out in served:
+            delivered(out)
+            if not parked.answer.done():
+                parked.answer.set_result(out)
+            # else it left or timed out meanwhile: its messages come again when the lease ends
+        if empty is not None:
+            delivered(empty)  # arms the lease timer for what falls due next
+        if key in self._rounds_again:
+            self._rounds_again.discard(key)
+            self._round(station, group, first=False)
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
         """Settle and produce across stations in one transaction (see domain.transactions)."""
