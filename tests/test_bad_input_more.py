@@ -184,3 +184,15 @@ def test_sse_on_text_keeps_a_character_split_between_appends(client: httpx.Clien
                 texts.append(data)
                 kind, data = next_event()
     assert "".join(texts) == "price \u20ac 5", texts
+
+
+def test_live_given_twice_is_a_400_as_offset_given_twice_is(client: httpx.Client) -> None:
+    """``?live=long-poll&live=sse`` was served as a long-poll (the first won) where a second
+    ``offset`` is refused: which mode was meant is not said."""
+    name = f"twice-{uuid.uuid4().hex[:8]}"
+    assert (
+        client.put(f"/v1/stream/{name}", headers={"Content-Type": "text/plain"}).status_code == 201
+    )
+    r = client.get(f"/v1/stream/{name}?offset=-1&live=long-poll&live=sse")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["field"] == "live"

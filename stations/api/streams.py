@@ -339,6 +339,8 @@ def _read_headers(response: web.StreamResponse, result: ReadResult) -> None:
 @needs("consume")
 async def get_stream(request: web.Request) -> web.StreamResponse:
     name = stream_name(request)
+    if len(request.query.getall("live", [])) > 1:  # as offset: which one was meant is unsaid
+        raise BadRequest("live may be given once", "live")
     live = request.query.get("live")
     if live not in (None, "long-poll", "sse"):
         raise BadRequest("live must be long-poll or sse", "live")
