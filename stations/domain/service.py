@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from cachetools import TTLCache
 
 from stations.domain import (
     catalog,
@@ -172,6 +175,9 @@ class Service:
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
         self._parked: dict[str, list[_Parked]] = {}  # station → fetches waiting for messages
+        # When each TTL stream was last touched here (loop time); entries leave after an hour,
+        # which costs at most one extra touch.
+        self._touched: TTLCache[str, float] = TTLCache(100_000, 3600)
         # (station, group) of the rounds in flight, and of those to run again after them.
         self._rounds: set[tuple[str, str]] = set()
         self._rounds_again: set[tuple[str, str]] = set()
@@ -265,9 +271,18 @@ class Service:
     async def stream(self, name: str) -> StreamState:
         return await self.read_db(reads.open_stream, name, now_ms())
 
-    async def touch(self, state: StreamState) -> None:
-        if state.ttl_seconds is not None:
-            await self.write(lifecycle.touch, state.name)
+    async def touch(self, state: StreamState, *, again: bool = False) -> None:
+        """Start a TTL stream's countdown again. ``again``: a waiting reader's renewal, every
+        half TTL, which one done by any reader in the last quarter TTL stands for (each of
+        300 readers of a 1 s TTL stream wrote its own: 8.6% of a core at rest)."""
+        ttl = state.ttl_seconds
+        if ttl is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if again and now - self._touched.get(state.name, -math.inf) < ttl / 4:
+            return
+        self._touched[state.name] = now
+        await self.write(lifecycle.touch, state.name)
 
     async def append(self, req: AppendRequest) -> AppendResult:
         """Append; a producer request ahead of its turn waits briefly for the missing ones."""
@@ -359,6 +374,7 @@ class Service:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         paced = timeout <= 0
+        renewing = False  # the first touch is this request's own (when the server began it)
         self.notifier.attach(name)
         try:
             while True:
@@ -396,7 +412,8 @@ class Service:
                     if ttl is not None and wait_s > 0:
                         # A stream with a live reader does not expire (PROTOCOL.md §5.1): its
                         # TTL starts again when the wait does, and again every half TTL.
-                        await self.touch(result.state)
+                        await self.touch(result.state, again=renewing)
+                        renewing = True
                         wait_s = min(wait_s, max(ttl / 2, 0.5))
                     if not await self.notifier.wait(woken, wait_s):
                         if loop.time() < deadline:
