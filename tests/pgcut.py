@@ -23,6 +23,8 @@ class CommitCutter:
         self._marker: bytes | None = None
         self._refuse_until = 0.0
         self._then_refuse_s = 0.0
+        self._forward = True
+        self._held: list[asyncio.StreamWriter] = []
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -35,12 +37,15 @@ class CommitCutter:
         host = base.rsplit(":", 1)[0]
         return f"{host}:{self.port}/{name}?sslmode=disable"
 
-    def arm(self, marker: str, then_refuse_s: float = 0.0) -> None:
+    def arm(self, marker: str, then_refuse_s: float = 0.0, *, forward: bool = True) -> None:
         """Cut the connection at the next COMMIT of a transaction whose traffic holds
-        ``marker``, once PostgreSQL has answered it; then close new connections at once for
-        ``then_refuse_s`` seconds (the database unreachable)."""
+        ``marker``, once PostgreSQL has answered it (``forward``) or before it reached
+        PostgreSQL (not ``forward``: its server process waits on, the transaction open); then
+        close new connections at once for ``then_refuse_s`` seconds (the database
+        unreachable)."""
         self._marker = marker.encode()
         self._then_refuse_s = then_refuse_s
+        self._forward = forward
 
     def close(self) -> None:
         async def shut() -> None:
@@ -102,10 +107,15 @@ class CommitCutter:
                     if commit and marker is not None and marker in since:
                         self._marker = None
                         cutting = True
-                        server_w.write(out + message)
-                        await server_w.drain()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(answered.wait(), 5)
+                        if self._forward:
+                            server_w.write(out + message)
+                            await server_w.drain()
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(answered.wait(), 5)
+                        else:  # PostgreSQL's side stays open, idle in its transaction
+                            server_w.write(out)
+                            await server_w.drain()
+                            self._held.append(server_w)
                         self.cuts += 1
                         self._refuse_until = time.monotonic() + self._then_refuse_s
                         client_w.transport.abort()
@@ -118,6 +128,7 @@ class CommitCutter:
         except (ConnectionError, OSError):
             pass
         finally:
-            server_w.close()
+            if server_w not in self._held:
+                server_w.close()
             client_w.close()
             task.cancel()

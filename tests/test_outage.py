@@ -163,6 +163,30 @@ def test_a_commit_whose_answer_was_lost_is_answered_by_what_happened(
         cutter.close()
 
 
+def test_a_commit_that_never_reached_postgresql_runs_again(
+    pg_url: str, make_server: Callable[..., Server]
+) -> None:
+    """The connection is lost as the COMMIT is sent, before PostgreSQL reads it: the old
+    server process waits on in its open transaction (``txid_status`` says in progress), locks
+    held. The writer ends that process, learns the transaction aborted and runs it again: a
+    200 at once. It waited the whole 10 s for a 500 ``outcome_unknown``, every other write
+    behind it."""
+    cutter = CommitCutter()
+    try:
+        srv = make_server(cutter.url(pg_url))
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            assert http.post("/api/stations", json={"name": "held"}).status_code == 201
+            cutter.arm("held", forward=False)
+            started = time.monotonic()
+            r = http.post("/api/stations/held/messages", json={"messages": [{"data": 1}]})
+            assert r.status_code == 200, r.text
+            assert time.monotonic() - started < 5
+            assert cutter.cuts == 1
+            assert http.get("/v1/stream/held", params={"offset": "-1"}).json() == [1]
+    finally:
+        cutter.close()
+
+
 def test_a_commit_whose_outcome_cannot_be_learned_is_not_a_503(
     pg_url: str, make_server: Callable[..., Server]
 ) -> None:

@@ -144,10 +144,13 @@ class _Parked:
     max_count: int
     consumer: str
     answer: asyncio.Future[Fetched | None]
-    served: bool = False
+    served: bool = False  # a transaction that may lease to it is under way: it answers
+    expired: bool = False  # its time ran out meanwhile
 
     def give_up(self, *_: object) -> None:
-        if not self.served and not self.answer.done():
+        if self.served:
+            self.expired = True  # what the transaction leases it still gets
+        elif not self.answer.done():
             self.answer.set_result(None)
 
 
@@ -182,6 +185,9 @@ class Service:
         self._rounds: set[tuple[str, str]] = set()
         self._rounds_again: set[tuple[str, str]] = set()
         self.notifier.listeners.append(self._changed)
+        # Changes may have been missed (PostgreSQL's LISTEN connection came back): every
+        # parked fetch looks again.
+        self.notifier.resync.append(lambda: self._changed(set(self._parked)))
         # Groups and the DLS keep per-station rows: delete them with the station, count them
         # in its stats.
         if groups.purge_stream not in lifecycle.purge_hooks:
@@ -638,36 +644,47 @@ class Service:
             self.db.enqueue(op, relaxed=True, small=small, first=True, future=parked.answer)
             return
         self._rounds.add(key)
+        for parked in waiting:  # its timer must not answer it while the round may lease to it
+            parked.served = True
         done = self.db.enqueue(
             functools.partial(_lease_in_turn, station=station, group=group, waiting=waiting),
             relaxed=True,
             small=small,
             first=first,
         )
-        done.add_done_callback(functools.partial(self._round_done, key))
+        done.add_done_callback(functools.partial(self._round_done, key, waiting))
 
-    def _round_done(self, key: tuple[str, str], done: asyncio.Future[_Round]) -> None:
+    def _round_done(
+        self, key: tuple[str, str], waiting: list[_Parked], done: asyncio.Future[_Round]
+    ) -> None:
         station, group = key
         self._rounds.discard(key)
-        if done.cancelled():
-            return
-        failure = done.exception()
-        if failure is not None:  # the group or station is gone, the database failed: say so
-            for p in self._parked.get(station, ()):
-                if p.group == group and not p.served and not p.answer.done():
-                    p.answer.set_exception(failure)
-            return
-        served, empty = done.result()
+        again = key in self._rounds_again
+        self._rounds_again.discard(key)
+        failure = None if done.cancelled() else done.exception()
+        served: dict[int, Fetched] = {}
+        empty: Fetched | None = None
+        if failure is None and not done.cancelled():
+            pairs, empty = done.result()
+            served = {id(parked): out for parked, out in pairs}
         delivered = self._delivered(station, group)
-        for parked, out in served:
-            delivered(out)
-            if not parked.answer.done():
-                parked.answer.set_result(out)
-            # else it left or timed out meanwhile: its messages come again when the lease ends
+        for parked in waiting:
+            parked.served = False
+            if parked.answer.done():  # its client left: what it was leased comes again later
+                if id(parked) in served:
+                    delivered(served[id(parked)])
+                continue
+            if failure is not None:  # the group or station is gone, the database failed
+                parked.answer.set_exception(failure)
+            elif id(parked) in served:
+                delivered(served[id(parked)])
+                parked.answer.set_result(served[id(parked)])
+            elif parked.expired:
+                parked.answer.set_result(None)
         if empty is not None:
             delivered(empty)  # arms the lease timer for what falls due next
-        if key in self._rounds_again:
-            self._rounds_again.discard(key)
+        if again or (failure is None and empty is None and served):
+            # A change meanwhile, or every fetch served with more perhaps left: look again.
             self._round(station, group, first=False)
 
     async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:

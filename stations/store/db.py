@@ -555,18 +555,25 @@ def connection_lost(conn: Connection, exc: BaseException) -> bool:
 
 
 def transaction_id(conn: Connection) -> int | None:
-    """PostgreSQL: the id of the transaction open on ``conn`` (assigned now if it had none), to
-    learn its outcome should the connection be lost while it commits (``outcome``). None on
-    SQLite, whose commit is local: it happened or it raised."""
+    """PostgreSQL: the id of the transaction open on ``conn``, to learn its outcome should the
+    connection be lost while it commits (``outcome``). None on SQLite, whose commit is local: it
+    happened or it raised."""
     if not _postgresql(conn):
         return None
     cursor = conn.connection.cursor()
     try:
-        cursor.execute("SELECT txid_current()")
+        # None for a transaction that wrote nothing: its outcome changes nothing either.
+        cursor.execute("SELECT txid_current_if_assigned()")
         row = cursor.fetchone()
     finally:
         cursor.close()
-    return int(row[0]) if row else None
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def end_backend(conn: Connection, pid: int) -> None:
+    """Signal PostgreSQL server process ``pid`` (one of this role's own connections) to end."""
+    with conn.begin():
+        conn.exec_driver_sql("SELECT pg_terminate_backend(%s)", (pid,))
 
 
 def outcome(conn: Connection, xid: int) -> str | None:

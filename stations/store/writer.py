@@ -570,6 +570,7 @@ class Writer:
         batch = Batch(conn, now_ms(), durable=strict)
         committing = False
         xid: int | None = None
+        backend = self.backend_pid  # the server process of this connection (PostgreSQL)
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
                 for op in ops:
@@ -590,8 +591,15 @@ class Writer:
             lost = db.connection_lost(conn, exc)
             if lost:
                 self._conn = None
-            if lost and committing and xid is not None and self._committed_after_all(xid, exc):
-                return outcomes, batch.changed, batch.after_commit
+            if lost and committing and xid is not None:
+                try:
+                    if self._committed_after_all(xid, exc, backend):
+                        return outcomes, batch.changed, batch.after_commit
+                except BaseException:
+                    # Unknown: RAM forgets it, so that a retry asks the database (which knows
+                    # the ids and producer sequences it stored) rather than RAM's guess.
+                    batch.undo_since(0)
+                    raise
             batch.undo_since(0)
             if lost:
                 # PostgreSQL ended the connection (a restart, a failover, an idle timeout)
@@ -602,12 +610,13 @@ class Writer:
             raise
         return outcomes, batch.changed, batch.after_commit
 
-    def _committed_after_all(self, xid: int, lost: BaseException) -> bool:
+    def _committed_after_all(self, xid: int, lost: BaseException, backend: int | None) -> bool:
         """The connection was lost while transaction ``xid`` committed: ask PostgreSQL on a
         new connection whether it did. True: it did (answer its requests as done); False: it
         did not (it may run again). When that cannot be learned within ``OUTCOME_WAIT_S``,
         raises ``OutcomeUnknown``: answering 503 ("nothing decided, retry") could have a
-        client store twice what was stored once."""
+        client store twice what was stored once. ``backend``: the lost connection's server
+        process, ended should it still hold the transaction open (its COMMIT never arrived)."""
         deadline = time.monotonic() + OUTCOME_WAIT_S
         pause = 0.01
         why = first_line(lost)
@@ -615,18 +624,27 @@ class Writer:
         # database is reachable again.
         while True:
             try:
-                status = db.outcome(self._connection(), xid)
+                conn = self._connection()
+                status = db.outcome(conn, xid)
                 if status == "committed":
                     log.warning("the connection was lost during a COMMIT that succeeded (%s)", why)
                     return True
                 if status == "aborted":
                     return False
-                if status is not None:  # in progress: the old backend is still at it
+                if status is None:  # no such transaction as far as this server knows
+                    why = f"PostgreSQL does not know transaction {xid}"
+                else:
+                    # In progress: the old backend is committing, or it never got the COMMIT
+                    # and waits for a client that is gone, its locks held. Ended, it commits
+                    # (if it was at it) or rolls back: either answers the next look.
                     why = f"transaction {xid} still in progress"
+                    if backend is not None:
+                        db.end_backend(conn, backend)
             except Exception as exc:
-                if not db.unavailable(exc):
-                    raise
                 self._conn = None
+                if not db.unavailable(exc):  # e.g. an id from a server before a failover
+                    log.error("asking for the outcome of transaction %d failed", xid, exc_info=exc)
+                    break
                 why = first_line(exc)
             if time.monotonic() + pause > deadline:
                 break
