@@ -137,7 +137,6 @@ class SlowClients:
 
     def __init__(self) -> None:
         self.paused: dict[GuardedHandler, float] = {}
-        self.closed = 0  # connections closed so (for the log and the tests' figures)
 
     def close_paused(self, for_s: float) -> int:
         """Close every connection paused for ``for_s`` seconds or more; returns how many."""
@@ -148,7 +147,6 @@ class SlowClients:
             if handler.transport is not None:
                 handler.transport.abort()
         if slow:
-            self.closed += len(slow)
             logger.info(
                 "closed %d connection(s) whose client stopped reading while other reads waited "
                 "for read memory",
@@ -294,6 +292,7 @@ class CappedSite(web.SockSite):
         super().__init__(runner, sock, **kwargs)
         self.limits = limits
         self.refusing = 0
+        self.slow: SlowClients | None = runner.app.get("slow_clients")
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
@@ -302,13 +301,8 @@ class CappedSite(web.SockSite):
             if self.refusing >= REFUSERS:
                 return _Dropper()
             return _Refuser(self)
-        slow = (
-            self._runner.app.get("slow_clients")
-            if isinstance(self._runner, web.AppRunner)
-            else None
-        )
         return GuardedHandler(
-            self.limits, slow, manager=server, loop=server._loop, **_kwargs(server)
+            self.limits, self.slow, manager=server, loop=server._loop, **_kwargs(server)
         )
 
     async def start(self) -> None:

@@ -371,11 +371,17 @@ class Writer:
             outcome = self._execute([p.op for p in batch], _strict(batch), _run_hooks)
             self._failures.succeeded()
         except Exception as exc:  # the database itself failed: every request hears it
-            self._failures.failed(exc, traceback=not db.unavailable(exc))
+            self._failed(exc)
             outcome = exc
         self._settle(batch, 0, outcome, time.perf_counter() - started, None)
         if self._checkpoints is not None:
             self._checkpoints.committed()
+
+    def _failed(self, exc: Exception) -> None:
+        """A batch failed whole: logged once per outage (a traceback only for what is no
+        outage of the database's, nor a commit whose outcome it would not tell)."""
+        known = db.unavailable(exc) or isinstance(exc, OutcomeUnknown)
+        self._failures.failed(exc, traceback=not known)
 
     def _serve(self) -> None:
         """The writer thread: each transaction takes every op that waits (up to MAX_BATCH)."""
@@ -414,8 +420,7 @@ class Writer:
                     )
                     self._failures.succeeded()
             except Exception as exc:  # the database itself failed: every request hears it
-                known = db.unavailable(exc) or isinstance(exc, OutcomeUnknown)
-                self._failures.failed(exc, traceback=not known)
+                self._failed(exc)
                 outcome = exc
             seconds = time.perf_counter() - started
             # Hooks put in memory what the next transaction must see (the ids just stored):
@@ -591,16 +596,17 @@ class Writer:
             lost = db.connection_lost(conn, exc)
             if lost:
                 self._conn = None
-            if lost and committing and xid is not None:
-                try:
-                    if self._committed_after_all(xid, exc, backend):
-                        return outcomes, batch.changed, batch.after_commit
-                except BaseException:
-                    # Unknown: RAM forgets it, so that a retry asks the database (which knows
-                    # the ids and producer sequences it stored) rather than RAM's guess.
+            committed = False
+            try:
+                if lost and committing and xid is not None:  # the COMMIT was under way
+                    committed = self._committed_after_all(xid, exc, backend)
+            finally:
+                # Not committed, or unknown (OutcomeUnknown): RAM forgets it, so that a retry
+                # asks the database (which knows the ids and producer sequences it stored).
+                if not committed:
                     batch.undo_since(0)
-                    raise
-            batch.undo_since(0)
+            if committed:
+                return outcomes, batch.changed, batch.after_commit
             if lost:
                 # PostgreSQL ended the connection (a restart, a failover, an idle timeout)
                 # before the COMMIT was sent, or while it was and the transaction did not
