@@ -314,11 +314,11 @@ def serve(args: argparse.Namespace) -> None:
         sys.exit(130)
 
 
-ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{User-Agent}i"'
-
-
 def _access_log(target: str | None) -> dict[str, Any]:
-    """aiohttp's access logger, on its own handler so it shows whatever --log-level says."""
+    """The access log (``stations.api.access``), on its own handler so it shows whatever
+    --log-level says."""
+    from stations.api.access import AccessLogger
+
     if target is None:
         return {"access_log": None}
     logger = logging.getLogger("stations.access")
@@ -335,7 +335,7 @@ def _access_log(target: str | None) -> dict[str, Any]:
         _fail(f"--access-log: cannot open {target}: {exc.strerror}")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logger.addHandler(handler)
-    return {"access_log": logger, "access_log_format": ACCESS_LOG_FORMAT}
+    return {"access_log": logger, "access_log_class": AccessLogger}
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -5,6 +5,8 @@ random names arrive; the optional access log; and ``--log-level info`` stays qui
 from __future__ import annotations
 
 import contextlib
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -218,3 +220,54 @@ def test_console_files_are_counted_by_the_status_they_answer(
         and dict(labels)["route"].startswith("/ui")
     }
     assert counted == {"200": 1, "304": 1, "206": 1}, counted
+
+
+def _leave(srv: Server, path: str, wait_s: float) -> None:
+    """GET ``path`` on a connection that reads next to nothing, then drop it (a reset)."""
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")
+        time.sleep(wait_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_answers_their_clients_left_while_being_sent_are_499(
+    srv: Server, http: httpx.Client, tmp_path: Path
+) -> None:
+    """An SSE whose client left, while it waited or as it was written, and a large catch-up
+    page whose client left half way: logged and counted as 499 (they were 200, as if
+    answered)."""
+    assert http.put("/v1/stream/gone", headers={"Content-Type": "text/plain"}).status_code == 201
+    for _ in range(6):  # 6 MiB: more than a page (4 MiB), more than the sockets hold
+        appended = http.post(
+            "/v1/stream/gone", content=b"x" * (1 << 20), headers={"Content-Type": "text/plain"}
+        )
+        assert appended.status_code == 204
+    _leave(srv, "/v1/stream/gone?offset=-1", 1.0)
+    _leave(srv, "/v1/stream/gone?offset=-1&live=sse", 1.0)
+    _leave(srv, "/v1/stream/gone?offset=now&live=sse", 0.3)
+    route = {"method": "GET", "route": "/v1/stream/{name}"}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        samples = scrape(http)
+        if (
+            samples.get(
+                ("stations_http_requests_total", tuple(sorted({**route, "status": "499"}.items())))
+            )
+            == 3
+        ):
+            break
+        time.sleep(0.1)
+    assert value(samples, "stations_http_requests_total", status="499", **route) == 3
+    assert (
+        "stations_http_requests_total",
+        tuple(sorted({**route, "status": "200"}.items())),
+    ) not in samples
+    log = (tmp_path / "access.log").read_text()
+    for query in ("offset=-1", "offset=-1&live=sse", "offset=now&live=sse"):
+        assert f'"GET /v1/stream/gone?{query} HTTP/1.1" 499' in log, log[-2000:]
+    lines = [line for line in log.splitlines() if '"GET /v1/stream/gone?' in line]
+    assert len(lines) == 3 and all('" 499 ' in line for line in lines), lines

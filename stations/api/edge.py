@@ -26,9 +26,9 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from stations.api import auth, errors, headers, limits
+from stations.api import access, auth, errors, headers, limits
 from stations.api.drain import Drain
-from stations.api.metrics import CLIENT_CLOSED, Metrics
+from stations.api.metrics import Metrics
 
 
 @web.middleware
@@ -51,6 +51,8 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             # its status (304, 206, 416) is decided as it is sent: counted then
             request[_FILE_STARTED] = started
             status = None
+        elif access.gone(request):  # its client left while it was being sent
+            status = access.CLIENT_CLOSED
         else:
             status = response.status
         return response
@@ -58,34 +60,13 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         status = exc.status
         raise
     except asyncio.CancelledError:
-        status = CLIENT_CLOSED
-        _access_line_of_a_client_gone(request, started)
+        status = access.CLIENT_CLOSED
+        access.write_cancelled(request, started)
         raise
     finally:
         drain.leave(task)
         if status is not None:
             metrics.observe(request, status, time.perf_counter() - started)
-
-
-def _access_line_of_a_client_gone(request: web.Request, started: float) -> None:
-    """aiohttp writes an access line for each answer it sends; a request whose client left
-    (its handler cancelled) has none, so it would be missing from the log: its line is
-    written here, in the same format, with nginx's 499."""
-    logger = request.app.get("access_log")
-    if logger is None:
-        return
-    version = request.version
-    logger.info(
-        '%s "%s %s HTTP/%d.%d" %d - %.6f "%s"',
-        request.remote,
-        request.method,
-        request.path_qs,
-        version.major,
-        version.minor,
-        CLIENT_CLOSED,
-        time.perf_counter() - started,
-        request.headers.get("User-Agent", "-"),
-    )
 
 
 _FILE_STARTED = "stations.file_started"

@@ -211,10 +211,6 @@ def _method(request: web.Request) -> str:
     return request.method if request.method in METHODS else "other"
 
 
-# "Client closed request", as nginx logs it: the client left and aiohttp cancelled its handler.
-CLIENT_CLOSED = 499
-
-
 async def metrics_handler(request: web.Request) -> web.Response:
     body = await request.app["metrics"].render(request.app.get("metrics_refresh", ()))
     response = web.Response(body=body)

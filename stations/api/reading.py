@@ -20,6 +20,7 @@ from datetime import datetime
 
 from aiohttp import web
 
+from stations.api import access
 from stations.domain import framing
 from stations.domain.reads import ReadResult
 from stations.records import StreamState
@@ -187,6 +188,7 @@ async def respond(
         await stream.write_eof()
     except ConnectionError as exc:
         forget(exc)
+        access.left(request)
         del pieces, batch, result  # this frame outlives the call in the exception's cycle
         if request.transport is not None:
             request.transport.close()

@@ -11,7 +11,7 @@ import re
 
 from aiohttp import web
 
-from stations.api import reading
+from stations.api import access, reading
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.budget import Overloaded
 from stations.domain.offsets import Start, encode
@@ -157,6 +157,9 @@ async def serve_sse(request: web.Request, name: str, position: Start | None) -> 
         reading.forget(exc)
         with contextlib.suppress(NameError):  # unless it was let go while waiting
             del result  # this frame outlives the call in the exception's cycle
+        if isinstance(exc, asyncio.CancelledError):
+            raise  # its client left while it waited: the edge logs and counts the 499
+        access.left(request)  # a write found the client gone
         return response
     await response.write_eof()
     return response
