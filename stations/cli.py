@@ -341,7 +341,7 @@ def _access_log(target: str | None) -> dict[str, Any]:
 async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
-    from stations.api import make_app
+    from stations.api import keys, make_app
     from stations.api.drain import READER_GRACE_S, Drain
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
@@ -442,8 +442,8 @@ async def _serve(args: argparse.Namespace) -> None:
             loopback_host_only=tokens is None and _is_loopback(args.host),
         ),
     )
-    app["access_log"] = args.access_logging.get("access_log")  # for lines aiohttp leaves out
-    drain: Drain = app["drain"]
+    app[keys.ACCESS_LOG] = args.access_logging.get("access_log")  # for lines aiohttp leaves out
+    drain: Drain = app[keys.DRAIN]
     # A client that leaves cancels its handler: a parked fetch then leases nothing nobody will
     # get, and a waiting reader gives its slot back at once (aiohttp waits for the handler
     # to end by itself unless told).

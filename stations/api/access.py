@@ -15,6 +15,8 @@ import time
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from stations.api import keys
+
 CLIENT_CLOSED = 499
 
 _GONE = "stations.client_gone"
@@ -53,7 +55,7 @@ def write(
 
 def write_cancelled(request: web.Request, started: float) -> None:
     """The line aiohttp leaves out: a handler cancelled because its client left."""
-    logger = request.app.get("access_log")
+    logger = request.app.get(keys.ACCESS_LOG)
     if logger is not None:
         write(logger, request, CLIENT_CLOSED, "-", time.perf_counter() - started)
 

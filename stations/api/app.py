@@ -7,7 +7,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from stations.api import cursors, groups, stations, streams, subscriptions, transactions
+from stations.api import cursors, groups, keys, stations, streams, subscriptions, transactions
 from stations.api.auth import Token, needs
 from stations.api.drain import Drain
 from stations.api.edge import count_file, edge_middleware
@@ -30,7 +30,7 @@ async def livez(_request: web.Request) -> web.Response:
 @needs("open")
 async def readyz(request: web.Request) -> web.Response:
     """The database answers: 200, else 503 saying why (``/healthz`` is the same check)."""
-    problem = await request.app["service"].ping()
+    problem = await request.app[keys.SERVICE].ping()
     if problem is None:
         return web.json_response({"status": "ok"})
     body = {"status": "unavailable", "database": "unreachable", "error": problem}
@@ -112,19 +112,22 @@ def make_app(
         client_max_size=MAX_BODY,
     )
     limits = limits or Limits()
-    app["service"] = service
-    app["tokens"] = tokens
-    app["metrics"] = Metrics(service, metrics_stations)
-    app["limits"] = limits
-    app["cors"] = cors or CorsPolicy(any_origin=bool(tokens))
-    app["readers"] = ReaderSlots(limits.max_waiting_readers, limits.max_waiting_readers_per_token)
-    app["slow_clients"] = SlowClients()
-    service.budget.on_starved = app["slow_clients"].close_paused
-    app["drain"] = Drain(app["readers"])
-    app["metrics"].registry.register(_ReadCollector(service, app["readers"]))
-    app["metrics_refresh"] = [cursors.CursorLag(service, app["metrics"].registry).refresh]
-    app["long_poll_timeout_s"] = long_poll_timeout_ms / 1000
-    app["sse_lifetime_s"] = sse_lifetime_ms / 1000
+    app[keys.SERVICE] = service
+    app[keys.TOKENS] = tokens
+    app[keys.METRICS] = Metrics(service, metrics_stations)
+    app[keys.LIMITS] = limits
+    app[keys.CORS] = cors or CorsPolicy(any_origin=bool(tokens))
+    app[keys.READERS] = ReaderSlots(
+        limits.max_waiting_readers, limits.max_waiting_readers_per_token
+    )
+    app[keys.SLOW_CLIENTS] = SlowClients()
+    service.budget.on_starved = app[keys.SLOW_CLIENTS].close_paused
+    app[keys.DRAIN] = Drain(app[keys.READERS])
+    app[keys.METRICS].registry.register(_ReadCollector(service, app[keys.READERS]))
+    lag = cursors.CursorLag(service, app[keys.METRICS].registry)
+    app[keys.METRICS_REFRESH] = (lag.refresh,)
+    app[keys.LONG_POLL_TIMEOUT_S] = long_poll_timeout_ms / 1000
+    app[keys.SSE_LIFETIME_S] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", readyz)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)

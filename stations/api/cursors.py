@@ -9,6 +9,7 @@ from datetime import datetime
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
+from stations.api import keys
 from stations.api.auth import needs
 from stations.api.stations import json_body, station_name
 from stations.domain import cursors
@@ -17,7 +18,7 @@ from stations.errors import BadRequest
 
 
 def _service(request: web.Request) -> Service:
-    svc: Service = request.app["service"]
+    svc: Service = request.app[keys.SERVICE]
     return svc
 
 

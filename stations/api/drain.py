@@ -18,7 +18,7 @@ class Drain:
     a retry without a message id stored it twice. (Its graceful shutdown is no better here:
     it stops reading the connections first, so a body still arriving never completes.)
 
-    Waiting reads (long-poll, SSE, group fetches: ``app["readers"]``) are not waited for,
+    Waiting reads (long-poll, SSE, group fetches: ``app[keys.READERS]``) are not waited for,
     which would hold a restart for up to their timeouts: once only they are left, they end as
     when their client leaves (an SSE response ends, a long-poll or fetch closes; a parked
     fetch leases nothing), and their clients read again from where they were.

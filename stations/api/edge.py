@@ -26,7 +26,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from stations.api import access, auth, errors, headers, limits
+from stations.api import access, auth, errors, headers, keys, limits
 from stations.api.drain import Drain
 from stations.api.metrics import Metrics
 
@@ -34,8 +34,8 @@ from stations.api.metrics import Metrics
 @web.middleware
 async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    metrics: Metrics = app["metrics"]
-    drain: Drain = app["drain"]
+    metrics: Metrics = app[keys.METRICS]
+    drain: Drain = app[keys.DRAIN]
     started = time.perf_counter()
     task = drain.enter()
     status: int | None = 500
@@ -76,7 +76,7 @@ async def count_file(request: web.BaseRequest, response: web.StreamResponse) -> 
     """``on_response_prepare``: a console file's count, by the status it is sent with."""
     started = request.get(_FILE_STARTED)
     if started is not None and isinstance(request, web.Request):
-        metrics: Metrics = request.app["metrics"]
+        metrics: Metrics = request.app[keys.METRICS]
         metrics.observe(request, response.status, time.perf_counter() - started)
 
 
@@ -91,7 +91,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         return refusal
     try:
         if limits.waits(request):
-            with request.app["readers"].slot(request.get("token")):
+            with request.app[keys.READERS].slot(request.get("token")):
                 return await handler(request)
         return await handler(request)
     except asyncio.CancelledError:

@@ -36,6 +36,7 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from stations.api import keys
 from stations.api.errors import error_response
 from stations.domain.budget import Overloaded
 
@@ -292,7 +293,7 @@ class CappedSite(web.SockSite):
         super().__init__(runner, sock, **kwargs)
         self.limits = limits
         self.refusing = 0
-        self.slow: SlowClients | None = runner.app.get("slow_clients")
+        self.slow: SlowClients | None = runner.app.get(keys.SLOW_CLIENTS)
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server

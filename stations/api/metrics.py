@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from stations.api import keys
 from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
 from stations.errors import Unavailable
@@ -212,7 +213,8 @@ def _method(request: web.Request) -> str:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    body = await request.app["metrics"].render(request.app.get("metrics_refresh", ()))
+    refreshes = request.app[keys.METRICS_REFRESH]
+    body = await request.app[keys.METRICS].render(refreshes)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from aiohttp import web
 
-from stations.api import access
+from stations.api import access, keys
 from stations.domain import framing
 from stations.domain.reads import ReadResult
 from stations.records import StreamState
@@ -70,7 +70,7 @@ def _cached(
     if body is None:
         body = _built[key] = build()
         weakref.finalize(result, _built.pop, key, None)
-        request.app["service"].budget.charge(result, len(body))
+        request.app[keys.SERVICE].budget.charge(result, len(body))
     return body
 
 

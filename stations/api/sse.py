@@ -11,7 +11,7 @@ import re
 
 from aiohttp import web
 
-from stations.api import access, reading
+from stations.api import access, keys, reading
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.budget import Overloaded
 from stations.domain.offsets import Start, encode
@@ -64,9 +64,9 @@ async def _lead_bytes(svc: Service, name: str, position: int, stream: tuple[int,
 
 
 async def serve_sse(request: web.Request, name: str, position: Start | None) -> web.StreamResponse:
-    svc = request.app["service"]
+    svc = request.app[keys.SERVICE]
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + request.app["sse_lifetime_s"]
+    deadline = loop.time() + request.app[keys.SSE_LIFETIME_S]
     # A shared read (timeout 0: at once, even empty), like the long-poll's.
     first = await svc.read_or_wait(name, position, 0, max_bytes=MAX_READ_BYTES)
     await svc.touch(first.state)

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from stations.api import keys
 from stations.api.auth import needs, require_station
 from stations.domain import messages
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
@@ -16,7 +17,7 @@ from stations.errors import BadRequest
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
-    return request.app["service"]
+    return request.app[keys.SERVICE]
 
 
 def station_name(request: web.Request) -> str:
@@ -114,7 +115,7 @@ async def delete_station(request: web.Request) -> web.Response:
 
 @needs("produce")
 async def produce(request: web.Request) -> web.Response:
-    cap = request.app["limits"].max_append_messages
+    cap = request.app[keys.LIMITS].max_append_messages
     body = await json_body(request, cap)
     result, _state = await service(request).produce(station_name(request), body, cap)
     # Written directly: a dict per message for a JSON encoder cost twice as much.

@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from stations.api import reading
+from stations.api import keys, reading
 from stations.api.auth import needs, require_station
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
@@ -46,7 +46,7 @@ CACHEABLE_PRIVATE = "private, max-age=60, stale-while-revalidate=300"
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
-    return request.app["service"]
+    return request.app[keys.SERVICE]
 
 
 def stream_name(request: web.Request) -> str:
@@ -188,7 +188,7 @@ async def put_stream(request: web.Request) -> web.Response:
     body = await request.read()
     svc = service(request)
     json_mode = is_json_type(content_type)
-    cap = request.app["limits"].max_append_messages
+    cap = request.app[keys.LIMITS].max_append_messages
     initial = (
         framing.split_json(body, allow_empty=True, max_messages=cap)
         if json_mode
@@ -255,7 +255,9 @@ async def post_stream(request: web.Request) -> web.Response:
             _content_type(content_type)
             if is_json_type(content_type):
                 req.messages = framing.split_json(
-                    body, allow_empty=False, max_messages=request.app["limits"].max_append_messages
+                    body,
+                    allow_empty=False,
+                    max_messages=request.app[keys.LIMITS].max_append_messages,
                 )
             else:
                 req.messages = [body]
@@ -314,7 +316,7 @@ def _etag(result: ReadResult) -> str:
 
 
 def _cacheable(request: web.Request) -> str:
-    return CACHEABLE_PRIVATE if request.app["tokens"] else CACHEABLE
+    return CACHEABLE_PRIVATE if request.app[keys.TOKENS] else CACHEABLE
 
 
 def _none_match(header: str | None, etag: str) -> bool:
@@ -353,7 +355,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     if live == "long-poll":
         # No read of the stream first: the many readers of one stream share reads, and a
         # reader at a tail they already saw waits without touching the database.
-        timeout = request.app["long_poll_timeout_s"]
+        timeout = request.app[keys.LONG_POLL_TIMEOUT_S]
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
         await svc.touch(result.state)
         if not result.count:

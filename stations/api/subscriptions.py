@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from stations.api import keys
 from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
@@ -35,7 +36,7 @@ WAKE_ACTIONS = ("callback", "ack", "release")
 
 
 def _engine(request: web.Request) -> SubscriptionEngine:
-    engine: SubscriptionEngine = request.app["subscriptions"]
+    engine: SubscriptionEngine = request.app[keys.SUBSCRIPTIONS]
     return engine
 
 
@@ -99,7 +100,7 @@ async def _scope_of(request: web.Request, sub_id: str) -> None:
     token = request.get("token")
     if token is None or not token.stations:
         return
-    row, followed = await request.app["service"].read_db(links.read_view, sub_id)
+    row, followed = await request.app[keys.SERVICE].read_db(links.read_view, sub_id)
     try:
         _scope(request, [row["wake_stream"], *[link.path for link in followed]], row["pattern"])
     except Forbidden:
@@ -131,8 +132,8 @@ async def put_subscription(request: web.Request) -> web.Response:
     _scope(request, [definition.wake_stream, *definition.streams], definition.pattern)
     engine = _engine(request)
     if definition.webhook_url is not None:
-        await resolve_refusal(definition.webhook_url, request.app["webhooks_allow_loopback"])
-    service = request.app["service"]
+        await resolve_refusal(definition.webhook_url, request.app[keys.WEBHOOKS_ALLOW_LOOPBACK])
+    service = request.app[keys.SERVICE]
     base_url = _base_url(request)
     try:
         _, created = await service.write(links.create_or_confirm, sub_id, definition, base_url)
@@ -146,7 +147,7 @@ async def put_subscription(request: web.Request) -> web.Response:
 
 
 async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
-    row, followed = await request.app["service"].read_db(links.read_view, sub_id)
+    row, followed = await request.app[keys.SERVICE].read_db(links.read_view, sub_id)
     return links.view(row, followed, _engine(request).signer)
 
 
@@ -163,7 +164,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 async def delete_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
     await _scope_of(request, sub_id)
-    await request.app["service"].write(links.delete, sub_id)
+    await request.app[keys.SERVICE].write(links.delete, sub_id)
     await _engine(request).refresh({sub_id})
     return web.Response(status=204)
 
@@ -180,7 +181,7 @@ async def add_streams(request: web.Request) -> web.Response:
     paths = list(dict.fromkeys(spec.stream_path(p, "streams") for p in raw))
     _scope(request, paths)
     await _scope_of(request, sub_id)
-    await request.app["service"].write(links.add_streams, sub_id, paths)
+    await request.app[keys.SERVICE].write(links.add_streams, sub_id, paths)
     await _engine(request).refresh({sub_id})
     return web.Response(status=204)
 
@@ -191,7 +192,7 @@ async def remove_stream(request: web.Request) -> web.Response:
     sub_id = _id(request)
     path = spec.normalize_path(unquote(request.match_info["path"]))
     await _scope_of(request, sub_id)
-    await request.app["service"].write(links.remove_stream, sub_id, path)
+    await request.app[keys.SERVICE].write(links.remove_stream, sub_id, path)
     await _engine(request).refresh({sub_id})
     return web.Response(status=204)
 
@@ -267,7 +268,7 @@ def routes() -> list[web.RouteDef]:
 
 def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
     """The routes; call before the stream routes are added."""
-    app["webhooks_allow_loopback"] = allow_loopback
+    app[keys.WEBHOOKS_ALLOW_LOOPBACK] = allow_loopback
     app.router.add_routes(routes())
     if links.purge_stream not in lifecycle.purge_hooks:
         lifecycle.purge_hooks.append(links.purge_stream)
@@ -275,18 +276,18 @@ def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
 
 def attach(app: web.Application) -> None:
     """The engine's life cycle; call after the service's own start hook is registered."""
-    allow_loopback = app["webhooks_allow_loopback"]
+    allow_loopback = app[keys.WEBHOOKS_ALLOW_LOOPBACK]
 
     async def start(app: web.Application) -> None:
         sender = WebhookSender(allow_loopback)
-        app["webhook_sender"] = sender
-        engine = SubscriptionEngine(app["service"], sender.send)
-        app["subscriptions"] = engine
+        app[keys.WEBHOOK_SENDER] = sender
+        engine = SubscriptionEngine(app[keys.SERVICE], sender.send)
+        app[keys.SUBSCRIPTIONS] = engine
         await engine.start()
 
     async def stop(app: web.Application) -> None:
-        await app["subscriptions"].stop()
-        await app["webhook_sender"].close()
+        await app[keys.SUBSCRIPTIONS].stop()
+        await app[keys.WEBHOOK_SENDER].close()
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)

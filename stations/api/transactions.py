@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from stations.api import keys
 from stations.api.auth import ALLOWED, Token, needs
 from stations.api.stations import json_body, service
 from stations.domain import transactions
@@ -51,7 +52,7 @@ async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
 # Any valid token may ask; each item is checked by ``_authorize``.
 @needs("read")
 async def transact(request: web.Request) -> web.Response:
-    cap = request.app["limits"].max_append_messages
+    cap = request.app[keys.LIMITS].max_append_messages
     req = transactions.parse(await json_body(request), cap)
     await _authorize(request, req)
     result = await service(request).transact(req)
