@@ -19,10 +19,23 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import Server
 
 JSON = {"Content-Type": "application/json"}
+
+
+def closed_by_reason(url: str) -> dict[str, float]:
+    """``stations_connections_closed_total`` by reason, from ``/metrics``."""
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "stations_connections_closed"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def _raise_own_nofile(need: int) -> None:
@@ -224,6 +237,11 @@ async def test_slowloris_head_body_and_idle_connections_are_closed(
     assert httpx.get(f"{server.url}/v1/stream/slow?offset=-1").json() == []
     # Each timeout closes its connection cleanly (a head timeout logged an AttributeError).
     assert "Traceback" not in server.log(), server.log()
+    # Each is counted by its reason (they were in no request's count). An idle connection
+    # closed by the keep-alive timeout is no refusal.
+    closed = closed_by_reason(server.url)
+    assert closed["head_timeout"] == 20 and closed["body_timeout"] == 5, closed
+    assert closed["max_connections"] == closed["malformed"] == closed["send_timeout"] == 0
 
 
 # -- the connection cap and the waiting-reader cap ------------------------------------------------
@@ -253,6 +271,7 @@ async def test_malformed_request_heads_get_a_json_400_and_no_traceback(
     log = server.log()
     assert "Traceback" not in log and " ERROR " not in log, log
     assert log.count("refused a malformed request") == len(heads)
+    assert closed_by_reason(server.url)["malformed"] == len(heads)
 
 
 async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothing(
@@ -479,6 +498,7 @@ async def test_connection_cap_answers_503_and_readers_leave_room(
     # The waiting readers that were served saw the message.
     await asyncio.sleep(0.5)
     assert httpx.get(f"{server.url}/healthz").status_code == 200
+    assert closed_by_reason(server.url)["max_connections"] == 1
 
 
 async def test_1000_readers_at_nofile_1024_leave_producer_and_health_through(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import Server
 
@@ -66,6 +67,15 @@ def test_clients_that_stop_reading_do_not_starve_other_reads(srv: Server) -> Non
                 except TimeoutError:
                     pass
             assert reset >= 1
+            closed = {
+                sample.labels["reason"]: sample.value
+                for family in text_string_to_metric_families(http.get("/metrics").text)
+                if family.name == "stations_connections_closed"
+                for sample in family.samples
+                if sample.name.endswith("_total")
+            }
+            assert closed["slow_client"] >= reset, closed
+            assert closed["send_timeout"] == 0, closed
         finally:
             for s in silent:
                 s.close()

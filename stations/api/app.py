@@ -120,7 +120,7 @@ def make_app(
     app[keys.READERS] = ReaderSlots(
         limits.max_waiting_readers, limits.max_waiting_readers_per_token
     )
-    app[keys.SLOW_CLIENTS] = SlowClients()
+    app[keys.SLOW_CLIENTS] = SlowClients(app[keys.METRICS].closed)
     service.budget.on_starved = app[keys.SLOW_CLIENTS].close_paused
     app[keys.DRAIN] = Drain(app[keys.READERS])
     app[keys.METRICS].registry.register(_ReadCollector(service, app[keys.READERS]))

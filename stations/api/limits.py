@@ -46,6 +46,22 @@ FD_RESERVE = 128  # descriptors kept for the database, files and the listener
 WAITING_READERS_SHARE = 0.9  # of max_connections, by default
 REFUSERS = 64  # connections being refused at once; more are dropped at once
 
+# Why the connection layer closed or refused a connection by itself, before or around any
+# handler (so in no request's count): ``stations_connections_closed_total{reason}``.
+CLOSE_REASONS = (
+    "max_connections",  # over --max-connections: a 503, or dropped when many are refused
+    "head_timeout",  # a request head not in within --head-timeout-s: 408
+    "body_timeout",  # a request body not in within --body-timeout-s: 408
+    "malformed",  # a request aiohttp could not parse: 400
+    "send_timeout",  # its client read nothing for --send-timeout-s
+    "slow_client",  # its client read nothing while other reads waited for read memory
+)
+Closed = Callable[[str], None]  # counts one close by its reason
+
+
+def _uncounted(reason: str) -> None:
+    pass
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -119,6 +135,7 @@ class _Refuser(asyncio.Protocol):
             self._timer = None
         transport = self._transport
         if transport is not None and not transport.is_closing():
+            self._site.closed("max_connections")
             transport.write(TOO_MANY_CONNECTIONS)
             transport.close()
 
@@ -136,8 +153,9 @@ class SlowClients:
     never read would otherwise have every other read wait and be refused for as long as
     ``send_timeout_s`` (and again each time they reconnect)."""
 
-    def __init__(self) -> None:
+    def __init__(self, closed: Closed = _uncounted) -> None:
         self.paused: dict[GuardedHandler, float] = {}
+        self.closed = closed
 
     def close_paused(self, for_s: float) -> int:
         """Close every connection paused for ``for_s`` seconds or more; returns how many."""
@@ -146,6 +164,7 @@ class SlowClients:
         for handler in slow:
             self.paused.pop(handler, None)
             if handler.transport is not None:
+                self.closed("slow_client")
                 handler.transport.abort()
         if slow:
             logger.info(
@@ -159,13 +178,20 @@ class SlowClients:
 class GuardedHandler(RequestHandler):
     """aiohttp's request handler with head, body and send timeouts."""
 
-    def __init__(self, limits: Limits, slow: SlowClients | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        slow: SlowClients | None = None,
+        closed: Closed = _uncounted,
+        **kwargs: Any,
+    ) -> None:
         # Bodies are never decoded (encoding_middleware refuses coded ones): no decompression
         # work for a body nobody will store, and no parser error on one aiohttp cannot decode.
         kwargs["auto_decompress"] = False
         super().__init__(keepalive_timeout=limits.idle_timeout_s, **kwargs)
         self._limits = limits
         self._slow = slow
+        self._closed = closed
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
 
@@ -209,6 +235,7 @@ class GuardedHandler(RequestHandler):
             # aiohttp answers Expect before any middleware, and its refusal of a value that is
             # not UTF-8 failed to encode that value into its own message: a 500 and a traceback.
             logger.info("refused a request from %s: its Expect is not ASCII", request.remote)
+            self._closed("malformed")
             response = error_response(
                 417, "expectation_failed", "Expect may only be 100-continue", "Expect"
             )
@@ -223,6 +250,7 @@ class GuardedHandler(RequestHandler):
         else:
             text = "malformed request: " + " ".join(exc.message.split())[:300]
         logger.info("refused a malformed request from %s: %s", request.remote, exc.message[:200])
+        self._closed("malformed")
         response = error_response(status, "bad_request", text)
         response.force_close()
         return response
@@ -237,6 +265,7 @@ class GuardedHandler(RequestHandler):
         if self._busy() or self.transport is None:
             return
         logger.info("closing a connection whose request head did not arrive in time")
+        self._closed("head_timeout")
         transport = self.transport  # force_close() lets go of it
         transport.write(HEAD_TIMEOUT)
         self.force_close()
@@ -246,6 +275,7 @@ class GuardedHandler(RequestHandler):
         if payload.is_eof():
             return
         logger.info("a request body did not arrive within %ss", self._limits.body_timeout_s)
+        self._closed("body_timeout")
         # The handler reading the body gets 408; the rest of the body is not waited for, and
         # the connection closes after the answer (its framing is lost).
         payload.set_exception(web.HTTPRequestTimeout())
@@ -274,6 +304,7 @@ class GuardedHandler(RequestHandler):
         self._send_timer = None
         if self.transport is not None:
             logger.info("closing a connection whose client stopped reading")
+            self._closed("send_timeout")
             self.transport.abort()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -294,16 +325,24 @@ class CappedSite(web.SockSite):
         self.limits = limits
         self.refusing = 0
         self.slow: SlowClients | None = runner.app.get(keys.SLOW_CLIENTS)
+        metrics = runner.app.get(keys.METRICS)
+        self.closed: Closed = metrics.closed if metrics is not None else _uncounted
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
         assert server is not None
         if len(server._connections) >= self.limits.max_connections:
             if self.refusing >= REFUSERS:
+                self.closed("max_connections")
                 return _Dropper()
             return _Refuser(self)
         return GuardedHandler(
-            self.limits, self.slow, manager=server, loop=server._loop, **_kwargs(server)
+            self.limits,
+            self.slow,
+            self.closed,
+            manager=server,
+            loop=server._loop,
+            **_kwargs(server),
         )
 
     async def start(self) -> None:

@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from stations.api import keys
+from stations.api.limits import CLOSE_REASONS
 from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
 from stations.errors import Unavailable
@@ -155,6 +156,15 @@ class Metrics:
             "not (an outage: the station and group series are left out, the rest is served)",
             registry=self.registry,
         )
+        self.connections_closed = Counter(
+            "stations_connections_closed",
+            "Connections the server closed or refused by itself, by reason (before or around "
+            "any request's handler, so in no request's count)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in CLOSE_REASONS:  # each series from the start, at 0
+            self.connections_closed.labels(reason)
         service.tally.batch_observers.append(self._batch)
         self.stations = StationsCollector(service)
         self.registry.register(self.stations)
@@ -163,6 +173,9 @@ class Metrics:
         GCCollector(registry=self.registry)
         self._lock = asyncio.Lock()
         self._request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def closed(self, reason: str) -> None:
+        self.connections_closed.labels(reason).inc()
 
     def observe(self, request: web.Request, status: int, seconds: float) -> None:
         # prometheus_client's ``labels()`` costs more than the count itself (5 of 8 us a
