@@ -396,3 +396,53 @@ def test_stream_expiry_decides_on_the_row_under_its_lock(pg_url: str) -> None:
         assert _sql(pg_url, "SELECT deleted FROM streams WHERE name = 'ttl'") == [(False,)]
 
     asyncio.run(run())
+
+
+def test_a_batch_of_ops_on_several_stations_locks_them_in_name_order(pg_url: str) -> None:
+    """Ops of one writer transaction each lock their station in name order, but a batch ran
+    them in the order they came: an append to b then one to a, beside another process's batch
+    taking a then b, was a deadlock PostgreSQL broke only after deadlock_timeout (two
+    processes, 8 stations: 53 produces/s against 748 with one). A batch now takes its stations
+    first, in name order: waiting for a, it holds neither b nor c."""
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            for name in ("a", "b", "c"):
+                await svc.create_station({"name": name})
+                await svc.produce(name, {"messages": [{"data": 0}]})
+            await svc.ensure_group("c", "g", {"maxAckTimeMs": 60_000})
+            assert len((await svc.fetch("c", "g", 1, 0, "c1")).messages) == 1
+            other = psycopg.connect(pg_url)
+            try:
+                other.execute("SET deadlock_timeout = '100ms'")  # it checks first
+                other.execute("SELECT 1 FROM streams WHERE name = 'a' FOR UPDATE")
+                # One step of the event loop: one batch, c's ack and b's produce before a's.
+                ops = asyncio.gather(
+                    svc.ack("c", "g", [1]),
+                    svc.produce("b", {"messages": [{"id": "y", "data": 2}]}),
+                    svc.produce("a", {"messages": [{"id": "x", "data": 1}]}),
+                )
+                await _blocked_or_done(pg_url, other.info.backend_pid, ops)
+                for name in ("b", "c"):  # free: not psycopg.errors.LockNotAvailable
+                    await asyncio.wait_for(
+                        _in_thread(
+                            lambda name=name: other.execute(  # type: ignore[misc]
+                                "SELECT 1 FROM streams WHERE name = %s FOR UPDATE NOWAIT",
+                                (name,),
+                            )
+                        ),
+                        10,
+                    )
+                other.commit()
+            finally:
+                other.close()
+            acked, _, _ = await asyncio.wait_for(ops, 10)
+            assert acked == (1, [])
+            assert svc.db.writer.transient_retries == 0
+        finally:
+            await svc.close()
+        assert _sql(pg_url, "SELECT count(*) FROM messages")[0][0] >= 5
+
+    asyncio.run(run())

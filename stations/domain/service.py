@@ -225,13 +225,17 @@ class Service:
         relaxed: bool = False,
         small: bool = False,
         then: Callable[[T], None] | None = None,
+        locks: tuple[str, ...] = (),
     ) -> T:
-        """Run ``fn(batch, *args)`` in the writer's next transaction (``relaxed``, ``small``:
-        see ``Writer.enqueue``); ``then(result)`` once it committed (see ``_then``)."""
+        """Run ``fn(batch, *args)`` in the writer's next transaction (``relaxed``, ``small``,
+        ``locks``: see ``Writer.enqueue``); ``then(result)`` once it committed (see
+        ``_then``)."""
         op = _then(fn, then) if then is not None else fn
         with self.notifier.writing():  # held readers' answers wait for it (producers first)
             return await _committed(
-                self.db.write(lambda batch: op(batch, *args), sort_key, relaxed, small=small)
+                self.db.write(
+                    lambda batch: op(batch, *args), sort_key, relaxed, small=small, locks=locks
+                )
             )
 
     @property
@@ -288,7 +292,7 @@ class Service:
         if again and now - self._touched.get(state.name, -math.inf) < ttl / 4:
             return
         self._touched[state.name] = now
-        await self.write(lifecycle.touch, state.name)
+        await self.write(lifecycle.touch, state.name, locks=(state.name,))
 
     async def append(self, req: AppendRequest) -> AppendResult:
         """Append; a producer request ahead of its turn waits briefly for the missing ones."""
@@ -308,6 +312,7 @@ class Service:
                     _then(functools.partial(log.append, window=self.ids, req=req), tallied),
                     sort_key=key,
                     small=sum(map(len, req.messages)) <= SMALL_APPEND_BYTES,
+                    locks=(req.name,),
                 )
                 self._serve_parked(req.name)
                 result: AppendResult = await _committed(appended)
@@ -482,7 +487,8 @@ class Service:
                     max_messages=max_messages,
                 ),
                 tallied,
-            )
+            ),
+            locks=(name,),
         )
         self._serve_parked(name)  # waiting fetches ride on this transaction
         result, state = await _committed(produced)
@@ -502,7 +508,7 @@ class Service:
         return await self.read_db(cursors.one, station, name, now_ms())
 
     async def commit_cursor(self, station: str, name: str, raw: Any) -> dict[str, Any]:
-        return await self.write(cursors.commit, station, name, raw)
+        return await self.write(cursors.commit, station, name, raw, locks=(station,))
 
     async def delete_cursor(self, station: str, name: str) -> None:
         await self.write(cursors.remove, station, name)
@@ -588,6 +594,7 @@ class Service:
             relaxed=True,
             small=max_count <= SMALL_FETCH,
             then=self._delivered(station, group),
+            locks=(station,),
         )
 
     def _delivered(self, station: str, group: str) -> Callable[[Fetched], None]:
@@ -641,7 +648,14 @@ class Service:
                 ),
                 self._delivered(station, group),
             )
-            self.db.enqueue(op, relaxed=True, small=small, first=True, future=parked.answer)
+            self.db.enqueue(
+                op,
+                relaxed=True,
+                small=small,
+                first=True,
+                future=parked.answer,
+                locks=(station,),
+            )
             return
         self._rounds.add(key)
         for parked in waiting:  # its timer must not answer it while the round may lease to it
@@ -651,6 +665,7 @@ class Service:
             relaxed=True,
             small=small,
             first=first,
+            locks=(station,),
         )
         done.add_done_callback(functools.partial(self._round_done, key, waiting))
 
@@ -700,14 +715,19 @@ class Service:
             if result.nack_due is not None or result.dead_lettered:
                 self.leases.arm(result.nack_due or now_ms())
 
-        done: transactions.TxResult = await self.write(transactions.run, self.ids, req, then=then)
+        locks = tuple(sorted(req.stations("settle").keys() | req.stations("produce").keys()))
+        done: transactions.TxResult = await self.write(
+            transactions.run, self.ids, req, then=then, locks=locks
+        )
         return done
 
     async def seek(self, station: str, group: str, target: tuple[str, Any]) -> SeekResult:
-        return await self.write(groups.seek, station, group, target)
+        return await self.write(groups.seek, station, group, target, locks=(station,))
 
     async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:
-        return await self.write(groups.ack, station, group, seqs, small=len(seqs) <= SMALL_ACK)
+        return await self.write(
+            groups.ack, station, group, seqs, small=len(seqs) <= SMALL_ACK, locks=(station,)
+        )
 
     async def nack(
         self, station: str, group: str, seqs: list[int], delay_ms: int
@@ -716,7 +736,9 @@ class Service:
         def arm(_: object) -> None:
             self.leases.arm(now_ms() + delay_ms if delay_ms else now_ms())
 
-        return await self.write(groups.nack, station, group, seqs, delay_ms, then=arm)
+        return await self.write(
+            groups.nack, station, group, seqs, delay_ms, then=arm, locks=(station,)
+        )
 
     async def dead_letter(
         self, station: str, group: str, seqs: list[int], reason: str | None
@@ -729,6 +751,7 @@ class Service:
             seqs,
             reason,
             then=lambda _: self.leases.arm(now_ms()),
+            locks=(station,),
         )
 
     async def dls_entries(
@@ -743,10 +766,10 @@ class Service:
             if replayed and isinstance(delay, int) and delay > 0:
                 self.leases.arm(now_ms() + delay)  # wake fetchers when the replay falls due
 
-        return await self.write(dls.replay, station, raw, then=arm)
+        return await self.write(dls.replay, station, raw, then=arm, locks=(station,))
 
     async def drop(self, station: str, raw: Any) -> int:
-        return await self.write(dls.drop, station, raw)
+        return await self.write(dls.drop, station, raw, locks=(station,))
 
     async def figures(self, limit: int) -> figures.Snapshot:
         """Stations' and groups' gauges for monitoring, read now (at most ``limit`` stations)."""

@@ -105,11 +105,14 @@ class Database:
         small: bool = False,
         first: bool = False,
         future: asyncio.Future[Any] | None = None,
+        locks: tuple[str, ...] = (),
     ) -> asyncio.Future[T]:
         """Queue ``op`` for the writer now (ops queued in one step of the event loop share a
         transaction, in order); the future is answered after the commit. ``relaxed``,
-        ``small``, ``first``, ``future``: see ``Writer.enqueue``."""
-        return self.writer.enqueue(op, sort_key, relaxed, small=small, first=first, future=future)
+        ``small``, ``first``, ``future``, ``locks``: see ``Writer.enqueue``."""
+        return self.writer.enqueue(
+            op, sort_key, relaxed, small=small, first=first, future=future, locks=locks
+        )
 
     async def write(
         self,
@@ -118,9 +121,11 @@ class Database:
         relaxed: bool = False,
         *,
         small: bool = False,
+        locks: tuple[str, ...] = (),
     ) -> T:
-        """Run ``op(batch)`` in the writer's next transaction; answered after the commit."""
-        result: T = await self.writer.submit(op, sort_key, relaxed, small=small)
+        """Run ``op(batch)`` in the writer's next transaction; answered after the commit.
+        ``locks``: the stations whose rows it locks (see ``Writer.enqueue``)."""
+        result: T = await self.writer.submit(op, sort_key, relaxed, small=small, locks=locks)
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

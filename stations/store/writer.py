@@ -211,6 +211,13 @@ class _Pending:
     relaxed: bool = False
     small: bool = False
     first: bool = False
+    locks: tuple[str, ...] = ()  # the stations whose rows it locks, as far as known
+
+
+def _locks(batch: list[_Pending]) -> list[str]:
+    """The stations a batch's ops will lock, in name order: the order every transaction takes
+    them in (see ``Writer._transaction``)."""
+    return sorted({name for p in batch for name in p.locks})
 
 
 def _run_hooks(hooks: list[Callable[[], None]]) -> None:
@@ -310,6 +317,7 @@ class Writer:
         small: bool = False,
         first: bool = False,
         future: asyncio.Future[Any] | None = None,
+        locks: tuple[str, ...] = (),
     ) -> asyncio.Future[Any]:
         """Queue ``op`` now; ops queued in one step of the event loop share a transaction
         (unless the batch is full), in the order they were queued.
@@ -320,19 +328,26 @@ class Writer:
         answered write. ``small``: a few statements on a few rows (see ``INLINE_OPS``).
         ``first``: answered before the other ops of its commit (a consumer waiting for the
         messages the commit brings). ``future``: the one to answer, if the caller awaits one
-        already (no extra step of the event loop between the commit and the caller)."""
+        already (no extra step of the event loop between the commit and the caller).
+        ``locks``: the stations whose rows ``op`` locks (see ``_transaction``)."""
         loop = asyncio.get_running_loop()
         if future is None:
             future = loop.create_future()
         if not self._staged:
             loop.call_soon(self._hand_over)
-        self._staged.append(_Pending(op, future, sort_key, relaxed, small, first))
+        self._staged.append(_Pending(op, future, sort_key, relaxed, small, first, locks))
         return future
 
     async def submit(
-        self, op: Op, sort_key: Any = None, relaxed: bool = False, *, small: bool = False
+        self,
+        op: Op,
+        sort_key: Any = None,
+        relaxed: bool = False,
+        *,
+        small: bool = False,
+        locks: tuple[str, ...] = (),
     ) -> Any:
-        return await self.enqueue(op, sort_key, relaxed, small=small)
+        return await self.enqueue(op, sort_key, relaxed, small=small, locks=locks)
 
     def _hand_over(self) -> None:
         staged, self._staged = self._staged, []
@@ -368,7 +383,9 @@ class Writer:
         started = time.perf_counter()
         outcome: Any
         try:
-            outcome = self._execute([p.op for p in batch], _strict(batch), _run_hooks)
+            outcome = self._execute(
+                [p.op for p in batch], _strict(batch), _run_hooks, _locks(batch)
+            )
             self._failures.succeeded()
         except Exception as exc:  # the database itself failed: every request hears it
             self._failed(exc)
@@ -416,7 +433,7 @@ class Writer:
                     checkpoints.copy_tail(self._connection().connection.dbapi_connection)
                 if batch:
                     outcome = self._execute(
-                        [p.op for p in batch], _strict(batch), self._hooks_on_loop
+                        [p.op for p in batch], _strict(batch), self._hooks_on_loop, _locks(batch)
                     )
                     self._failures.succeeded()
             except Exception as exc:  # the database itself failed: every request hears it
@@ -505,21 +522,26 @@ class Writer:
         done.wait()
 
     def _execute(
-        self, ops: list[Op], strict: bool, run_hooks: Callable[[list[Callable[[], None]]], None]
+        self,
+        ops: list[Op],
+        strict: bool,
+        run_hooks: Callable[[list[Callable[[], None]]], None],
+        locks: list[str],
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         """``run_hooks``: runs after-commit hooks on the event loop's thread, from the thread
-        this runs on."""
+        this runs on. ``locks``: the stations the ops lock, in name order."""
         if not strict:
             self.relaxed_commits += 1
         try:
             if len(ops) == 1:
                 return self._transaction_again_if_aborted(ops, strict)
-            # Several ops in one transaction lock rows in the order they come, whatever order
-            # each keeps on its own: one aborted as deadlocked goes op by op at once.
+            # Several ops in one transaction lock their stations first, in name order; should
+            # one lock rows beyond those (a station that a dead letter is forwarded to) and be
+            # aborted as deadlocked, the batch goes op by op at once.
             try:
-                return self._transaction(ops, strict)
+                return self._transaction(ops, strict, locks)
             except LostBeforeCommit:
-                return self._transaction(ops, strict)  # once more, on a new connection
+                return self._transaction(ops, strict, locks)  # once more, on a new connection
         except Exception as caught:
             failure = caught.__cause__ or caught if isinstance(caught, LostBeforeCommit) else caught
             if isinstance(failure, OutcomeUnknown):
@@ -531,7 +553,11 @@ class Writer:
                 raise failure from None
             # One op tripped the database (a lost race with another process, say): run each op
             # alone so the others are not failed with it.
-            log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
+            if transient(failure):  # a deadlock with another process: no fault of the code's
+                state = getattr(getattr(failure, "orig", failure), "sqlstate", None)
+                log.info("batch of %d aborted by the database (%s); one by one", len(ops), state)
+            else:
+                log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
             outcomes: list[tuple[bool, Any]] = []
             changed: set[str] = set()
             for op in ops:
@@ -568,7 +594,7 @@ class Writer:
         raise AssertionError("unreachable")
 
     def _transaction(
-        self, ops: list[Op], strict: bool = True
+        self, ops: list[Op], strict: bool = True, locks: list[str] | None = None
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
@@ -578,6 +604,15 @@ class Writer:
         backend = self.backend_pid  # the server process of this connection (PostgreSQL)
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
+                if locks and len(ops) > 1 and batch.row_locks:
+                    # Each op locks its stations in name order, but a batch ran its ops in the
+                    # order they came: two processes' batches took the same stations in
+                    # opposite orders and PostgreSQL aborted one after deadlock_timeout (1 s),
+                    # every request of both batches waiting (two processes, 8 stations: 53
+                    # produces/s against 748 with one). The batch takes them all first, in
+                    # name order, as every transaction does.
+                    for name in locks:
+                        batch.stream(name)
                 for op in ops:
                     try:
                         outcomes.append((True, op(batch)))
