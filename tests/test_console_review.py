@@ -456,3 +456,56 @@ def test_token_field_is_masked_and_not_offered_to_the_password_manager(
         token = page.get_by_label("Token")
         expect(token).to_have_attribute("type", "password")
         expect(token).to_have_attribute("autocomplete", "off")
+
+
+# -- live tails in hidden tabs let go of their connections ------------------------------------
+
+_SET_HIDDEN = """(hidden) => {
+    for (const [key, value] of [['hidden', hidden], ['visibilityState', hidden ? 'hidden' : 'visible']])
+        Object.defineProperty(document, key, { value, configurable: true });
+    document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def test_live_tails_in_hidden_tabs_leave_connections_to_the_others(
+    browser: Browser,  # noqa: F811
+    make_server: MakeServer,
+    sqlite_url: str,  # noqa: F811
+) -> None:
+    """A browser opens at most six HTTP/1.1 connections to a server, for all its tabs: six
+    tabs tailing a station each held one for the SSE's whole lifetime (a minute), and a
+    seventh tab, like every catch-up read of the six, waited that long for anything. A hidden
+    tab's tail now lets go of its connection, and catches up when shown again."""
+    slow = make_server(sqlite_url)  # SSE responses last their default minute
+    client = Api(slow.url)
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(7000)
+    try:
+        client.create("busy")
+        tabs = []
+        for _ in range(6):
+            tab = Console(context.new_page(), slow.url)
+            page = tab.open("#/s/busy/messages")
+            expect(messages_list(page)).to_have_count(0)
+            page.get_by_label("Live tail").check()
+            status = page.get_by_role("tabpanel").locator("p.hint[aria-live]").first
+            expect(status).to_contain_text("Live")
+            tabs.append(tab)
+        for tab in tabs:
+            tab.page.evaluate(_SET_HIDDEN, True)
+        client.produce("busy", {"id": "while-hidden", "data": {"n": 1}})
+
+        seventh = Console(context.new_page(), slow.url)
+        page = seventh.open("")
+        expect(page.get_by_role("link", name="busy")).to_be_visible()
+
+        shown = tabs[0].page
+        shown.evaluate(_SET_HIDDEN, False)
+        expect(messages_list(shown).filter(has_text="while-hidden")).to_have_count(1)
+        client.produce("busy", {"id": "while-shown", "data": {"n": 2}})
+        expect(messages_list(shown).filter(has_text="while-shown")).to_have_count(1)
+        for tab in [*tabs, seventh]:
+            assert tab.errors == [] and tab.dialogs == [], (tab.errors, tab.dialogs)
+    finally:
+        context.close()
+        client.close()

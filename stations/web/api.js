@@ -105,6 +105,11 @@ export const api = {
  * 404) means following stopped, else it retries, and `onResumed()` follows the next good read.
  * `onClosed()`: the station was closed, what it held is read, and following stopped. Returns a
  * function that stops following.
+ *
+ * While the tab is hidden, its waiting read is let go and taken up again (after a catch-up read)
+ * when the tab is shown: a browser opens at most six HTTP/1.1 connections to a server, shared by
+ * all its tabs, and six tails each holding one for up to a minute left none for any other
+ * request of any tab (their own catch-up reads included: nothing moved for a minute).
  */
 export function follow(name, offset, onMessages, { onError = () => {}, onResumed = () => {}, onClosed = () => {} } = {}) {
   const ctrl = new AbortController();
@@ -113,10 +118,23 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
   let again = false;
   let source = null;
   let failing = false;
+  // The waiting read's own controller: aborted when the tab is hidden (see above).
+  let waiting = null;
 
+  const rest = () => {
+    waiting?.abort();
+    waiting = null;
+    source?.close();
+    source = null;
+  };
+  const visibility = () => {
+    if (document.hidden) rest();
+    else if (!waiting && !ctrl.signal.aborted) live();
+  };
   const stop = () => {
     ctrl.abort();
-    source?.close();
+    rest();
+    document.removeEventListener('visibilitychange', visibility);
   };
 
   function fail(err) {
@@ -177,29 +195,30 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
 
   const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-  async function longPoll() {
-    while (!ctrl.signal.aborted) {
+  async function longPoll(mine) {
+    while (!mine.signal.aborted) {
       try {
         await pull();
+        if (mine.signal.aborted) return;
         const res = await fetch(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=long-poll`, {
           headers: authHeaders(),
           cache: 'no-store',
-          signal: ctrl.signal,
+          signal: mine.signal,
         });
         if (res.status === 401) onUnauthorized(new ApiError(401, null));
         if (!res.ok) throw new ApiError(res.status, (await res.json().catch(() => null))?.error);
         await res.arrayBuffer();
         if (res.headers.get('Stream-Closed') === 'true') return closed();
       } catch (err) {
-        if (ctrl.signal.aborted) return;
+        if (mine.signal.aborted) return;
         fail(err);
         await pause(2000);
       }
     }
   }
 
-  function sse() {
-    if (ctrl.signal.aborted) return;
+  function sse(mine) {
+    if (mine.signal.aborted) return;
     const here = new EventSource(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=sse`);
     source = here;
     here.addEventListener('data', () => pull().catch(fail));
@@ -217,25 +236,34 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
     // says only "error": the read before reconnecting finds out which, and reports it.
     here.addEventListener('error', () => {
       here.close();
-      if (!ctrl.signal.aborted && source === here) pause(1000).then(connect);
+      if (!mine.signal.aborted && source === here) pause(1000).then(() => connect(mine));
     });
   }
 
-  async function connect() {
-    while (!ctrl.signal.aborted) {
+  async function connect(mine) {
+    while (!mine.signal.aborted) {
       try {
         await pull();
-        sse();
+        sse(mine);
         return;
       } catch (err) {
-        if (ctrl.signal.aborted) return;
+        if (mine.signal.aborted) return;
         fail(err);
         await pause(2000);
       }
     }
   }
 
-  if (token.get()) longPoll();
-  else connect();
+  // Reads what came meanwhile, then waits for more (unless the tab is hidden).
+  function live() {
+    if (document.hidden) return;
+    const mine = new AbortController();
+    waiting = mine;
+    if (token.get()) longPoll(mine);
+    else connect(mine);
+  }
+
+  document.addEventListener('visibilitychange', visibility);
+  live();
   return stop;
 }
