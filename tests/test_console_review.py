@@ -509,3 +509,21 @@ def test_live_tails_in_hidden_tabs_leave_connections_to_the_others(
     finally:
         context.close()
         client.close()
+
+
+def test_a_long_payload_shows_its_start_and_the_rest_on_demand(console: Console, api: Api) -> None:  # noqa: F811
+    """A 20 MB payload was laid out whole, holding the tab for seconds (a page of such ones
+    for much longer): the first 64 Ki characters are shown, the rest on demand."""
+    api.create("big", contentType="text/plain")
+    api.produce("big", {"data": "a" * 200_000 + "THE-END"}, {"data": "short"})
+    page = console.open("#/s/big/messages")
+    items = messages_list(page)
+    expect(items).to_have_count(2)
+    long, short = items.nth(0), items.nth(1)
+    assert len(long.locator("pre").inner_text()) == 64 * 1024
+    expect(short.locator("pre")).to_have_text("short")
+    expect(short.get_by_role("button")).to_have_count(0)
+    long.get_by_role("button", name="Show all 200,007 characters").click()
+    expect(long.locator("pre")).to_contain_text("THE-END")
+    assert len(long.locator("pre").inner_text()) == 200_007
+    expect(long.get_by_role("button")).to_have_count(0)

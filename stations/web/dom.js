@@ -95,14 +95,36 @@ export function payloadText(item, json) {
   return JSON.stringify(item.data, null, 2);
 }
 
-/** `<pre>` holding a payload as text (never markup); `json`: the station stores JSON. */
+// Characters of a payload shown at first: laying out a 20 MB payload whole held the tab for
+// seconds, and a page of fifty large ones for much longer.
+export const PAYLOAD_SHOWN = 64 * 1024;
+
+/** `<pre>` holding a payload as text (never markup); `json`: the station stores JSON. A long
+ * payload shows its first PAYLOAD_SHOWN characters and a button that shows the rest. */
 export function payload(item, json) {
   const pre = h('pre', { class: 'payload' });
-  pre.textContent = payloadText(item, json);
-  if (item.dataBase64 !== undefined && item.dataBase64 !== null) {
-    return h('div', {}, h('p', { class: 'hint' }, 'Binary payload, shown as base64:'), pre);
+  const text = payloadText(item, json);
+  let more = null;
+  if (text.length > PAYLOAD_SHOWN) {
+    pre.textContent = text.slice(0, PAYLOAD_SHOWN);
+    more = h(
+      'button',
+      {
+        type: 'button',
+        onclick: () => {
+          pre.textContent = text;
+          more.remove();
+        },
+      },
+      `Show all ${num(text.length)} characters`,
+    );
+  } else {
+    pre.textContent = text;
   }
-  return pre;
+  if (item.dataBase64 !== undefined && item.dataBase64 !== null) {
+    return h('div', {}, h('p', { class: 'hint' }, 'Binary payload, shown as base64:'), pre, more);
+  }
+  return more ? h('div', {}, pre, more) : pre;
 }
 
 export function headersList(headers) {
