@@ -14,7 +14,11 @@ import os
 import signal
 import socket
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from stations.api.auth import Token
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
@@ -454,7 +458,7 @@ async def _serve(args: argparse.Namespace) -> None:
         shutdown_timeout=READER_GRACE_S,
         **args.access_logging,
     )
-    stop = _on_signals()
+    stop = _on_signals(_token_reloader(args.tokens, tokens) if tokens is not None else None)
     try:
         # A signal while the database does not answer yet stops the start (it waited forever).
         setup: asyncio.Future[None] = asyncio.ensure_future(runner.setup())
@@ -510,9 +514,30 @@ async def _serve(args: argparse.Namespace) -> None:
             os._exit(EXIT_CANNOT_START)
 
 
-def _on_signals() -> asyncio.Future[str]:
+def _token_reloader(path: str, tokens: list[Token]) -> Callable[[], None]:
+    """SIGHUP reads the tokens file again, so that a token is added or revoked without a
+    restart (with several processes, each is sent its SIGHUP). A file that does not load
+    leaves the tokens as they were, and says why."""
+    from stations.api.auth import TokensFileError, load_tokens
+
+    log = logging.getLogger("stations.tokens")
+
+    def reload() -> None:
+        try:
+            fresh = load_tokens(path)
+        except TokensFileError as exc:
+            log.error("SIGHUP: the tokens in use are kept: %s", exc)
+            return
+        tokens[:] = fresh  # the list the application holds: the next request sees them
+        log.info("SIGHUP: %d token(s) read from %s", len(fresh), path)
+
+    return reload
+
+
+def _on_signals(hangup: Callable[[], None] | None = None) -> asyncio.Future[str]:
     """A future set to the name of the first SIGTERM or SIGINT. A second one takes the
-    default action and ends the process at once (acknowledged writes are on disk already)."""
+    default action and ends the process at once (acknowledged writes are on disk already).
+    ``hangup``: what SIGHUP does (with --tokens, read the tokens file again)."""
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[str] = loop.create_future()
 
@@ -528,8 +553,8 @@ def _on_signals() -> asyncio.Future[str]:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, received, sig)
     # SIGHUP, which logrotate's scripts send to have logs opened anew, ended the process: the
-    # access log follows its file by itself, so there is nothing to do.
-    loop.add_signal_handler(signal.SIGHUP, lambda: None)
+    # access log follows its file by itself, so that needs nothing more.
+    loop.add_signal_handler(signal.SIGHUP, hangup or (lambda: None))
     return stop
 
 

@@ -5,6 +5,7 @@ CLI against a server that is down, and the package as a type-checked library."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -488,5 +489,52 @@ def test_the_access_log_can_be_rotated(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no line in the new file"
             time.sleep(0.1)
         assert "/healthz" not in (tmp_path / "access.log.1").read_text()
+    finally:
+        server.kill()
+
+
+def test_sighup_reads_the_tokens_file_again(tmp_path: Path) -> None:
+    """A token was added or revoked only by restarting every process (a revoked one kept
+    working on any process not restarted). SIGHUP reads the file again; a file that does not
+    load keeps the tokens in use and says why."""
+    tokens = tmp_path / "tokens.json"
+
+    def write(*entries: tuple[str, str]) -> None:
+        listed = [{"token": secret, "role": role} for secret, role in entries]
+        tokens.write_text(json.dumps({"tokens": listed}))
+
+    def status(secret: str) -> int:
+        headers = {"Authorization": f"Bearer {secret}"}
+        return httpx.get(f"{server.url}/api/stations", headers=headers, timeout=10).status_code
+
+    def hangup(line: str) -> None:
+        assert server.proc is not None
+        before = server.log().count(line)
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while server.log().count(line) == before:
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.05)
+
+    write(("old-secret-1", "admin"))
+    flags = ["--tokens", str(tokens), "--log-level", "info"]
+    server = Server(_sqlite(tmp_path), tmp_path, flags).start()
+    try:
+        assert status("old-secret-1") == 200 and status("new-secret-1") == 401
+        write(("new-secret-1", "consumer"))
+        hangup("SIGHUP: 1 token(s) read from")
+        assert status("old-secret-1") == 401  # revoked
+        assert status("new-secret-1") == 200  # added (a consumer may list stations)
+        no_access = httpx.post(
+            f"{server.url}/api/stations",
+            json={"name": "x"},
+            headers={"Authorization": "Bearer new-secret-1"},
+            timeout=10,
+        )
+        assert no_access.status_code == 403  # with the role the file gives it
+        tokens.write_text('{"tokens": [')  # half written: the tokens in use stay
+        hangup("the tokens in use are kept")
+        assert status("new-secret-1") == 200 and status("old-secret-1") == 401
+        assert server.proc is not None and server.proc.poll() is None
     finally:
         server.kill()
