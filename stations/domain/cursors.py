@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stations.domain.log import live_stream
+from stations.domain.log import in_use, live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode
 from stations.errors import BadRequest, NotFound
@@ -67,7 +67,7 @@ def view(state: StreamState, name: str, position: int, updated_at: int) -> dict[
 def commit(batch: Batch, station: str, name: str, raw: Any) -> dict[str, Any]:
     """Store the reader's position (it may move back: a query restarted from an older
     checkpoint reads again from there)."""
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = in_use(batch.stream(station), station, batch)
     position = _position(raw, state)
     store.upsert(batch.conn, state.id, validate_name(name), position, batch.now)
     return view(state, name, position, batch.now)

@@ -31,7 +31,7 @@ from typing import Any
 
 from stations.domain import retention, text
 from stations.domain.idwindow import IdWindow
-from stations.domain.log import AppendRequest, append, live_stream, unpack
+from stations.domain.log import AppendRequest, append, in_use, live_stream, unpack
 from stations.domain.messages import iso, to_view
 from stations.domain.reads import SEP, Message, Piece
 from stations.errors import BadRequest, StationsError
@@ -367,7 +367,7 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
     """Entries back to their groups, due after ``delayMs`` (0: at once). A replay keeps the
     entry's redrive count (it is not a redrive, but a capped message replayed by hand and dead
     again stays capped)."""
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = in_use(batch.stream(station), station, batch)
     delay = 0
     if isinstance(raw, dict) and "delayMs" in raw:
         raw = dict(raw)

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from stations.domain import dls, isolate, reads
-from stations.domain.log import live_stream
+from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
 from stations.errors import BadRequest, NotFound
@@ -129,7 +129,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     max_deliveries = _int(raw, "maxMsgDeliveries", 1, MAX_DELIVERIES)
     start = raw.get("startFrom", "earliest")
     # A lower maxMsgDeliveries may dead-letter (below): lock as a dead letter does.
-    state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
+    state = in_use(dls.stream_and_forward(batch, station), station, batch)
     if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
         cursor = state.head
     elif start == "latest":
@@ -254,7 +254,7 @@ def _forward_out_of_order(batch: Batch, state: StreamState) -> bool:
 
 def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> Fetched:
     batch.flush()  # appends earlier in this batch must be readable
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     due, expired = store.due_and_expired(batch.conn, group.id, batch.now, max_count)
     # Expired leases wait again, due at once: they join the due ones, in offset order.
@@ -332,7 +332,7 @@ def _split(seqs: list[int], known: dict[int, int]) -> list[str]:
 
 
 def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, list[str]]:
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     settled = set(store.settle(batch.conn, group.id, seqs))
     return len(settled), [encode(s - 1) for s in seqs if s not in settled]
@@ -341,7 +341,7 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
 def nack(
     batch: Batch, station: str, name: str, seqs: list[int], delay_ms: int
 ) -> tuple[int, list[str]]:
-    state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
+    state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
@@ -356,7 +356,7 @@ def nack(
 def dead_letter(
     batch: Batch, station: str, name: str, seqs: list[int], reason: str | None
 ) -> tuple[int, list[str]]:
-    state = live_stream(dls.stream_and_forward(batch, station), station, batch.now)
+    state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
     known = _settleable(batch, group, seqs)
     dls.add(
@@ -464,7 +464,7 @@ def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> Seek
     waiting redelivery is dropped, and delivery goes on from the new position with fresh
     delivery counts. The DLS keeps its entries."""
     batch.flush()  # appends earlier in this batch count for "now" and for times
-    state = live_stream(batch.stream(station), station, batch.now)
+    state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     kind, value = target
     if kind == "earliest":

@@ -145,6 +145,19 @@ def live_stream(state: StreamState | None, name: str, now: int) -> StreamState:
     return state
 
 
+def in_use(state: StreamState | None, name: str, batch: Batch) -> StreamState:
+    """``live_stream`` for an op that uses the stream (a consumer group's fetch, ack, nack,
+    seek; a replay; a cursor's commit): like a read or an append, it renews a TTL stream's
+    idle countdown. A group working through a ``Stream-TTL`` station saw it expire under its
+    leases (acks 404, the unread messages deleted): only Durable Streams reads and appends
+    renewed it."""
+    state = live_stream(state, name, batch.now)
+    if state.ttl_seconds is not None:
+        state.accessed_at = batch.now
+        batch.dirty[state.id] = state
+    return state
+
+
 def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     state = live_stream(batch.stream(req.name), req.name, batch.now)
     producer = req.producer

@@ -495,9 +495,11 @@ class Service:
         return result, state
 
     async def browse(self, name: str, position: Start, limit: int) -> ReadResult:
-        return await self.read_db(
+        result: ReadResult = await self.read_db(
             reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
         )
+        await self.touch(result.state)  # a read, as on the Durable Streams path
+        return result
 
     # -- reader cursors --------------------------------------------------------------------------
 
