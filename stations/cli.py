@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -37,8 +38,23 @@ EXIT_USAGE = 2
 EXIT_CANNOT_START = 1
 
 
+def _say(message: str, *, err: bool = False) -> None:
+    """A line on stdout (or stderr). A reader that went away (``stations serve | head -1``, a
+    log shipper that died) must not stop the server: a BrokenPipeError here ended a drain
+    half way, exit 1 with a traceback. The stream is pointed at /dev/null from then on, so
+    nor does Python's own flush at exit complain."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(message, file=stream, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+
+
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    print(f"stations: error: {message}", file=sys.stderr)
+    _say(f"stations: error: {message}", err=True)
     sys.exit(code)
 
 
@@ -363,10 +379,10 @@ async def _serve(args: argparse.Namespace) -> None:
     nofile = raise_nofile()
     max_connections = args.max_connections or default_max_connections(nofile)
     if max_connections > default_max_connections(nofile):
-        print(
+        _say(
             f"stations: warning: --max-connections {max_connections} leaves fewer than 128 of "
             f"the {nofile} file descriptors for the database and files",
-            file=sys.stderr,
+            err=True,
         )
     if args.max_waiting_readers and args.max_waiting_readers >= max_connections:
         _fail(
@@ -465,7 +481,7 @@ async def _serve(args: argparse.Namespace) -> None:
         waited: list[asyncio.Future[Any]] = [setup, stop]
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if not setup.done():
-            print(f"stations: {stop.result()}: stopping before the database answered", flush=True)
+            _say(f"stations: {stop.result()}: stopping before the database answered")
             os._exit(EXIT_CANNOT_START)  # its threads may be stuck connecting: not joined
         setup.result()
     except Unusable as exc:
@@ -486,18 +502,17 @@ async def _serve(args: argparse.Namespace) -> None:
     site = CappedSite(runner, sock, limits, backlog=1024)
     await site.start()
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
-    print(f"stations: serving http://{host}:{args.port} ({describe(service.url)})", flush=True)
+    _say(f"stations: serving http://{host}:{args.port} ({describe(service.url)})")
     try:
         name = await stop
-        print(f"stations: {name}: stopping; finishing the requests in progress", flush=True)
+        _say(f"stations: {name}: stopping; finishing the requests in progress")
         await site.stop()  # no new connections
         cut = await drain.settle(args.drain_timeout_s)
         if cut:
-            print(
+            _say(
                 f"stations: warning: {cut} requests were still in progress after "
                 f"--drain-timeout-s {args.drain_timeout_s:g} and were closed unanswered",
-                file=sys.stderr,
-                flush=True,
+                err=True,
             )
     finally:
         # Close idle connections and what is left, then the database: at most as long again
@@ -505,11 +520,10 @@ async def _serve(args: argparse.Namespace) -> None:
         try:
             await asyncio.wait_for(runner.cleanup(), max(args.drain_timeout_s, 5.0))
         except TimeoutError:
-            print(
+            _say(
                 "stations: warning: the database did not answer while closing; exiting without "
                 "it (acknowledged writes were committed before they were answered)",
-                file=sys.stderr,
-                flush=True,
+                err=True,
             )
             os._exit(EXIT_CANNOT_START)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -538,3 +539,46 @@ def test_sighup_reads_the_tokens_file_again(tmp_path: Path) -> None:
         assert server.proc is not None and server.proc.poll() is None
     finally:
         server.kill()
+
+
+def test_a_reader_of_stdout_that_went_away_does_not_stop_the_drain(tmp_path: Path) -> None:
+    """``stations serve | head -1``, or a log shipper that died: the next line on stdout (the
+    one SIGTERM prints) raised BrokenPipeError, the request in progress was cut unanswered
+    and the server exited 1 with a traceback instead of draining."""
+    port = free_port()
+    read_end, write_end = os.pipe()
+    command = [sys.executable, "-m", "stations", "serve", "--port", str(port)]
+    command += ["--db", _sqlite(tmp_path)]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end) as out:
+            assert "serving" in out.readline()  # ... and then nobody reads stdout any more
+        url = f"http://127.0.0.1:{port}"
+        assert (
+            httpx.put(
+                f"{url}/v1/stream/t", headers={"Content-Type": "application/json"}
+            ).status_code
+            == 201
+        )
+        body = b'[{"n": 1}]'
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(
+                b"POST /v1/stream/t HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % len(body)
+                + body[:3]
+            )
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            sock.sendall(body[3:])  # the request in progress completes during the drain
+            sock.settimeout(10)
+            assert sock.recv(200).startswith(b"HTTP/1.1 204"), "the append was not answered"
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()
+        assert b"Traceback" not in err, err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
