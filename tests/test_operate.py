@@ -392,6 +392,23 @@ def test_a_database_from_a_newer_version_is_refused_untouched(db_url: str, tmp_p
     assert _revision(db_url) == "9999"
 
 
+def test_another_applications_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
+    """``--db`` naming another application's SQLite file (tables, no Stations schema) had
+    Stations' tables added to it by the migrations."""
+    import sqlite3
+
+    path = tmp_path / "invoices.db"
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        other.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+        other.commit()
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{path}"], tmp_path)
+    assert_one_line_error(proc, "invoices", "another application's database")
+    assert proc.returncode == 1
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        tables = other.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    assert tables == [("invoices",)]
+
+
 def _read_only(url: str) -> str:
     """The same database through a connection that may not write: SQLite opened read-only (as
     a file the service's user cannot write is), PostgreSQL in read-only transactions (as a hot
@@ -411,6 +428,20 @@ def test_a_database_it_cannot_write_is_refused_at_start(db_url: str, tmp_path: P
     _schema(db_url)
     proc = run_cli(["serve", "--port", str(free_port()), "--db", _read_only(db_url)], tmp_path)
     assert_one_line_error(proc, "cannot write to the database")
+    assert proc.returncode == 1
+
+
+def test_a_database_it_cannot_write_that_needs_its_schema_says_so(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The same, before the schema is made (an empty file or database): the failed migration
+    was "cannot reach the database", the words of an outage."""
+    if db_url.startswith("sqlite"):
+        path = Path(db_url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()  # an empty SQLite file: no tables yet
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", _read_only(db_url)], tmp_path)
+    assert_one_line_error(proc, "cannot write to the database (is it read-only?)")
     assert proc.returncode == 1
 
 

@@ -379,17 +379,29 @@ class Unusable(Exception):
 
 def upgrade(engine: Engine) -> None:
     """Bring the schema to the newest Alembic revision, and make sure this process may write:
-    raises ``Unusable`` for a schema revision it does not know (left untouched) or a database
-    that refuses writes."""
+    raises ``Unusable`` for a schema revision it does not know (left untouched), another
+    application's SQLite file, or a database that refuses writes."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        _migrate(engine)
+    except DBAPIError as exc:
+        # A read-only database that still needs its migrations (or, SQLite, its WAL mode)
+        # said "cannot reach the database", the words of an outage: say what it is.
+        if not _refused_as_read_only(exc):
+            raise
+        raise Unusable(f"cannot write to the database (is it read-only?): {_reason(exc)}") from None
+
+
+def _migrate(engine: Engine) -> None:
     from alembic import command
     from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
     from sqlalchemy.exc import DBAPIError
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
-    from alembic.runtime.migration import MigrationContext
-
     with engine.begin() as conn:
         before = MigrationContext.configure(conn).get_current_revision()
         script = ScriptDirectory.from_config(cfg)
@@ -400,6 +412,19 @@ def upgrade(engine: Engine) -> None:
                 "version of Stations upgraded it (run that version), or it is another "
                 "application's database"
             )
+        if before is None and not _postgresql(conn):
+            # A file with tables and no schema revision is another application's: the
+            # migrations would add Stations' tables to it. (A PostgreSQL database may be
+            # shared with other applications' tables; a name both use makes the migration fail.)
+            from sqlalchemy import inspect
+
+            found = sorted(inspect(conn).get_table_names())
+            if found:
+                raise Unusable(
+                    f"the file holds tables ({', '.join(found[:5])}"
+                    f"{', ...' if len(found) > 5 else ''}) but no Stations schema: it is another "
+                    "application's database; give --db a new file"
+                )
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
         if MigrationContext.configure(conn).get_current_revision() != before:
@@ -411,8 +436,20 @@ def upgrade(engine: Engine) -> None:
         try:
             conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
         except DBAPIError as exc:
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise Unusable(f"cannot write to the database (is it read-only?): {reason}") from None
+            raise Unusable(
+                f"cannot write to the database (is it read-only?): {_reason(exc)}"
+            ) from None
+
+
+def _reason(exc: Any) -> str:
+    return str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+
+
+def _refused_as_read_only(exc: Any) -> bool:
+    """PostgreSQL's read_only_sql_transaction (a hot standby, default_transaction_read_only),
+    or SQLite's "attempt to write a readonly database"."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) == "25006" or "readonly database" in str(orig)
 
 
 # -- what the store's queries ask of the engine (they never name the dialect) -----------------
