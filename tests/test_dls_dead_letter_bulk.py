@@ -14,7 +14,7 @@ from typing import Any
 from stations.domain import dls, groups, reads, retention
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest
-from stations.domain.offsets import decode
+from stations.domain.offsets import decode, encode
 from stations.domain.service import Service
 from stations.store.db import Tx
 from stations.store.writer import Batch
@@ -158,14 +158,15 @@ def test_dead_lettering_many_keeps_every_rule(db_url: str) -> None:
             (view,) = await svc.groups("np")
             assert (view["inFlight"], view["pending"], view["deadLettered"]) == (0, 0, 10)
 
-            # Retention dropped the first 10 while they were leased: no entry, but every
-            # lease is settled.
+            # Retention dropped the first 10 while they were leased: no entry, and they answer
+            # unknown (they were counted as nacked), but every lease is settled.
             await _station(svc, "rt", 20, retention={"maxMessages": 20})
             await svc.ensure_group("rt", "g", {"maxMsgDeliveries": 1})
             leased = await _lease(svc, "rt", 20)
             await svc.append(AppendRequest("rt", "text/plain", [b"n%d" % k for k in range(10)]))
             await svc.write(retention.enforce)
-            assert (await svc.nack("rt", "g", leased, 0)) == (20, [])
+            dropped = [encode(s - 1) for s in leased[:10]]
+            assert (await svc.nack("rt", "g", leased, 0)) == (10, dropped)
             entries, _ = await _entries(svc, "rt")
             assert [(decode(e["offset"]) + 1, e["data"], e["error"]) for e in entries] == [
                 (s, f"m{s}", "nacked") for s in range(11, 21)

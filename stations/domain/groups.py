@@ -31,7 +31,7 @@ from stations.errors import BadRequest, NotFound
 from stations.records import StreamState
 from stations.store import groups as store
 from stations.store.groups import Connection
-from stations.store.streams import load, segments
+from stations.store.streams import inherited_head, load, segments
 from stations.store.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")
@@ -131,7 +131,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     # A lower maxMsgDeliveries may dead-letter (below): lock as a dead letter does.
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
-        cursor = state.head
+        cursor = _head(batch.conn, state)
     elif start == "latest":
         cursor = state.tail
     elif isinstance(start, str):
@@ -143,6 +143,8 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
             ) from None
         if cursor > state.tail:
             raise BadRequest("startFrom is beyond the station's tail", "startFrom")
+        if cursor < _head(batch.conn, state):
+            raise BadRequest("startFrom is before the earliest retained message", "startFrom")
     else:
         raise BadRequest("startFrom must be earliest, latest or an offset", "startFrom")
     defaults = state.config.get("consumerDefaults", {})
@@ -195,10 +197,11 @@ def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
     state = live_stream(load(conn, station), station, now)
     rows = [Group(**row) for row in store.of_stream(conn, state.id)]
     queues = store.queue_figures(conn, [group.id for group in rows])  # one statement for all
+    head = _head(conn, state)
     out = []
     for group in rows:
         waiting, in_flight, dead = queues[group.id]
-        behind = lag(state.tail, group.cursor, state.head)
+        behind = lag(state.tail, group.cursor, head)
         out.append(
             {
                 "name": group.name,
@@ -331,10 +334,32 @@ def _split(seqs: list[int], known: dict[int, int]) -> list[str]:
     return [encode(s - 1) for s in seqs if s not in known]
 
 
+def _head(conn: Connection, state: StreamState) -> int:
+    """The last position retention dropped; a fork's counts its sources' too."""
+    return inherited_head(conn, state) if state.fork_of is not None else state.head
+
+
+def _without_dropped(
+    batch: Batch, state: StreamState, group: Group, known: dict[int, int]
+) -> dict[int, int]:
+    """``known`` without the messages retention dropped while they were out: their leases are
+    settled (nothing is left to deliver) and they answer ``unknown``, as the README says;
+    they were answered as nacked or dead-lettered (no DLS entry written) and lingered in the
+    group's figures."""
+    head = _head(batch.conn, state)
+    dropped = [seq for seq in known if seq <= head]
+    if not dropped:
+        return known
+    store.settle(batch.conn, group.id, dropped)
+    return {seq: count for seq, count in known.items() if seq > head}
+
+
 def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, list[str]]:
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     settled = set(store.settle(batch.conn, group.id, seqs))
+    head = _head(batch.conn, state)
+    settled = {seq for seq in settled if seq > head}  # retention dropped the rest: unknown
     return len(settled), [encode(s - 1) for s in seqs if s not in settled]
 
 
@@ -343,7 +368,7 @@ def nack(
 ) -> tuple[int, list[str]]:
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
-    known = _settleable(batch, group, seqs)
+    known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
     if again:
         store.postpone(batch.conn, group.id, again, batch.now + delay_ms)
@@ -358,7 +383,7 @@ def dead_letter(
 ) -> tuple[int, list[str]]:
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
-    known = _settleable(batch, group, seqs)
+    known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
     dls.add(
         batch,
         state,
@@ -467,22 +492,21 @@ def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> Seek
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     kind, value = target
+    head = _head(batch.conn, state)
     if kind == "earliest":
-        cursor = state.head
+        cursor = head
     elif kind == "now":
         cursor = state.tail
     elif kind == "offset":
         if value > state.tail:
             raise BadRequest("to is beyond the station's tail", "to")
-        if value < state.head:
+        if value < head:
             raise BadRequest("to is before the earliest retained message", "to")
         cursor = value
     else:
         first = None
         for stream_id, lo, hi in segments(batch.conn, state):
-            first = store.first_stored_at_or_after(
-                batch.conn, stream_id, max(lo, state.head), hi, value
-            )
+            first = store.first_stored_at_or_after(batch.conn, stream_id, max(lo, head), hi, value)
             if first is not None:
                 break
         cursor = state.tail if first is None else first - 1
