@@ -21,6 +21,7 @@ from stations.commands.base import (
     EXIT_STDOUT_CLOSED,
     Refused,
     Usage,
+    describe_error,
     exit_code,
 )
 
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not isinstance(exc, StationsError):
             raise
-        print(f"stations: error: {_describe(exc, args.url)}", file=sys.stderr)
+        print(f"stations: error: {describe_error(exc, args.url)}", file=sys.stderr)
         return exit_code(exc)
 
 
@@ -106,27 +107,3 @@ async def _run(args: argparse.Namespace) -> int:
     async with Client(args.url, args.token, timeout=args.timeout) as client:
         result: Any = await args.handler(args, client)
         return int(result or 0)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _describe(exc: BaseException, url: str) -> str:
-    from stations.client import ConnectionFailed
-
-    if isinstance(exc, ConnectionFailed):
-        # "cannot reach URL (Connection refused)" rather than the whole client stack's words.
-        cause = exc.__cause__
-        os_error = getattr(cause, "os_error", None)
-        # asyncio's strerror is "Connect call failed ('127.0.0.1', 4437)": the errno says why.
-        errno = getattr(os_error, "errno", None)
-        reason: str | None
-        if isinstance(errno, int) and errno > 0:  # a resolver's (negative) has its own words
-            reason = os.strerror(errno)
-        else:
-            reason = getattr(os_error, "strerror", None)
-        if isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout"):
-            reason = "no answer in time (--timeout)"
-        return f"cannot reach {url} ({reason or _one_line(cause or exc)})"
-    return _one_line(exc)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -57,11 +59,59 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_REFUSED
 
 
+BINARY_MARK = "[binary, base64]"  # before a payload that is not UTF-8, in output for people
+
+
+def payload_fields(data: Any) -> dict[str, Any]:
+    """A payload as the API gives it: ``data``, or ``data`` null and ``dataBase64`` when the
+    bytes are not UTF-8 (the SDK hands those over as bytes). Decoding them as text would
+    replace bytes with U+FFFD, and the payload could not be had back."""
+    if isinstance(data, bytes | bytearray):
+        return {"data": None, "dataBase64": base64.b64encode(data).decode("ascii")}
+    return {"data": data}
+
+
+def payload_text(data: Any, *, quote: bool = False) -> str:
+    """A payload for people: text as it is (JSON-quoted with ``quote``), a JSON value as
+    JSON, and bytes that are not UTF-8 as base64 after ``BINARY_MARK``."""
+    if isinstance(data, bytes | bytearray):
+        return f"{BINARY_MARK} {base64.b64encode(data).decode('ascii')}"
+    if isinstance(data, str) and not quote:
+        return data
+    return dumps(data)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def describe_error(exc: BaseException, url: str) -> str:
+    """An SDK error in one line for stderr."""
+    from stations.client import ConnectionFailed
+
+    if isinstance(exc, ConnectionFailed):
+        # "cannot reach URL (Connection refused)" rather than the whole client stack's words.
+        cause = exc.__cause__
+        os_error = getattr(cause, "os_error", None)
+        # asyncio's strerror is "Connect call failed ('127.0.0.1', 4437)": the errno says why.
+        errno = getattr(os_error, "errno", None)
+        reason: str | None
+        if isinstance(errno, int) and errno > 0:  # a resolver's (negative) has its own words
+            reason = os.strerror(errno)
+        else:
+            reason = getattr(os_error, "strerror", None)
+        if isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout"):
+            reason = "no answer in time (--timeout)"
+        return f"cannot reach {url} ({reason or _one_line(cause or exc)})"
+    return _one_line(exc)
+
+
 def _default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, bytes | bytearray):
-        return value.decode("utf-8", "replace")
+        # Payloads go through payload_fields; any other bytes stay lossless and marked.
+        return payload_text(value)
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"not JSON: {type(value).__name__}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from stations.commands.base import Usage, dumps, print_json, print_table
+from stations.commands.base import Usage, payload_fields, payload_text, print_json, print_table
 
 if TYPE_CHECKING:
     from stations.client import Client, DeadLetter
@@ -49,7 +49,7 @@ def _wire(entry: DeadLetter) -> dict[str, Any]:
         "offset": entry.offset,
         "msgId": entry.msg_id,
         "headers": dict(entry.headers),
-        "data": entry.data,
+        **payload_fields(entry.data),  # dataBase64 for bytes that are not UTF-8, as the API
         "deliveryCount": entry.delivery_count,
         "reason": entry.reason,
         "error": entry.error,
@@ -82,7 +82,15 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
     print_table(
         ["ID", "GROUP", "OFFSET", "DELIVERIES", "REASON", "ERROR", "DATA"],
         [
-            [e.id, e.group, e.offset, e.delivery_count, e.reason, e.error, dumps(e.data)]
+            [
+                e.id,
+                e.group,
+                e.offset,
+                e.delivery_count,
+                e.reason,
+                e.error,
+                payload_text(e.data, quote=True),
+            ]
             for e in entries
         ],
     )

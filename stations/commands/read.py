@@ -5,14 +5,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
+import time
 from typing import TYPE_CHECKING
 
-from stations.commands.base import cell, dumps, message_count
+from stations.client.errors import StationsError, is_retryable  # light: no aiohttp
+from stations.client.retry import PATIENT_RETRY, Backoff, RetryPolicy
+from stations.commands.base import (
+    cell,
+    describe_error,
+    dumps,
+    duration_ms,
+    human_ms,
+    message_count,
+    payload_fields,
+    payload_text,
+)
 
 if TYPE_CHECKING:
     from stations.client import Client, Station, StoredMessage
 
 PAGE = 500
+# The reader's own retries would hide an outage from the user: the first failure comes back
+# here at once (a policy that gives up straight away), and _Outage retries and says so.
+FAIL_AT_ONCE = RetryPolicy(give_up_after=0.0)
 
 
 def add_parser(
@@ -41,6 +57,16 @@ def add_parser(
             default=None,
             help="stop after this many messages (default: no limit)",
         )
+        if follow:
+            p.add_argument(
+                "--give-up-after",
+                type=duration_ms,
+                default=None,
+                metavar="DURATION",
+                help="when the server cannot be reached (or fails, 5xx/429), retry for this "
+                "long, then exit 6, e.g. 2m (default: retry until it is back; "
+                "stderr says when it is lost and when it is back)",
+            )
         p.set_defaults(handler=tail if follow else read, follow=follow)
 
 
@@ -50,13 +76,60 @@ def _print(args: argparse.Namespace, message: StoredMessage) -> None:
             "offset": message.offset,
             "id": message.msg_id,
             "headers": dict(message.headers),
-            "data": message.data,
+            **payload_fields(message.data),
             "time": message.time,
         }
         print(dumps(view), flush=True)
     else:
-        data = message.data if isinstance(message.data, str) else dumps(message.data)
+        data = payload_text(message.data)
         print(f"{message.offset}  {cell(message.msg_id)}  {data}", flush=True)
+
+
+class _Outage:
+    """``tail`` through a server outage: one line on stderr when the server is lost, one when
+    it is back, retrying in between (with backoff) for ever or for ``--give-up-after``.
+
+    ``read`` does not retry: it stops at once with exit 6, as every other command does."""
+
+    def __init__(self, url: str, give_up_after_ms: int | None) -> None:
+        self.url = url
+        self.give_up_after_ms = give_up_after_ms
+        policy = PATIENT_RETRY
+        if give_up_after_ms is not None:
+            policy = RetryPolicy(give_up_after=give_up_after_ms / 1000)
+        self._backoff = Backoff(policy)
+        self._since: float | None = None
+        # A server never reached is an error at once (a wrong --url is not an outage).
+        self._reached = False
+
+    async def wait(self, exc: StationsError) -> None:
+        """Sleep before the next attempt; ``exc`` raised when it is not worth retrying (a 404
+        when the station was deleted, a 401...), the server was never reached, or the time
+        given is up."""
+        if not (self._reached and is_retryable(exc)):
+            raise exc
+        if self._since is None:
+            self._since = time.monotonic()
+            until = (
+                "until it is back"
+                if self.give_up_after_ms is None
+                else f"for up to {human_ms(self.give_up_after_ms)}"
+            )
+            _say(f"{describe_error(exc, self.url)}; reconnecting {until} (Ctrl-C to stop)")
+        await self._backoff.wait(exc)
+
+    def over(self) -> None:
+        """A request was answered: say so if it ends an outage."""
+        self._reached = True
+        if self._since is not None:
+            lost = round(time.monotonic() - self._since)
+            _say(f"reconnected to {self.url} after {lost}s")
+            self._since = None
+            self._backoff.reset()
+
+
+def _say(line: str) -> None:
+    print(f"stations: {line}", file=sys.stderr, flush=True)
 
 
 async def _tail_offset(station: Station) -> str:
@@ -66,7 +139,8 @@ async def _tail_offset(station: Station) -> str:
 async def _wait_for_more(station: Station, offset: str) -> bool:
     """Wait (server long-poll, no sleeping here) until the station has data past ``offset``;
     False when the station was closed."""
-    async with contextlib.aclosing(station.read(offset, live="long-poll")) as reader:
+    reader = station.read(offset, live="long-poll", retry=FAIL_AT_ONCE)
+    async with contextlib.aclosing(reader):
         async for batch in reader:
             if batch.items:
                 return True
@@ -76,18 +150,36 @@ async def _wait_for_more(station: Station, offset: str) -> bool:
 async def _messages(args: argparse.Namespace, client: Client) -> int:
     station = client.station(args.station)
     offset = args.start
+    outage = _Outage(client.url, getattr(args, "give_up_after", None))
     if offset == "now":
         offset = await _tail_offset(station)
+        outage.over()
     remaining = args.limit
     while remaining is None or remaining > 0:
-        page = await station.browse(offset, PAGE if remaining is None else min(PAGE, remaining))
+        try:
+            page = await station.browse(offset, PAGE if remaining is None else min(PAGE, remaining))
+        except StationsError as exc:
+            if not args.follow:
+                raise
+            await outage.wait(exc)
+            continue
+        outage.over()
         for message in page.messages:
             _print(args, message)
         if remaining is not None:
             remaining -= len(page.messages)
         offset = page.next_offset
         caught_up = page.up_to_date and not page.messages
-        if caught_up and (not args.follow or not await _wait_for_more(station, offset)):
+        if not caught_up:
+            continue
+        if not args.follow:
+            break
+        try:
+            more = await _wait_for_more(station, offset)
+        except StationsError as exc:
+            await outage.wait(exc)
+            continue  # the next browse says whether the server is back
+        if not more:
             break
     return 0
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stations.commands.base import (
     duration_ms,
@@ -77,18 +78,68 @@ def add_parser(
     delete.set_defaults(handler=delete_station)
 
 
+class _Remove:
+    """The value ``none`` of a limit: JSON null, "no limit" (None is "not given" here)."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+REMOVE = _Remove()
+T = TypeVar("T")
+
+
+def _or_none(
+    parse: Callable[[str], T], kind: str, examples: str = ""
+) -> Callable[[str], T | _Remove]:
+    """An argparse type that also takes ``none``, to remove a limit once set."""
+
+    def convert(text: str) -> T | _Remove:
+        if text == "none":
+            return REMOVE
+        try:
+            return parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {kind} or none: {text!r} ({examples}none removes the limit)"
+            ) from None
+
+    return convert
+
+
+def _station_or_none(text: str) -> str | _Remove:
+    # No station is named "" (and one named "none" cannot be a target from here).
+    return REMOVE if text in ("none", "") else text
+
+
 def _settings_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     # Defaults are shown for create only: edit leaves an option it is not given unchanged.
     duration = duration_ms
+    limit = _or_none(duration_ms, "a duration", "e.g. 500ms, 30s, 10m, 24h, 7d; ")
+    count = _or_none(int, "a number")
+    # "none" works on both; edit says so, create names the default it gives.
+    unlimited = " (default: no limit)" if creating else " (none removes the limit)"
     p.add_argument(
         "--window",
         type=duration,
         help="idempotency window for message ids: 100ms to 24h, e.g. 10m"
         + (" (default 2m)" if creating else ""),
     )
-    p.add_argument("--max-age", type=duration, help="retention: drop messages older than this")
-    p.add_argument("--max-messages", type=int, help="retention: keep at most this many messages")
-    p.add_argument("--max-bytes", type=int, help="retention: keep at most this many bytes")
+    p.add_argument(
+        "--max-age",
+        type=limit,
+        help="retention: drop messages older than this" + unlimited,
+    )
+    p.add_argument(
+        "--max-messages",
+        type=count,
+        help="retention: keep at most this many messages" + unlimited,
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=count,
+        help="retention: keep at most this many bytes" + unlimited,
+    )
     p.add_argument(
         "--dls-poison",
         action=argparse.BooleanOptionalAction,
@@ -96,8 +147,23 @@ def _settings_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
         help="dead-letter messages that reach their group's delivery limit"
         + (" (default on)" if creating else ""),
     )
-    p.add_argument("--dls-forward-to", help="also append dead letters to this station")
-    p.add_argument("--dls-retention", type=duration, help="how long dead letters are kept")
+    p.add_argument(
+        "--dls-forward-to",
+        type=_station_or_none,
+        metavar="STATION",
+        help="also append dead letters to this station"
+        + (" (default: none)" if creating else " (none: stop forwarding)"),
+    )
+    p.add_argument(
+        "--dls-retention",
+        type=limit,
+        help="how long dead letters are kept"
+        + (
+            " (default: until replayed or dropped)"
+            if creating
+            else " (none: until replayed or dropped)"
+        ),
+    )
     p.add_argument(
         "--max-ack-time", type=duration, help="consumer default: lease time before redelivery"
     )
@@ -125,7 +191,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     defaults = {"max_ack_time_ms": args.max_ack_time, "max_msg_deliveries": args.max_deliveries}
     for key, section in (("retention", retention), ("dls", dls), ("consumer_defaults", defaults)):
-        given = {k: v for k, v in section.items() if v is not None}
+        # None: not given, left as it is; REMOVE: sent as null, which removes the limit.
+        given = {k: None if v is REMOVE else v for k, v in section.items() if v is not None}
         if given:
             settings[key] = given
     return settings
