@@ -362,9 +362,10 @@ async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
     from stations.api import keys, make_app
-    from stations.api.drain import READER_GRACE_S, Drain
+    from stations.api.drain import DRAIN, READER_GRACE_S, Drain
     from stations.api.headers import CorsPolicy
     from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
+    from stations.api.metrics import METRICS
     from stations.domain.service import Service
     from stations.repeats import first_line
     from stations.store.db import (
@@ -463,7 +464,7 @@ async def _serve(args: argparse.Namespace) -> None:
         ),
     )
     app[keys.ACCESS_LOG] = args.access_logging.get("access_log")  # for lines aiohttp leaves out
-    drain: Drain = app[keys.DRAIN]
+    drain: Drain = app[DRAIN]
     # A client that leaves cancels its handler: a parked fetch then leases nothing nobody will
     # get, and a waiting reader gives its slot back at once (aiohttp waits for the handler
     # to end by itself unless told).
@@ -499,7 +500,7 @@ async def _serve(args: argparse.Namespace) -> None:
         # will never work, and a crash's recovery failing once kept a service down for good.
         orig = getattr(exc, "orig", None) or exc
         _fail(f"cannot start: {type(orig).__name__}: {first_line(exc)}", EXIT_CANNOT_START)
-    site = CappedSite(runner, sock, limits, backlog=1024)
+    site = CappedSite(runner, sock, limits, app[METRICS].closed, backlog=1024)
     await site.start()
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
     _say(f"stations: serving http://{host}:{args.port} ({describe(service.url)})")

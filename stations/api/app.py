@@ -8,13 +8,19 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stations.api import cursors, groups, keys, stations, streams, subscriptions, transactions
-from stations.api.auth import Token, needs
-from stations.api.drain import Drain
+from stations.api.auth import TOKENS, Token, needs
+from stations.api.drain import DRAIN, Drain
 from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
-from stations.api.headers import CorsPolicy, on_prepare
-from stations.api.limits import Limits, ReaderSlots, SlowClients
-from stations.api.metrics import DEFAULT_MAX_STATIONS, Metrics, metrics_handler
+from stations.api.headers import CORS, CorsPolicy, on_prepare
+from stations.api.limits import LIMITS, READERS, SLOW_CLIENTS, Limits, ReaderSlots, SlowClients
+from stations.api.metrics import (
+    DEFAULT_MAX_STATIONS,
+    METRICS,
+    METRICS_REFRESH,
+    Metrics,
+    metrics_handler,
+)
 from stations.domain.service import Service
 
 MAX_BODY = 64 * 1024 * 1024
@@ -113,19 +119,17 @@ def make_app(
     )
     limits = limits or Limits()
     app[keys.SERVICE] = service
-    app[keys.TOKENS] = tokens
-    app[keys.METRICS] = Metrics(service, metrics_stations)
-    app[keys.LIMITS] = limits
-    app[keys.CORS] = cors or CorsPolicy(any_origin=bool(tokens))
-    app[keys.READERS] = ReaderSlots(
-        limits.max_waiting_readers, limits.max_waiting_readers_per_token
-    )
-    app[keys.SLOW_CLIENTS] = SlowClients(app[keys.METRICS].closed)
-    service.budget.on_starved = app[keys.SLOW_CLIENTS].close_paused
-    app[keys.DRAIN] = Drain(app[keys.READERS])
-    app[keys.METRICS].registry.register(_ReadCollector(service, app[keys.READERS]))
-    lag = cursors.CursorLag(service, app[keys.METRICS].registry)
-    app[keys.METRICS_REFRESH] = (lag.refresh,)
+    app[TOKENS] = tokens
+    app[METRICS] = Metrics(service, metrics_stations)
+    app[LIMITS] = limits
+    app[CORS] = cors or CorsPolicy(any_origin=bool(tokens))
+    app[READERS] = ReaderSlots(limits.max_waiting_readers, limits.max_waiting_readers_per_token)
+    app[SLOW_CLIENTS] = SlowClients(app[METRICS].closed)
+    service.budget.on_starved = app[SLOW_CLIENTS].close_paused
+    app[DRAIN] = Drain(app[READERS])
+    app[METRICS].registry.register(_ReadCollector(service, app[READERS]))
+    lag = cursors.CursorLag(service, app[METRICS].registry)
+    app[METRICS_REFRESH] = (lag.refresh,)
     app[keys.LONG_POLL_TIMEOUT_S] = long_poll_timeout_ms / 1000
     app[keys.SSE_LIFETIME_S] = sse_lifetime_ms / 1000
     app.router.add_get("/healthz", readyz)

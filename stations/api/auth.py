@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from stations.api import keys
 from stations.api.errors import error_response
 from stations.errors import Forbidden
 
@@ -222,7 +221,7 @@ def _is_open(request: web.Request) -> bool:
 def refused(request: web.Request) -> web.Response | None:
     """401 or 403 when the request's token may not do this, else None (the token, if any, is
     then ``request["token"]`` for the handlers' own checks)."""
-    tokens: list[Token] | None = request.app[keys.TOKENS]
+    tokens: list[Token] | None = request.app[TOKENS]
     if not tokens or request.method == "OPTIONS" or _is_open(request):
         return None
     header = request.headers.get("Authorization", "")
@@ -243,3 +242,7 @@ def refused(request: web.Request) -> web.Response | None:
             403, "forbidden", "this answer covers every station; this token covers only some"
         )
     return None
+
+
+# Its object in the application (see stations.api.keys).
+TOKENS: web.AppKey[list[Token] | None] = web.AppKey("tokens")  # None: no tokens asked for

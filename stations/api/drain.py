@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiohttp import web
+
 from stations.api.limits import ReaderSlots
 
 # After the drain, how long waiting reads (and answers being written) get before their
@@ -18,7 +20,7 @@ class Drain:
     a retry without a message id stored it twice. (Its graceful shutdown is no better here:
     it stops reading the connections first, so a body still arriving never completes.)
 
-    Waiting reads (long-poll, SSE, group fetches: ``app[keys.READERS]``) are not waited for,
+    Waiting reads (long-poll, SSE, group fetches: ``app[READERS]``) are not waited for,
     which would hold a restart for up to their timeouts: once only they are left, they end as
     when their client leaves (an SSE response ends, a long-poll or fetch closes; a parked
     fetch leases nothing), and their clients read again from where they were.
@@ -65,3 +67,7 @@ class Drain:
         if left:
             await asyncio.wait(left, timeout=READER_GRACE_S)
         return cut
+
+
+# Its object in the application (see stations.api.keys).
+DRAIN: web.AppKey[Drain] = web.AppKey("drain")

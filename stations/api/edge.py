@@ -26,16 +26,17 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from stations.api import access, auth, errors, headers, keys, limits
-from stations.api.drain import Drain
-from stations.api.metrics import Metrics
+from stations.api import access, auth, errors, headers, limits
+from stations.api.drain import DRAIN, Drain
+from stations.api.limits import READERS
+from stations.api.metrics import METRICS, Metrics
 
 
 @web.middleware
 async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    metrics: Metrics = app[keys.METRICS]
-    drain: Drain = app[keys.DRAIN]
+    metrics: Metrics = app[METRICS]
+    drain: Drain = app[DRAIN]
     started = time.perf_counter()
     task = drain.enter()
     status: int | None = 500
@@ -76,7 +77,7 @@ async def count_file(request: web.BaseRequest, response: web.StreamResponse) -> 
     """``on_response_prepare``: a console file's count, by the status it is sent with."""
     started = request.get(_FILE_STARTED)
     if started is not None and isinstance(request, web.Request):
-        metrics: Metrics = request.app[keys.METRICS]
+        metrics: Metrics = request.app[METRICS]
         metrics.observe(request, response.status, time.perf_counter() - started)
 
 
@@ -91,7 +92,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         return refusal
     try:
         if limits.waits(request):
-            with request.app[keys.READERS].slot(request.get("token")):
+            with request.app[READERS].slot(request.get("token")):
                 return await handler(request)
         return await handler(request)
     except asyncio.CancelledError:

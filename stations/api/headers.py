@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from yarl import URL
 
-from stations.api import keys
+from stations.api.auth import TOKENS
 from stations.api.errors import error_response
 
 # The console runs no inline script and loads nothing from elsewhere.
@@ -115,7 +115,7 @@ class CorsPolicy:
 
 
 def _policy(request: web.Request) -> CorsPolicy:
-    policy: CorsPolicy = request.app.get(keys.CORS) or CorsPolicy(any_origin=True)
+    policy: CorsPolicy = request.app.get(CORS) or CorsPolicy(any_origin=True)
     return policy
 
 
@@ -213,7 +213,7 @@ def refused_origin(request: web.Request) -> web.Response | None:
     request that may change something, sent by a page (it names its ``Origin``) that is not
     this server's own and not granted, is refused before anything is done. With tokens the
     bearer token, which no page sends by itself, is the guard."""
-    if request.method in SAFE_METHODS or request.app[keys.TOKENS]:
+    if request.method in SAFE_METHODS or request.app[TOKENS]:
         return None
     origin = request.headers.get("Origin")
     if origin is None or _policy(request).grants(origin) or _same_origin(request, origin):
@@ -237,3 +237,7 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
     HTTP exceptions (aiohttp builds a response from them) and streams (SSE) a handler prepares
     itself."""
     _decorate(request, response)
+
+
+# Its object in the application (see stations.api.keys).
+CORS: web.AppKey[CorsPolicy] = web.AppKey("cors")

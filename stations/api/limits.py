@@ -36,7 +36,6 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from stations.api import keys
 from stations.api.errors import error_response
 from stations.domain.budget import Overloaded
 
@@ -320,13 +319,20 @@ class GuardedHandler(RequestHandler):
 class CappedSite(web.SockSite):
     """A listening socket whose connections are counted and capped."""
 
-    def __init__(self, runner: web.AppRunner, sock: Any, limits: Limits, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        sock: Any,
+        limits: Limits,
+        closed: Closed = _uncounted,
+        **kwargs: Any,
+    ) -> None:
+        """``closed``: counts the connections it closes or refuses by itself, by reason."""
         super().__init__(runner, sock, **kwargs)
         self.limits = limits
         self.refusing = 0
-        self.slow: SlowClients | None = runner.app.get(keys.SLOW_CLIENTS)
-        metrics = runner.app.get(keys.METRICS)
-        self.closed: Closed = metrics.closed if metrics is not None else _uncounted
+        self.slow: SlowClients | None = runner.app.get(SLOW_CLIENTS)
+        self.closed = closed
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
@@ -443,3 +449,9 @@ def refused_encoding(request: web.Request) -> web.Response | None:
         response.force_close()  # the coded body is not read
         return response
     return None
+
+
+# Its object in the application (see stations.api.keys).
+LIMITS: web.AppKey[Limits] = web.AppKey("limits")
+READERS: web.AppKey[ReaderSlots] = web.AppKey("readers")
+SLOW_CLIENTS: web.AppKey[SlowClients] = web.AppKey("slow_clients")

@@ -31,7 +31,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from stations.api import keys
 from stations.api.limits import CLOSE_REASONS
 from stations.domain.figures import MAX_GROUPS, Snapshot
 from stations.domain.service import Service
@@ -226,8 +225,15 @@ def _method(request: web.Request) -> str:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    refreshes = request.app[keys.METRICS_REFRESH]
-    body = await request.app[keys.METRICS].render(refreshes)
+    refreshes = request.app[METRICS_REFRESH]
+    body = await request.app[METRICS].render(refreshes)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
+
+
+# Its object in the application (see stations.api.keys).
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+METRICS_REFRESH: web.AppKey[tuple[Callable[[], Awaitable[None]], ...]] = web.AppKey(
+    "metrics_refresh"
+)

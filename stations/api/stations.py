@@ -11,6 +11,7 @@ from aiohttp import web
 
 from stations.api import keys
 from stations.api.auth import needs, require_station
+from stations.api.limits import LIMITS
 from stations.domain import messages
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
 from stations.errors import BadRequest
@@ -115,7 +116,7 @@ async def delete_station(request: web.Request) -> web.Response:
 
 @needs("produce")
 async def produce(request: web.Request) -> web.Response:
-    cap = request.app[keys.LIMITS].max_append_messages
+    cap = request.app[LIMITS].max_append_messages
     body = await json_body(request, cap)
     result, _state = await service(request).produce(station_name(request), body, cap)
     # Written directly: a dict per message for a JSON encoder cost twice as much.

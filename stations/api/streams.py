@@ -9,7 +9,8 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from stations.api import keys, reading
-from stations.api.auth import needs, require_station
+from stations.api.auth import TOKENS, needs, require_station
+from stations.api.limits import LIMITS
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing
@@ -188,7 +189,7 @@ async def put_stream(request: web.Request) -> web.Response:
     body = await request.read()
     svc = service(request)
     json_mode = is_json_type(content_type)
-    cap = request.app[keys.LIMITS].max_append_messages
+    cap = request.app[LIMITS].max_append_messages
     initial = (
         framing.split_json(body, allow_empty=True, max_messages=cap)
         if json_mode
@@ -257,7 +258,7 @@ async def post_stream(request: web.Request) -> web.Response:
                 req.messages = framing.split_json(
                     body,
                     allow_empty=False,
-                    max_messages=request.app[keys.LIMITS].max_append_messages,
+                    max_messages=request.app[LIMITS].max_append_messages,
                 )
             else:
                 req.messages = [body]
@@ -316,7 +317,7 @@ def _etag(result: ReadResult) -> str:
 
 
 def _cacheable(request: web.Request) -> str:
-    return CACHEABLE_PRIVATE if request.app[keys.TOKENS] else CACHEABLE
+    return CACHEABLE_PRIVATE if request.app[TOKENS] else CACHEABLE
 
 
 def _none_match(header: str | None, etag: str) -> bool:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from stations.api import keys
 from stations.api.auth import ALLOWED, Token, needs
+from stations.api.limits import LIMITS
 from stations.api.stations import json_body, service
 from stations.domain import transactions
 from stations.domain.offsets import encode
@@ -52,7 +52,7 @@ async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
 # Any valid token may ask; each item is checked by ``_authorize``.
 @needs("read")
 async def transact(request: web.Request) -> web.Response:
-    cap = request.app[keys.LIMITS].max_append_messages
+    cap = request.app[LIMITS].max_append_messages
     req = transactions.parse(await json_body(request), cap)
     await _authorize(request, req)
     result = await service(request).transact(req)
