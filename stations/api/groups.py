@@ -83,8 +83,10 @@ async def fetch(request: web.Request) -> web.Response:
     name = station_name(request)
     await _require_forward_scope(request, name)
     out = await svc.fetch(name, _group(request), max_count, wait_ms / 1000, consumer)
-    body = {"messages": _views(out.is_json, out.messages)}
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+    answer: dict[str, Any] = {"messages": _views(out.is_json, out.messages)}
+    if out.closed:  # the station is closed and the group has nothing left: stop fetching
+        answer["closed"] = True
+    return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 
 def _views(is_json: bool, delivered: list[Delivered]) -> list[dict[str, Any]]:

@@ -73,6 +73,9 @@ class Fetched:
     # An empty fetch on PostgreSQL: when the group's next lease expires or waiting delivery
     # falls due, for the lease timer of the process where the consumer now waits.
     next_due: int | None = None
+    # An empty fetch of a closed station whose group has delivered and settled everything:
+    # nothing more can come (but a DLS replay), so it is answered at once, not after waitMs.
+    closed: bool = False
 
 
 def validate_name(name: str) -> str:
@@ -310,7 +313,13 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
         # its own timer knows their deadlines: if it dies, a consumer parked here would wait
         # for this process's re-arm from the database (every 5 s) instead of the deadline.
         next_due = store.group_next_due(batch.conn, group.id, batch.now)
-    return Fetched(state.is_json, out, next_due)
+    closed = (
+        not out
+        and state.closed
+        and group.cursor >= state.tail
+        and not store.has_deliveries(batch.conn, group.id)
+    )
+    return Fetched(state.is_json, out, next_due, closed)
 
 
 def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
@@ -360,6 +369,8 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
     settled = set(store.settle(batch.conn, group.id, seqs))
     head = _head(batch.conn, state)
     settled = {seq for seq in settled if seq > head}  # retention dropped the rest: unknown
+    if state.closed and settled:  # perhaps the group's last: its waiting fetches hear so
+        batch.changed.add(state.name)
     return len(settled), [encode(s - 1) for s in seqs if s not in settled]
 
 
@@ -394,6 +405,8 @@ def dead_letter(
         reason,
         always=True,
     )
+    if state.closed and known:  # perhaps the group's last: its waiting fetches hear so
+        batch.changed.add(state.name)
     return len(known), _split(seqs, known)
 
 

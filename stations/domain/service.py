@@ -552,7 +552,7 @@ class Service:
         woken = self.notifier.subscribe(station)
         try:
             out = await self._lease(station, group, max_count, consumer)
-            while not out.messages:
+            while not out.messages and not out.closed:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -696,6 +696,8 @@ class Service:
             elif id(parked) in served:
                 delivered(served[id(parked)])
                 parked.answer.set_result(served[id(parked)])
+            elif empty is not None and empty.closed:  # nothing more will come: say so now
+                parked.answer.set_result(empty)
             elif parked.expired:
                 parked.answer.set_result(None)
         if empty is not None:

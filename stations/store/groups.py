@@ -484,6 +484,15 @@ def next_due(conn: Connection, now: int) -> int | None:
     return min(values) if values else None
 
 
+def has_deliveries(conn: Connection, group_id: int) -> bool:
+    """Whether the group has a message leased, or waiting to be delivered again."""
+    return any(
+        conn.execute(select(table.c.group_id).where(table.c.group_id == group_id).limit(1)).first()
+        is not None
+        for table in (deliveries, lease_ranges)
+    )
+
+
 def group_next_due(conn: Connection, group_id: int, now: int) -> int | None:
     """When the next lease of one group expires or its next waiting delivery falls due,
     whichever process leased or nacked it."""
