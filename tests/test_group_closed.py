@@ -60,3 +60,24 @@ def test_a_drained_group_of_a_closed_station_is_told_at_once(server: Server) -> 
             assert time.monotonic() - started < 5
 
     asyncio.run(run())
+
+
+def test_the_sdks_consumer_stops_when_a_closed_station_is_drained(server: Server) -> None:
+    from stations.client import Client
+
+    async def run() -> None:
+        async with Client(server.url) as client:
+            await client.create_station("s")
+            station = client.station("s")
+            await station.produce_many([{"n": n} for n in range(5)])
+            await asyncio.to_thread(_close, server.url)
+            seen = []
+            async with station.consumer("g", consumer="w", wait_ms=20_000) as consumer:
+                async with asyncio.timeout(15):  # it waited for ever, 20 s at a time
+                    async for message in consumer:
+                        seen.append(message.data["n"])
+                        await message.ack()
+            assert seen == list(range(5))
+            assert consumer.station_closed
+
+    asyncio.run(run())

@@ -115,6 +115,9 @@ class Consumer:
         self._sending: set[asyncio.Future[None]] = set()
         self._close_task: asyncio.Task[None] | None = None
         self.info: GroupInfo | None = None
+        # The last fetch said the station is closed and the group has nothing left: iteration
+        # ends there (it waited out wait_ms again and again).
+        self.station_closed = False
         # Closing its client closes it, however it was made (station.consumer() or directly).
         station.client._adopt(self)
 
@@ -149,6 +152,8 @@ class Consumer:
                 # close() ran while this fetch waited, and took the buffer before these came.
                 await self._give_back([m.offset for m in messages])
                 raise StopAsyncIteration
+            if not messages and self.station_closed:
+                raise StopAsyncIteration
             self._buffer.extend(messages)
 
     async def fetch(
@@ -164,6 +169,7 @@ class Consumer:
         wait = self.wait_ms if wait_ms is None else wait_ms
         body = {"max": max_messages or self.batch_size, "waitMs": wait, "consumer": self.name}
         reply = await self._call("fetch", body, read_timeout=wait / 1000 + 30)
+        self.station_closed = reply.get("closed") is True
         return [self._message(view) for view in (reply.get("messages") or [])]
 
     def _message(self, view: dict[str, Any]) -> Message:
