@@ -446,3 +446,46 @@ def test_a_batch_of_ops_on_several_stations_locks_them_in_name_order(pg_url: str
         assert _sql(pg_url, "SELECT count(*) FROM messages")[0][0] >= 5
 
     asyncio.run(run())
+
+
+def test_a_batch_locks_the_station_its_dead_letters_are_forwarded_to_in_name_order(
+    pg_url: str,
+) -> None:
+    """The batch's up-front locks took b (whose dead letters go to a) before the dead letter
+    took a: a connection locking a then b, as every transaction does, deadlocked with it."""
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            for raw in ({"name": "a"}, {"name": "b", "dls": {"forwardTo": "a"}}, {"name": "c"}):
+                await svc.create_station(raw)
+            await svc.produce("b", {"messages": [{"data": 1}]})
+            await svc.ensure_group("b", "g", {"maxAckTimeMs": 60_000, "maxMsgDeliveries": 1})
+            assert len((await svc.fetch("b", "g", 1, 0, "c1")).messages) == 1
+            other = psycopg.connect(pg_url)
+            try:
+                other.execute("SET deadlock_timeout = '100ms'")  # it checks first
+                other.execute("SELECT 1 FROM streams WHERE name = 'a' FOR UPDATE")
+                ops = asyncio.gather(  # one batch: b's dead letter and c's produce
+                    svc.dead_letter("b", "g", [1], "bad"),
+                    svc.produce("c", {"messages": [{"data": 2}]}),
+                )
+                await _blocked_or_done(pg_url, other.info.backend_pid, ops)
+                locked = _in_thread(
+                    lambda: other.execute(
+                        "SELECT 1 FROM streams WHERE name = 'b' FOR UPDATE NOWAIT"
+                    )
+                )
+                await asyncio.wait_for(locked, 10)  # free: not psycopg.errors.LockNotAvailable
+                other.commit()
+            finally:
+                other.close()
+            dead, _ = await asyncio.wait_for(ops, 10)
+            assert dead == (1, [])
+            assert svc.db.writer.transient_retries == 0
+        finally:
+            await svc.close()
+        assert _counts(pg_url, "a") == (1, 1, 0)
+
+    asyncio.run(run())

@@ -193,6 +193,20 @@ def stream_and_forward(batch: Batch, name: str) -> StreamState | None:
     return batch.stream(name)
 
 
+def lock_in_order(batch: Batch, names: list[str]) -> None:
+    """The writer's lock of a batch's stations up front: with the stations their dead letters
+    are forwarded to, all in name order (``stream_and_forward`` takes a target first only when
+    its station is not locked yet: a station locked up front had its target locked after it,
+    out of order, and two processes deadlocked)."""
+    wanted = set(names)
+    for name in names:
+        target = forward_target(batch, name)
+        if target is not None:
+            wanted.add(target)
+    for name in sorted(wanted):
+        batch.stream(name)
+
+
 def forward_target(batch: Batch, name: str) -> str | None:
     """Where a station's dead letters are copied (``dls.forwardTo``), read without a lock."""
     peek = batch.peek(name)

@@ -202,6 +202,7 @@ class Service:
             self.ids.runs,
             on_batch=self.tally.batch,
             on_listen=self.notifier.fire_all,
+            lock_in_order=dls.lock_in_order,
         )
         self.scheduler = Scheduler(self)
         self.leases = self.scheduler.leases

@@ -41,11 +41,13 @@ class Database:
         *,
         on_batch: Callable[[int, float], None] | None = None,
         on_listen: Callable[[], None] | None = None,
+        lock_in_order: Callable[[Batch, list[str]], None] | None = None,
     ) -> None:
         """Connect, bring the schema up to date and start the writer. ``on_commit`` hears the
         names of the streams every commit changed, this process's and (PostgreSQL) others';
         ``on_batch`` each transaction's ops and seconds (monitoring); ``on_listen`` that the
-        LISTEN connection (re)connected, so notifications may have been missed."""
+        LISTEN connection (re)connected, so notifications may have been missed;
+        ``lock_in_order`` how a batch locks its stations up front (see ``Writer``)."""
         loop = asyncio.get_running_loop()
         self.write_engine = db.make_engine(self.url, durability=self.durability, writer=True)
         self.read_engine = db.make_engine(self.url, durability=self.durability)
@@ -68,6 +70,8 @@ class Database:
             fsync=self.durability == "fsync",
             checkpoints=self.checkpoints,
         )
+        if lock_in_order is not None:
+            self.writer.lock_in_order = lock_in_order
         self.writer.start()
         dsn = db.listen_dsn(self.url)
         if dsn is not None:
