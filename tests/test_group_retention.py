@@ -87,3 +87,16 @@ def test_a_forks_group_does_not_start_or_seek_where_its_source_dropped(server: S
             "/api/stations/fork/groups/g/fetch", json={"max": 10, "consumer": "c"}
         ).json()["messages"]
         assert [m["data"] for m in fetched] == [{"own": 1}], fetched
+        # A standing group PUT again as it was made (the SDK does on every start) is still
+        # "200 same", whatever retention dropped since (it was 400).
+        made = http.put("/api/stations/fork/groups/k", json={"startFrom": _offset(5)})
+        assert made.status_code == 201, made.text
+        body = {"messages": [{"data": n} for n in range(5)]}
+        assert http.post("/api/stations/src/messages", json=body).status_code == 200
+        assert http.post("/api/stations/fork/messages", json=body).status_code == 200
+        patched = http.patch("/api/stations/fork", json={"retention": {"maxMessages": 1}})
+        assert patched.status_code == 200, patched.text
+        assert http.post("/api/stations/fork/messages", json=body).status_code == 200
+        _dropped(http, "fork", _offset(5))
+        again = http.put("/api/stations/fork/groups/k", json={"startFrom": _offset(5)})
+        assert again.status_code == 200, again.text

@@ -146,14 +146,19 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
             ) from None
         if cursor > state.tail:
             raise BadRequest("startFrom is beyond the station's tail", "startFrom")
-        if cursor < _head(batch.conn, state):
-            raise BadRequest("startFrom is before the earliest retained message", "startFrom")
     else:
         raise BadRequest("startFrom must be earliest, latest or an offset", "startFrom")
     defaults = state.config.get("consumerDefaults", {})
     try:
         group = _load(batch, state, name, lock=True)
     except NotFound:
+        # Checked for a new group only: a standing one PUT again with the settings it was made
+        # with (as the SDK does on every start) is "200 same", whatever retention did since.
+        named = start not in ("earliest", BEGINNING, "latest")  # an offset (checked above)
+        if named and cursor < _head(batch.conn, state):
+            raise BadRequest(
+                "startFrom is before the earliest retained message", "startFrom"
+            ) from None
         values: dict[str, Any] = {
             "stream_id": state.id,
             "name": name,
