@@ -613,3 +613,42 @@ def test_a_reader_of_stdout_that_went_away_does_not_stop_the_drain(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_shutdown_ends_an_sse_response_whole(tmp_path: Path) -> None:
+    """The drain ends an SSE response as a whole (its client reads again from the last
+    event's offset), logged 200: a change for the 499 of clients that leave cut it off
+    mid-response (curl: "transfer closed with outstanding read data") and logged a 499."""
+    access = tmp_path / "access.log"
+    server = Server(_sqlite(tmp_path), tmp_path, ["--access-log", str(access)]).start()
+    assert server.proc is not None
+    try:
+        assert httpx.put(f"{server.url}/v1/stream/s", content=b"hello").status_code == 201
+        events: list[str] = []
+        ended: list[object] = []
+
+        def read() -> None:
+            try:
+                with httpx.stream(
+                    "GET", f"{server.url}/v1/stream/s?offset=-1&live=sse", timeout=30
+                ) as answer:
+                    for line in answer.iter_lines():
+                        events.append(line)
+                ended.append("whole")
+            except httpx.HTTPError as exc:
+                ended.append(type(exc).__name__)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not any(e.startswith("event: control") for e in events):
+            assert time.monotonic() < deadline, events
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        reader.join(15)
+        assert ended == ["whole"], ended
+        assert server.proc.wait(10) == 0, server.log()
+    finally:
+        server.kill()
+    lines = [line for line in access.read_text().splitlines() if "live=sse" in line]
+    assert len(lines) == 1 and '" 200 ' in lines[0], lines
