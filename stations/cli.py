@@ -375,6 +375,7 @@ async def _serve(args: argparse.Namespace) -> None:
         Unusable,
         claim_file,
         describe,
+        refuse_foreign,
     )
 
     nofile = raise_nofile()
@@ -425,7 +426,10 @@ async def _serve(args: argparse.Namespace) -> None:
         except TokensFileError as exc:
             _fail(str(exc))
     try:
+        refuse_foreign(args.db)  # before the lock file beside it is made
         claim = claim_file(args.db)  # noqa: F841 - held until the process ends
+    except Unusable as exc:
+        _fail(str(exc), EXIT_CANNOT_START)
     except InUse as exc:
         _fail(
             f"{exc}: SQLite is served by one process; use PostgreSQL for several",

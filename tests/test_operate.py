@@ -406,7 +406,12 @@ def test_another_applications_sqlite_file_is_refused_untouched(tmp_path: Path) -
     assert proc.returncode == 1
     with contextlib.closing(sqlite3.connect(path)) as other:
         tables = other.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        mode = other.execute("PRAGMA journal_mode").fetchone()
     assert tables == [("invoices",)]
+    assert mode == ("delete",)  # not switched to WAL
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("invoices")) == [
+        "invoices.db"
+    ]  # no lock file, WAL or shared memory file left beside it
 
 
 def _read_only(url: str) -> str:

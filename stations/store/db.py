@@ -383,6 +383,7 @@ def upgrade(engine: Engine) -> None:
     application's SQLite file, or a database that refuses writes."""
     from sqlalchemy.exc import DBAPIError
 
+    refuse_foreign(str(engine.url))
     try:
         _migrate(engine)
     except DBAPIError as exc:
@@ -391,6 +392,35 @@ def upgrade(engine: Engine) -> None:
         if not _refused_as_read_only(exc):
             raise
         raise Unusable(f"cannot write to the database (is it read-only?): {_reason(exc)}") from None
+
+
+def refuse_foreign(url: str) -> None:
+    """Raise ``Unusable`` for another application's SQLite file (see ``_foreign_tables``):
+    before anything, the lock file beside it included, is done to it."""
+    found = _foreign_tables(url)
+    if found:
+        raise Unusable(
+            f"the file holds tables ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}) "
+            "but no Stations schema: it is another application's database; give --db a new file"
+        )
+
+
+def _foreign_tables(url: str) -> list[str]:
+    """The tables of an SQLite file that has no schema revision: another application's, which
+    the migrations would add Stations' tables to. Read through a read-only connection of its
+    own, before the engine's first connection switches the file to WAL. (A PostgreSQL database
+    may be shared with other applications' tables; a name both use fails the migration.)"""
+    import sqlite3
+
+    path = database_file(url)
+    if path is None or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    names = {str(name) for (name,) in rows}
+    if "alembic_version" in names:
+        return []
+    return sorted(name for name in names if not name.startswith("sqlite_"))
 
 
 def _migrate(engine: Engine) -> None:
@@ -412,19 +442,6 @@ def _migrate(engine: Engine) -> None:
                 "version of Stations upgraded it (run that version), or it is another "
                 "application's database"
             )
-        if before is None and not _postgresql(conn):
-            # A file with tables and no schema revision is another application's: the
-            # migrations would add Stations' tables to it. (A PostgreSQL database may be
-            # shared with other applications' tables; a name both use makes the migration fail.)
-            from sqlalchemy import inspect
-
-            found = sorted(inspect(conn).get_table_names())
-            if found:
-                raise Unusable(
-                    f"the file holds tables ({', '.join(found[:5])}"
-                    f"{', ...' if len(found) > 5 else ''}) but no Stations schema: it is another "
-                    "application's database; give --db a new file"
-                )
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
         if MigrationContext.configure(conn).get_current_revision() != before:
