@@ -76,6 +76,14 @@ def test_a_forks_group_does_not_start_or_seek_where_its_source_dropped(server: S
 
         (view,) = http.get("/api/stations/fork/groups").json()["groups"]
         assert (view["pending"], view["lag"]) == (1, 1), view
+        # /metrics says the same (it said 6, the fork's own head only).
+        scraped = http.get("/metrics").text
+        lag = [
+            line
+            for line in scraped.splitlines()
+            if line.startswith("stations_group_lag{") and 'station="fork"' in line
+        ]
+        assert len(lag) == 1 and lag[0].endswith(" 1.0"), lag
         seek = http.post("/api/stations/fork/groups/g/seek", json={"to": _offset(1)})
         assert seek.status_code == 400 and seek.json()["error"]["field"] == "to", seek.text
         late = http.put("/api/stations/fork/groups/h", json={"startFrom": _offset(2)})

@@ -15,6 +15,7 @@ from typing import Any
 
 from stations.domain import catalog, groups
 from stations.store import groups as group_store
+from stations.store import streams as stream_store
 
 BatchObserver = Callable[[int, float], None]  # (ops in the transaction, seconds to commit)
 
@@ -77,9 +78,18 @@ def snapshot(conn: Any, now: int, limit: int, group_limit: int = MAX_GROUPS) -> 
             if row.station in out
         ]
         queues = group_store.queue_figures(conn, [row.id for row in rows])
+        heads: dict[str, int] = {}  # a fork's, with its sources' retention (as the API's)
         for row in rows:
             waiting, in_flight, dead = queues[row.id]
-            behind = groups.lag(row.tail, row.cursor, row.head)
+            head = row.head
+            if row.fork_of is not None:
+                if row.station not in heads:
+                    state = stream_store.load(conn, row.station)
+                    heads[row.station] = (
+                        stream_store.inherited_head(conn, state) if state is not None else head
+                    )
+                head = heads[row.station]
+            behind = groups.lag(row.tail, row.cursor, head)
             out[row.station].groups.append(
                 GroupFigures(row.name, behind + waiting, in_flight, behind, dead)
             )

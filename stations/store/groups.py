@@ -508,8 +508,8 @@ def group_next_due(conn: Connection, group_id: int, now: int) -> int | None:
 
 def first_groups(conn: Connection, upto: str, limit: int) -> list[Any]:
     """The first ``limit`` groups by station and group name of the live stations named up to
-    ``upto`` (``stream_id``, ``station``, ``name``, ``cursor`` and the station's ``tail`` and
-    ``head``): one statement for all stations."""
+    ``upto`` (``stream_id``, ``station``, ``name``, ``cursor`` and the station's ``tail``,
+    ``head`` and ``fork_of``): one statement for all stations."""
     return list(
         conn.execute(
             select(
@@ -520,6 +520,7 @@ def first_groups(conn: Connection, upto: str, limit: int) -> list[Any]:
                 groups.c.cursor,
                 streams.c.tail,
                 streams.c.head,
+                streams.c.fork_of,
             )
             .join(streams, streams.c.id == groups.c.stream_id)
             .where(streams.c.deleted.is_(False), streams.c.name <= upto)
