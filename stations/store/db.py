@@ -394,7 +394,7 @@ def upgrade(engine: Engine) -> None:
         raise Unusable(f"cannot write to the database (is it read-only?): {_reason(exc)}") from None
 
 
-def refuse_foreign(url: str) -> None:
+def refuse_foreign(url: str | None) -> None:
     """Raise ``Unusable`` for another application's SQLite file (see ``_foreign_tables``):
     before anything, the lock file beside it included, is done to it."""
     found = _foreign_tables(url)
@@ -405,18 +405,21 @@ def refuse_foreign(url: str) -> None:
         )
 
 
-def _foreign_tables(url: str) -> list[str]:
+def _foreign_tables(url: str | None) -> list[str]:
     """The tables of an SQLite file that has no schema revision: another application's, which
     the migrations would add Stations' tables to. Read through a read-only connection of its
     own, before the engine's first connection switches the file to WAL. (A PostgreSQL database
     may be shared with other applications' tables; a name both use fails the migration.)"""
     import sqlite3
 
-    path = database_file(url)
+    path = database_file(url or default_url())
     if path is None or not os.path.isfile(path) or os.path.getsize(path) == 0:
         return []
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.Error:  # no database at all, or unreadable: the engine's start says which
+        return []
     names = {str(name) for (name,) in rows}
     if "alembic_version" in names:
         return []
