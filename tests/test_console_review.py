@@ -527,3 +527,12 @@ def test_a_long_payload_shows_its_start_and_the_rest_on_demand(console: Console,
     expect(long.locator("pre")).to_contain_text("THE-END")
     assert len(long.locator("pre").inner_text()) == 200_007
     expect(long.get_by_role("button")).to_have_count(0)
+
+
+def test_bidirectional_controls_in_a_payload_are_shown_as_marks(console: Console, api: Api) -> None:  # noqa: F811
+    """A U+202E in a payload showed the rest of its line reversed, as it was not."""
+    api.create("bidi", contentType="text/plain")
+    api.produce("bidi", {"data": "pay \u202eabc\u202c to x"})
+    page = console.open("#/s/bidi/messages")
+    shown = messages_list(page).first.locator("pre")
+    expect(shown).to_have_text("pay \u27e8U+202E\u27e9abc\u27e8U+202C\u27e9 to x")

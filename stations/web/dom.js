@@ -99,11 +99,16 @@ export function payloadText(item, json) {
 // seconds, and a page of fifty large ones for much longer.
 export const PAYLOAD_SHOWN = 64 * 1024;
 
+// Bidirectional controls (U+202A-U+202E, U+2066-U+2069) reorder the text after them: a payload
+// holding U+202E showed the rest of its line reversed, as it was not. They are shown as marks.
+const BIDI = /[\u202A-\u202E\u2066-\u2069]/g;
+const bidiMark = (c) => `\u27E8U+${c.codePointAt(0).toString(16).toUpperCase()}\u27E9`;
+
 /** `<pre>` holding a payload as text (never markup); `json`: the station stores JSON. A long
  * payload shows its first PAYLOAD_SHOWN characters and a button that shows the rest. */
 export function payload(item, json) {
   const pre = h('pre', { class: 'payload' });
-  const text = payloadText(item, json);
+  const text = payloadText(item, json).replace(BIDI, bidiMark);
   let more = null;
   if (text.length > PAYLOAD_SHOWN) {
     pre.textContent = text.slice(0, PAYLOAD_SHOWN);
