@@ -11,11 +11,14 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import update
+
 from stations.domain import dls, groups, reads, retention
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest
 from stations.domain.offsets import decode, encode
 from stations.domain.service import Service
+from stations.store import schema
 from stations.store.db import Tx
 from stations.store.writer import Batch
 
@@ -53,6 +56,14 @@ async def _messages(svc: Service, station: str, upto: int) -> list[reads.Message
         return reads.messages_at(tx, state, list(range(1, upto + 1)))
 
     return await svc.read_db(read)
+
+
+def _redrive_now(batch: Batch) -> int | None:
+    """The DLS redrives their policy's delay holds back, made due and run now."""
+    batch.conn.execute(
+        update(schema.dls).where(schema.dls.c.redrive_at.is_not(None)).values(redrive_at=0)
+    )
+    return dls.redrive_due(batch)
 
 
 def _view(e: dict[str, Any]) -> tuple[Any, ...]:
@@ -123,8 +134,10 @@ def test_dead_lettering_many_keeps_every_rule(db_url: str) -> None:
             (view,) = await svc.groups("fw")
             assert (view["inFlight"], view["pending"]) == (40 - len(chosen), 0)
 
-            # A redrive policy: first due again (redrives 0), then capped once redriven.
-            policy = {"maxRedrives": 1, "delayMs": 0, "backoff": 2, "maxDelayMs": 1000}
+            # A redrive policy: first due again (redrives 0), then capped once redriven. The
+            # delay keeps the service's own lease timer from redriving them while the test
+            # looks (with 0 it sometimes took a few first, on PostgreSQL in CI).
+            policy = {"maxRedrives": 1, "delayMs": 600_000, "backoff": 2, "maxDelayMs": 600_000}
             await _station(svc, "rd", 30, dls={"redrive": policy})
             await svc.ensure_group("rd", "g", {"maxMsgDeliveries": 5})
             first = await _lease(svc, "rd", 30)
@@ -134,7 +147,7 @@ def test_dead_lettering_many_keeps_every_rule(db_url: str) -> None:
                 ("g", s, f"id-{s}", {"k": str(s)}, f"m{s}", 1, "dead_letter", None, 0, True)
                 for s in first[:20]
             ]
-            await svc.write(dls.redrive_due)  # due at once: back to the queue, redrives 1
+            await svc.write(_redrive_now)  # back to the queue, redrives 1
             assert (await _entries(svc, "rd"))[0] == []
             back = await _lease(svc, "rd", 20)
             assert sorted(back) == first[:20]
