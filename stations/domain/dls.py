@@ -26,7 +26,7 @@ import math
 import re
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from stations.domain import retention, text
@@ -198,13 +198,19 @@ def lock_in_order(batch: Batch, names: list[str]) -> None:
     are forwarded to, all in name order (``stream_and_forward`` takes a target first only when
     its station is not locked yet: a station locked up front had its target locked after it,
     out of order, and two processes deadlocked)."""
+    for name in sorted(with_forward_targets(batch, names)):
+        batch.stream(name)
+
+
+def with_forward_targets(batch: Batch, names: Iterable[str]) -> set[str]:
+    """``names`` and the stations their dead letters are forwarded to, which a path that may
+    dead-letter must lock with them, in one name order."""
     wanted = set(names)
-    for name in names:
+    for name in list(wanted):
         target = forward_target(batch, name)
         if target is not None:
             wanted.add(target)
-    for name in sorted(wanted):
-        batch.stream(name)
+    return wanted
 
 
 def forward_target(batch: Batch, name: str) -> str | None:

@@ -443,9 +443,7 @@ def _lock_for_tick(batch: Batch, expiring: set[str]) -> None:
     write: those with expired leases, those their dead letters are forwarded to, and those
     with DLS entries to redrive (these were locked after the others). A redrive locks its
     entries after their station, as a replay does (the other way round, the two deadlock)."""
-    names = expiring | dls.redrive_stations(batch)
-    targets = {dls.forward_target(batch, name) for name in expiring}
-    for name in sorted(names | {t for t in targets if t is not None}):
+    for name in sorted(dls.with_forward_targets(batch, expiring) | dls.redrive_stations(batch)):
         batch.stream(name)
 
 

@@ -340,12 +340,10 @@ def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
     named = req.stations("settle") | req.stations("produce")
     # ... the stations dead letters are forwarded to included: a nack or a dead letter writes
     # there too.
-    forwards = set()
+    forwards: set[str] = set()
     if batch.row_locks:
-        for station in {s.station for s in req.settles if s.verb != "ack"}:
-            target = dls.forward_target(batch, station)
-            if target is not None and target not in named:
-                forwards.add(target)
+        settled = {s.station for s in req.settles if s.verb != "ack"}
+        forwards = dls.with_forward_targets(batch, settled) - named.keys()
     states: dict[str, StreamState] = {}
     for name in sorted(named.keys() | forwards):
         if name in named:
