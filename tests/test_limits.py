@@ -274,6 +274,40 @@ async def test_malformed_request_heads_get_a_json_400_and_no_traceback(
     assert closed_by_reason(server.url)["malformed"] == len(heads)
 
 
+async def test_a_malformed_head_is_refused_without_repeating_its_bytes(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """aiohttp's parse errors quote the line they stopped at: a malformed Authorization line
+    (or a bad byte in a query holding a token) came back in the 400's body and in the INFO
+    log, bearer token and all (found by a review)."""
+    server = spawn(sqlite_url(tmp_path), "--log-level", "info")
+    secret = b"s3cret-t0ken-xyz"
+    heads = [
+        b"GET /api/stations HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer " + secret + b"\r\n\r\n",
+        b"GET /api/stations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + secret
+        + b"\rX\r\n\r\n",
+        b"GET /api/stations?token=" + secret + b"&a=\x01 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /api/stations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + b"\r\n"
+        b" folded\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + b"\r\n"
+        b"Content-Length: 1x\r\n\r\n",
+    ]
+    for head in heads:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(head)
+        closed, got = await closed_within(reader, 5)
+        writer.close()
+        assert closed, got
+        status_line, _, body = got.partition(b"\r\n\r\n")
+        assert b" 400 " in status_line.split(b"\r\n")[0], got
+        message = json.loads(body)["error"]["message"]
+        assert message.startswith("malformed request") and secret.decode() not in message, got
+    log = server.log()
+    assert log.count("refused a malformed request") == len(heads), log
+    assert secret.decode() not in log, log
+
+
 async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothing(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import resource
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -247,8 +248,9 @@ class GuardedHandler(RequestHandler):
         if isinstance(exc, LineTooLong):
             text = "the request line or a header is too long (at most 8190 bytes each)"
         else:
-            text = "malformed request: " + " ".join(exc.message.split())[:300]
-        logger.info("refused a malformed request from %s: %s", request.remote, exc.message[:200])
+            text = "malformed request: " + _what_failed(exc)
+        reason = text.removeprefix("malformed request: ")
+        logger.info("refused a malformed request from %s: %s", request.remote, reason)
         self._closed("malformed")
         response = error_response(status, "bad_request", text)
         response.force_close()
@@ -455,3 +457,15 @@ def refused_encoding(request: web.Request) -> web.Response | None:
 LIMITS: web.AppKey[Limits] = web.AppKey("limits")
 READERS: web.AppKey[ReaderSlots] = web.AppKey("readers")
 SLOW_CLIENTS: web.AppKey[SlowClients] = web.AppKey("slow_clients")
+
+
+# Where aiohttp's parse error starts quoting the bytes it stopped at (``: b'...'``, or a line
+# break before them): those bytes may hold a bearer token or a token in a query.
+_QUOTED = re.compile(r":?\s*b['\"]|\n")
+
+
+def _what_failed(exc: HttpProcessingError) -> str:
+    """aiohttp's reason for refusing a request, without the request bytes it quotes."""
+    reason = _QUOTED.split(exc.message or "", maxsplit=1)[0]
+    reason = " ".join(reason.split()).rstrip(":")[:200]
+    return reason or type(exc).__name__
