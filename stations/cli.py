@@ -364,7 +364,13 @@ async def _serve(args: argparse.Namespace) -> None:
     from stations.api import keys, make_app
     from stations.api.drain import DRAIN, READER_GRACE_S, Drain
     from stations.api.headers import CorsPolicy
-    from stations.api.limits import CappedSite, Limits, default_max_connections, raise_nofile
+    from stations.api.limits import (
+        READERS,
+        CappedSite,
+        Limits,
+        default_max_connections,
+        raise_nofile,
+    )
     from stations.api.metrics import METRICS
     from stations.domain.service import Service
     from stations.repeats import first_line
@@ -479,7 +485,10 @@ async def _serve(args: argparse.Namespace) -> None:
         shutdown_timeout=READER_GRACE_S,
         **args.access_logging,
     )
-    stop = _on_signals(_token_reloader(args.tokens, tokens) if tokens is not None else None)
+    reload = None
+    if tokens is not None:
+        reload = _token_reloader(args.tokens, tokens, app[READERS].revoke)
+    stop = _on_signals(reload)
     try:
         # A signal while the database does not answer yet stops the start (it waited forever).
         setup: asyncio.Future[None] = asyncio.ensure_future(runner.setup())
@@ -533,10 +542,13 @@ async def _serve(args: argparse.Namespace) -> None:
             os._exit(EXIT_CANNOT_START)
 
 
-def _token_reloader(path: str, tokens: list[Token]) -> Callable[[], None]:
+def _token_reloader(
+    path: str, tokens: list[Token], end_waits: Callable[[Callable[[object], bool]], int]
+) -> Callable[[], None]:
     """SIGHUP reads the tokens file again, so that a token is added or revoked without a
     restart (with several processes, each is sent its SIGHUP). A file that does not load
-    leaves the tokens as they were, and says why."""
+    leaves the tokens as they were, and says why. The waits (long-poll, SSE, group fetch) of
+    a token no longer in the file as it was end at once (``end_waits``)."""
     from stations.api.auth import TokensFileError, load_tokens
 
     log = logging.getLogger("stations.tokens")
@@ -548,7 +560,13 @@ def _token_reloader(path: str, tokens: list[Token]) -> Callable[[], None]:
             log.error("SIGHUP: the tokens in use are kept: %s", exc)
             return
         tokens[:] = fresh  # the list the application holds: the next request sees them
-        log.info("SIGHUP: %d token(s) read from %s", len(fresh), path)
+        ended = end_waits(lambda token: token in fresh)
+        log.info(
+            "SIGHUP: %d token(s) read from %s; %d waiting request(s) of revoked tokens ended",
+            len(fresh),
+            path,
+            ended,
+        )
 
     return reload
 

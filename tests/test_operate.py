@@ -16,6 +16,7 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ from tests.packaging import clean_env, copy_checkout, run
 from tests.test_cli import assert_one_line_error, run_cli
 
 BODY = b"x" * 1000
+JSON = {"Content-Type": "application/json"}
 
 
 def _sqlite(tmp_path: Path) -> str:
@@ -573,6 +575,75 @@ def test_sighup_reads_the_tokens_file_again(tmp_path: Path) -> None:
         hangup("the tokens in use are kept")
         assert status("new-secret-1") == 200 and status("old-secret-1") == 401
         assert server.proc is not None and server.proc.poll() is None
+    finally:
+        server.kill()
+
+
+def test_revoking_a_token_ends_its_waiting_requests(tmp_path: Path) -> None:
+    """A revoked token's long-poll and SSE ran to their timeouts, and its group fetch (waitMs
+    up to 300 s) went on waiting and then leased the next message to a client that could no
+    longer ack it (found by a review). SIGHUP ends the waits of tokens no longer in the file
+    as they were: 401 where nothing was sent yet, an SSE ends whole; other tokens' waits
+    go on."""
+    tokens = tmp_path / "tokens.json"
+    keep = {"token": "keep-secret-1", "role": "admin"}
+    gone = {"token": "gone-secret-1", "role": "consumer", "stations": ["s"]}
+    tokens.write_text(json.dumps({"tokens": [keep, gone]}))
+    flags = ["--tokens", str(tokens), "--log-level", "info"]
+    server = Server(_sqlite(tmp_path), tmp_path, flags).start()
+    assert server.proc is not None
+    admin = {"Authorization": "Bearer keep-secret-1"}
+    revoked = {"Authorization": "Bearer gone-secret-1"}
+    try:
+        http = httpx.Client(base_url=server.url, timeout=90)
+        assert http.put("/v1/stream/s", headers={**admin, **JSON}).status_code == 201
+        assert http.put("/api/stations/s/groups/g", json={}, headers=admin).status_code == 201
+        tail = http.head("/v1/stream/s", headers=admin).headers["Stream-Next-Offset"]
+        read = f"/v1/stream/s?offset={tail}&live="
+        outcomes: dict[str, tuple[int, float, str]] = {}
+
+        def wait(name: str, method: str, path: str, headers: dict[str, str], **kw: Any) -> None:
+            with httpx.Client(base_url=server.url, timeout=90) as own:
+                with own.stream(method, path, headers=headers, **kw) as r:
+                    body = r.read().decode()
+                outcomes[name] = (r.status_code, time.monotonic(), body)
+
+        fetch = {"max": 1, "waitMs": 120_000}
+        waits = [
+            ("long-poll", "GET", read + "long-poll", revoked, {}),
+            ("sse", "GET", read + "sse", revoked, {}),
+            ("fetch", "POST", "/api/stations/s/groups/g/fetch", revoked, {"json": fetch}),
+            ("kept", "GET", read + "long-poll", admin, {}),
+        ]
+        threads = [threading.Thread(target=wait, args=w[:4], kwargs=w[4]) for w in waits]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # all four are waiting
+        assert not outcomes, outcomes
+        tokens.write_text(json.dumps({"tokens": [keep]}))
+        hung_up = time.monotonic()
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = hung_up + 10
+        while len(outcomes) < 3:
+            assert time.monotonic() < deadline, (outcomes, server.log())
+            time.sleep(0.05)
+        assert "3 waiting request(s) of revoked tokens ended" in server.log()
+        for name in ("long-poll", "fetch"):
+            status, _, body = outcomes[name]
+            assert status == 401 and "revoked" in body, (name, outcomes[name])
+        assert outcomes["sse"][0] == 200  # its events were under way: it ends whole
+        assert all(outcomes[n][1] - hung_up < 5 for n in ("long-poll", "sse", "fetch"))
+        assert "kept" not in outcomes  # another token's wait goes on
+        produced = http.post("/v1/stream/s", json={"n": 1}, headers=admin)
+        assert produced.status_code in (200, 204)
+        threads[3].join(30)
+        assert outcomes["kept"][0] == 200 and '"n"' in outcomes["kept"][2]
+        # The revoked fetch leased nothing: the message's first delivery is now.
+        got = http.post("/api/stations/s/groups/g/fetch", json={"max": 1}, headers=admin)
+        assert [m["deliveryCount"] for m in got.json()["messages"]] == [1], got.text
+        assert http.get("/api/stations", headers=revoked).status_code == 401
+        for thread in threads:
+            thread.join(10)
     finally:
         server.kill()
 

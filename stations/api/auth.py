@@ -218,6 +218,15 @@ def _is_open(request: web.Request) -> bool:
     )
 
 
+def revoked_answer() -> web.Response:
+    """A waiting request's token was revoked (or its role or stations changed) meanwhile."""
+    response = error_response(
+        401, "unauthorized", "this token was revoked while the request waited"
+    )
+    response.headers["WWW-Authenticate"] = 'Bearer realm="stations"'
+    return response
+
+
 def refused(request: web.Request) -> web.Response | None:
     """401 or 403 when the request's token may not do this, else None (the token, if any, is
     then ``request["token"]`` for the handlers' own checks)."""

@@ -92,11 +92,27 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         return refusal
     try:
         if limits.waits(request):
-            with request.app[READERS].slot(request.get("token")):
-                return await handler(request)
+            slots = request.app[READERS]
+            with slots.slot(request.get("token")):
+                try:
+                    return await handler(request)
+                except asyncio.CancelledError:
+                    if not _revoked(request, slots):
+                        raise
+                    return auth.revoked_answer()
         return await handler(request)
     except asyncio.CancelledError:
         errors.gone(request)
         raise
     except Exception as exc:
         return errors.answer(request, exc)
+
+
+def _revoked(request: web.Request, slots: limits.ReaderSlots) -> bool:
+    """Whether the wait was ended by its token's revocation (``ReaderSlots.revoke``) rather
+    than by its client leaving, and can still be answered 401."""
+    if not slots.take_back(asyncio.current_task()):
+        return False
+    # An answer already under way cannot become a 401: its connection is cut (an SSE ends
+    # whole by itself).
+    return request.writer is None or request.writer.output_size == 0

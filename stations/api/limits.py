@@ -385,6 +385,10 @@ class ReaderSlots:
         self.by_key: Counter[object] = Counter()
         # Called whenever ``used`` changes (a shutdown's drain waits for only readers to be left).
         self.changed: Callable[[], None] | None = None
+        # The handlers waiting with a key, so that revoking a token ends its waits at once
+        # (``revoke``), and those revoke ended, so that they answer 401 rather than 499.
+        self.waiting: dict[asyncio.Task[Any], object] = {}
+        self.revoked: set[asyncio.Task[Any]] = set()
 
     @contextlib.contextmanager
     def slot(self, key: object | None = None) -> Iterator[None]:
@@ -400,9 +404,12 @@ class ReaderSlots:
                 f"this token already holds {self.per_key} waiting readers (long-poll, SSE and "
                 "group fetches), its share of the server's; retry shortly"
             )
+        task = asyncio.current_task()
         self.used += 1
         if key is not None:
             self.by_key[key] += 1
+            if task is not None:
+                self.waiting[task] = key
         if self.changed is not None:
             self.changed()
         try:
@@ -413,8 +420,31 @@ class ReaderSlots:
                 self.by_key[key] -= 1
                 if not self.by_key[key]:
                     del self.by_key[key]
+                if task is not None:
+                    self.waiting.pop(task, None)
+                    self.revoked.discard(task)
             if self.changed is not None:
                 self.changed()
+
+    def revoke(self, still_valid: Callable[[object], bool]) -> int:
+        """End the waits (long-poll, SSE, group fetch) whose key is no longer valid; return
+        how many. A token revoked, or changed in role or stations, held its waits to their
+        end: up to a group fetch's 300 s, leasing messages to a client that could not ack."""
+        ended = 0
+        for task, key in list(self.waiting.items()):
+            if not still_valid(key) and task not in self.revoked:
+                self.revoked.add(task)
+                task.cancel()
+                ended += 1
+        return ended
+
+    def take_back(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether ``revoke`` cancelled ``task`` (not its client leaving, nor a drain); if it
+        did, the cancellation is taken back for the handler to answer."""
+        if task is None or task not in self.revoked:
+            return False
+        task.uncancel()
+        return True
 
 
 def waits(request: web.Request) -> bool:

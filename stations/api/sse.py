@@ -13,6 +13,7 @@ from aiohttp import web
 
 from stations.api import access, keys, reading
 from stations.api.drain import DRAIN
+from stations.api.limits import READERS
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.domain.budget import Overloaded
 from stations.domain.offsets import Start, encode
@@ -158,10 +159,13 @@ async def serve_sse(request: web.Request, name: str, position: Start | None) -> 
         reading.forget(exc)
         with contextlib.suppress(NameError):  # unless it was let go while waiting
             del result  # this frame outlives the call in the exception's cycle
-        if isinstance(exc, asyncio.CancelledError) and not request.app[DRAIN].draining:
+        if isinstance(exc, asyncio.CancelledError) and not (
+            request.app[DRAIN].draining or request.app[READERS].take_back(asyncio.current_task())
+        ):
             raise  # its client left while it waited: the edge logs and counts the 499
-        # A shutdown's drain ends the response as a whole (the client reads again from the
-        # last event's offset); a write that found the client gone is a 499.
+        # A shutdown's drain, or its token's revocation, ends the response as a whole (the
+        # client reads again from the last event's offset, a revoked token gets its 401
+        # then); a write that found the client gone is a 499.
         if not isinstance(exc, asyncio.CancelledError):
             access.left(request)
         return response
