@@ -22,11 +22,13 @@ class Repeats:
         self._since: float | None = None  # when the current run of failures began
         self._told = 0.0  # when it was last logged
         self._count = 0  # failures since then
+        self._last = ""  # what the latest failure said
 
     def failed(self, exc: BaseException, *, traceback: bool = True) -> None:
         """Log ``exc`` (with its traceback if ``traceback``) if it starts a run of failures,
         else count it and say how many now and then."""
         now = time.monotonic()
+        self._last = first_line(exc)
         if self._since is None:
             self._since, self._told, self._count = now, now, 0
             self._logger.error(
@@ -47,6 +49,11 @@ class Repeats:
                 first_line(exc),
             )
             self._told, self._count = now, 0
+
+    @property
+    def failing(self) -> str | None:
+        """What the latest failure said, while a run of failures goes on; else None."""
+        return self._last if self._since is not None else None
 
     def succeeded(self) -> None:
         if self._since is not None:

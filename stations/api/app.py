@@ -35,11 +35,13 @@ async def livez(_request: web.Request) -> web.Response:
 
 @needs("open")
 async def readyz(request: web.Request) -> web.Response:
-    """The database answers: 200, else 503 saying why (``/healthz`` is the same check)."""
+    """The database answers and takes writes: 200, else 503 saying why (``/healthz`` is the
+    same check)."""
     problem = await request.app[keys.SERVICE].ping()
     if problem is None:
         return web.json_response({"status": "ok"})
-    body = {"status": "unavailable", "database": "unreachable", "error": problem}
+    state, why = problem
+    body = {"status": "unavailable", "database": state, "error": why}
     return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
@@ -82,7 +84,13 @@ class _ReadCollector:
             "stations_read_budget_used_bytes", "bytes of read pages held in memory"
         )
         held.add_metric([], self.service.budget.used)
-        families: list[Metric] = [reads, relaxed, waiting, held]
+        failing = GaugeMetricFamily(
+            "stations_writes_failing",
+            "1 while the writer's transactions fail (a full disk, a lost database) and none has "
+            "written since, else 0",
+        )
+        failing.add_metric([], int(self.service.writes_failing))
+        families: list[Metric] = [reads, relaxed, waiting, held, failing]
         wal = self.service.wal()
         if wal is not None:  # an SQLite file whose WAL this process checkpoints
             frames = GaugeMetricFamily(

@@ -65,29 +65,35 @@ def _then(fn: Callable[..., T], then: Callable[[T], None]) -> Callable[..., T]:
     return op
 
 
-# Every request meets an outage: one line when it starts, a count a minute, one when it ends.
-_outage = Repeats(logger, "the database")
+# Every read meets an outage: one line when it starts, a count a minute, one when it ends.
+# Writes are the writer's to tell (``stations.store.writer``): with one tracker for both, a
+# full disk logged two failures and two recoveries per write, a read between them counting
+# as the database working again.
+_reads = Repeats(logger, "reading the database")
 
 
-async def _committed(work: Awaitable[T]) -> T:
-    """Await database work; a database or disk failure becomes ``Unavailable``."""
+async def _committed(work: Awaitable[T], outage: Repeats | None = None) -> T:
+    """Await database work; a database or disk failure becomes ``Unavailable`` (told to
+    ``outage``, if any)."""
     try:
         done = await work
     except Exception as exc:
-        failure = _unavailable(exc)
+        failure = _unavailable(exc, outage)
         if failure is exc:
             raise
         raise failure from exc
-    _outage.succeeded()
+    if outage is not None:
+        outage.succeeded()
     return done
 
 
-def _unavailable(exc: Exception) -> Exception:
+def _unavailable(exc: Exception, outage: Repeats | None = None) -> Exception:
     """A database or disk failure becomes ``Unavailable`` (503 with Retry-After); anything
     else is raised as it is."""
     if isinstance(exc, StationsError) or not Database.unavailable(exc):
         return exc
-    _outage.failed(exc, traceback=False)
+    if outage is not None:
+        outage.failed(exc, traceback=False)
     return Unavailable(f"the database is unavailable, retry later: {first_line(exc)}")
 
 
@@ -244,31 +250,49 @@ class Service:
         """Commits that did not wait for the disk: batches of lease-only ops (monitoring)."""
         return self.db.writer.relaxed_commits
 
+    @property
+    def writes_failing(self) -> bool:
+        """Whether the writer's latest batch failed and none has written since (monitoring)."""
+        return self.db.writes_failing is not None
+
     def wal(self) -> WalFigures | None:
         """SQLite's WAL and its checkpoints (monitoring); None on PostgreSQL."""
         return self.db.wal()
 
     async def refresh_statistics(self) -> None:
-        await _committed(self.db.refresh_statistics())
+        await _committed(self.db.refresh_statistics(), _reads)
 
     async def sync_clock(self) -> None:
-        await _committed(self.db.sync_clock())
+        await _committed(self.db.sync_clock(), _reads)
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction on a reader thread."""
         self.read_transactions += 1
-        return await _committed(self.db.read(fn, *args, **kwargs))
+        return await _committed(self.db.read(fn, *args, **kwargs), _reads)
 
-    async def ping(self, timeout: float = 2.0) -> str | None:
-        """None if the database answers within ``timeout`` seconds, else why not."""
+    async def ping(self, timeout: float = 2.0) -> tuple[str, str] | None:
+        """None if the database answers within ``timeout`` seconds and takes writes, else
+        (``"unreachable"`` or ``"writes failing"``, why). Reads alone answered while every
+        write failed (a full disk): the service said it was ready. While writes fail, a
+        probe write tells when they work again (nothing else might write on an idle server)."""
         try:
             await asyncio.wait_for(self.db.ping(), timeout)
         except TimeoutError:
-            return f"the database did not answer within {timeout:g} s"
+            return "unreachable", f"the database did not answer within {timeout:g} s"
         except Exception as exc:
             if not self.db.unavailable(exc):
                 raise
-            return first_line(exc)
+            return "unreachable", first_line(exc)
+        if self.db.writes_failing is None:
+            return None
+        try:
+            await asyncio.wait_for(self.db.probe_writes(), timeout)
+        except TimeoutError:
+            return "writes failing", f"a write did not commit within {timeout:g} s"
+        except Exception as exc:
+            if not self.db.unavailable(exc):
+                raise
+            return "writes failing", first_line(exc)
         return None
 
     # -- streams ----------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from stations.repeats import Repeats
+
 log = logging.getLogger("stations.store.checkpoints")
 
 # The WAL index header (48 bytes, twice) and the checkpoint information after it, in the
@@ -67,6 +69,9 @@ class Checkpoints:
         self._wake = threading.Event()
         self._stopping = False
         self._running = False  # the thread is copying (read and written under the GIL)
+        # A full disk fails every checkpoint, and one is tried after every batch: logged once,
+        # then counted (a traceback each was hundreds a second).
+        self._failures = Repeats(log, "checkpoint")
         self.tail_wanted = False  # the writer copies the last frames before its next transaction
         self.passes = 0  # checkpoints run by the thread
         self.tail_copies = 0  # checkpoints run by the writer (copy_tail)
@@ -149,8 +154,9 @@ class Checkpoints:
         try:
             if _checkpoint(dbapi_conn):
                 self.tail_copies += 1
-        except Exception:  # the frames stay in the WAL; the next checkpoint copies them
-            log.exception("checkpoint by the writer failed")
+            self._failures.succeeded()
+        except Exception as exc:  # the frames stay in the WAL; the next checkpoint copies them
+            self._failures.failed(exc, traceback=not _disk_failure(exc))
 
     def _serve(self) -> None:
         while True:
@@ -168,10 +174,18 @@ class Checkpoints:
                 # read the WAL as it was and cannot start it over; the writer's short pass before
                 # its next transaction lets that one.
                 self.tail_wanted = True
-            except Exception:  # the frames stay in the WAL; the next checkpoint copies them
-                log.exception("background checkpoint failed")
+                self._failures.succeeded()
+            except Exception as exc:  # the frames stay in the WAL; the next checkpoint copies them
+                self._failures.failed(exc, traceback=not _disk_failure(exc))
             finally:
                 self._running = False
+
+
+def _disk_failure(exc: Exception) -> bool:
+    """SQLite's own refusal (a full disk, an I/O error): its message says it all."""
+    import sqlite3
+
+    return isinstance(exc, sqlite3.OperationalError)
 
 
 def _checkpoint(dbapi_conn: Any) -> bool:

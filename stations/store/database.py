@@ -157,6 +157,16 @@ class Database:
         """Raise unless the database answers a trivial query."""
         await asyncio.get_running_loop().run_in_executor(self._readers, db.ping, self.read_engine)
 
+    @property
+    def writes_failing(self) -> str | None:
+        """Why the writer's latest batch failed, while none has written since; else None."""
+        return self.writer.failing
+
+    async def probe_writes(self) -> None:
+        """Raise unless a write commits: one row changed through the writer (which then
+        knows its writes work again, should they have failed)."""
+        await self.write(lambda batch: db.probe_write(batch.conn))
+
     @staticmethod
     def unavailable(exc: BaseException) -> bool:
         """Whether ``exc`` means the database (or its disk) failed: see ``db.unavailable``."""

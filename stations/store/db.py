@@ -389,9 +389,27 @@ def upgrade(engine: Engine) -> None:
     except DBAPIError as exc:
         # A read-only database that still needs its migrations (or, SQLite, its WAL mode)
         # said "cannot reach the database", the words of an outage: say what it is.
+        if _disk_full(exc):
+            # Said "cannot reach the database", pointing at the network, not at the disk.
+            where = database_file(str(engine.url)) or "the database"
+            raise Unusable(
+                f"cannot write to the database: the disk holding {where} is full ({_reason(exc)})"
+            ) from None
         if not _refused_as_read_only(exc):
             raise
         raise Unusable(f"cannot write to the database (is it read-only?): {_reason(exc)}") from None
+
+
+def _disk_full(exc: Any) -> bool:
+    """SQLite's SQLITE_FULL (PostgreSQL's disk_full, 53100, too)."""
+    import sqlite3
+
+    orig = getattr(exc, "orig", exc)
+    if isinstance(orig, sqlite3.OperationalError):
+        return getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or (
+            "disk is full" in str(orig)
+        )
+    return getattr(orig, "sqlstate", None) == "53100"
 
 
 def refuse_foreign(url: str | None) -> None:
@@ -454,7 +472,7 @@ def _migrate(engine: Engine) -> None:
         # A read-only database (a file the service's user may not write, a hot standby) was
         # served as healthy while every write failed: try one write now.
         try:
-            conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
+            probe_write(conn)
         except DBAPIError as exc:
             raise Unusable(
                 f"cannot write to the database (is it read-only?): {_reason(exc)}"
@@ -641,6 +659,14 @@ def outcome(conn: Connection, xid: int) -> str | None:
     return None if status is None else str(status)
 
 
+def rows_changed(conn: Connection | None) -> int | None:
+    """SQLite: the rows ``conn`` has changed since it was opened; None elsewhere, or without a
+    usable connection."""
+    if conn is None or conn.closed or conn.invalidated or _postgresql(conn):
+        return None
+    return int(conn.connection.dbapi_connection.total_changes)  # type: ignore[union-attr]
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means the database (or the disk under it) failed, so that the request
     was not decided and may be retried, rather than a bug or bad input. Statements run through
@@ -672,6 +698,11 @@ def unavailable(exc: BaseException) -> bool:
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             return True
     return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+
+
+def probe_write(conn: Connection) -> None:
+    """A write that changes one row and nothing else: whether the database takes writes."""
+    conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
 
 
 def ping(engine: Engine) -> None:

@@ -391,16 +391,30 @@ class Writer:
         started = time.perf_counter()
         outcome: Any
         try:
+            before = db.rows_changed(self._conn)
             outcome = self._execute(
                 [p.op for p in batch], _strict(batch), _run_hooks, _locks(batch)
             )
-            self._failures.succeeded()
+            self._wrote(before)
         except Exception as exc:  # the database itself failed: every request hears it
             self._failed(exc)
             outcome = exc
         self._settle(batch, 0, outcome, time.perf_counter() - started, None)
         if self._checkpoints is not None:
             self._checkpoints.committed()
+
+    @property
+    def failing(self) -> str | None:
+        """Why the latest batch failed, while no batch has written since; else None."""
+        return self._failures.failing
+
+    def _wrote(self, before: int | None) -> None:
+        """A batch committed: the writes work again if it changed rows. A batch that changed
+        none (a job with nothing due, ops all refused) commits on a full disk too: each one
+        logged the outage over, and it started again at the next write."""
+        after = db.rows_changed(self._conn)
+        if before is None or after is None or after > before:
+            self._failures.succeeded()
 
     def _failed(self, exc: Exception) -> None:
         """A batch failed whole: logged once per outage (a traceback only for what is no
@@ -440,10 +454,11 @@ class Writer:
                 if batch and checkpoints is not None and checkpoints.tail_wanted:
                     checkpoints.copy_tail(self._connection().connection.dbapi_connection)
                 if batch:
+                    before = db.rows_changed(self._conn)
                     outcome = self._execute(
                         [p.op for p in batch], _strict(batch), self._hooks_on_loop, _locks(batch)
                     )
-                    self._failures.succeeded()
+                    self._wrote(before)
             except Exception as exc:  # the database itself failed: every request hears it
                 self._failed(exc)
                 outcome = exc

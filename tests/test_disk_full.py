@@ -1,0 +1,145 @@
+"""Writes the database refuses while reads still work (a full disk), on embedded SQLite.
+
+A full disk is played by SQLite itself, on the writer's own connection: ``max_page_count``
+at the file's size fails every write that grows it with SQLITE_FULL ("database or disk is
+full"), and ``query_only`` fails every write whatever its size (found by a review on real
+full filesystems)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from stations.domain.log import AppendRequest
+from stations.domain.service import Service
+from stations.errors import Unavailable
+from stations.store import db
+from stations.store.checkpoints import Checkpoints
+from stations.store.writer import Batch
+
+BIN = "application/octet-stream"
+
+
+def _raw(svc: Service) -> Any:
+    """The writer's own SQLite connection (the writer is idle whenever a test calls this)."""
+    conn = svc.db.writer._conn
+    assert conn is not None
+    return conn.connection.dbapi_connection
+
+
+def _cap(batch: Batch) -> None:
+    """From now on, no write may grow the database file."""
+    raw = batch.conn.connection.dbapi_connection
+    assert raw is not None
+    (pages,) = raw.execute("PRAGMA page_count").fetchone()
+    raw.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_a_full_disk_is_logged_once_until_a_write_succeeds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failed write logged two ERROR lines and two "works again" (a read between them,
+    or a scheduler batch that wrote nothing, counted as the database working again): 131
+    lines for 60 failed writes. Now one line when writes start failing, one when a write has
+    stored something again."""
+
+    async def run() -> None:
+        svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s", "contentType": BIN})
+            await svc.write(_cap)
+            caplog.clear()
+            for _ in range(6):
+                with pytest.raises(Unavailable, match="disk is full"):
+                    await svc.append(AppendRequest("s", BIN, [b"x" * 200_000]))
+                await svc.read_db(lambda tx: 1)  # reads work meanwhile
+                assert svc.writes_failing
+            await asyncio.sleep(2.5)  # the scheduler's batches, which write nothing, commit
+            assert svc.writes_failing
+            assert len(_lines(caplog, "failed")) == 1, _lines(caplog, "failed")
+            assert _lines(caplog, "works again") == []
+            _raw(svc).execute("PRAGMA max_page_count = 1000000000")  # space is freed
+            await svc.append(AppendRequest("s", BIN, [b"x" * 200_000]))
+            assert not svc.writes_failing
+            assert len(_lines(caplog, "works again")) == 1, _lines(caplog, "works again")
+        finally:
+            await svc.close()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(run())
+
+
+async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Path) -> None:
+    """/readyz and /healthz ran SELECT 1 only: 200 "ok" while every write failed, and no
+    series told. While the writer's batches fail they answer 503 "writes failing"
+    (``stations_writes_failing`` 1), and a probe write (nothing else may write on an idle
+    server) tells when writes work again."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from stations.api import make_app
+
+    svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
+    async with TestClient(TestServer(make_app(svc))) as client:
+        r = await client.put("/v1/stream/s", data=b"x", headers={"Content-Type": BIN})
+        assert r.status == 201
+        assert (await client.get("/readyz")).status == 200
+        _raw(svc).execute("PRAGMA query_only = 1")  # no write of any size is taken
+        r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN})
+        assert r.status == 503, await r.text()
+        for probe in ("/readyz", "/healthz", "/readyz"):
+            r = await client.get(probe)
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert await r.json() == {
+                "status": "unavailable",
+                "database": "writes failing",
+                "error": "attempt to write a readonly database",
+            }
+        assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
+        _raw(svc).execute("PRAGMA query_only = 0")
+        r = await client.get("/readyz")  # without any other write
+        assert (r.status, await r.json()) == (200, {"status": "ok"})
+        assert "stations_writes_failing 0.0" in await (await client.get("/metrics")).text()
+
+
+def test_failing_checkpoints_are_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint is tried after every batch once one is due; on a full disk each failed
+    with a traceback at ERROR: hundreds a second."""
+    path = str(tmp_path / "s.db")
+    checkpoints = Checkpoints(path, lambda: sqlite3.connect(path), 1)
+    broken = sqlite3.connect(path)
+    broken.close()  # every statement on it fails
+    with caplog.at_level(logging.INFO):
+        for _ in range(50):
+            checkpoints.copy_tail(broken)
+    failures = [r for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert len(failures) == 1, [r.getMessage() for r in failures]
+
+
+def test_a_start_on_a_full_disk_says_so(tmp_path: Path) -> None:
+    """The migrations' commit failing with SQLITE_FULL was told as "cannot reach the
+    database", the words of a network outage."""
+    path = tmp_path / "s.db"
+    engine = db.make_engine(f"sqlite:///{path}", writer=True)
+
+    @event.listens_for(engine, "connect")
+    def full(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.execute("PRAGMA max_page_count = 2")
+
+    try:
+        with pytest.raises(db.Unusable, match=f"the disk holding {path} is full"):
+            db.upgrade(engine)
+    finally:
+        engine.dispose()
