@@ -112,6 +112,34 @@ async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Pat
         assert "stations_writes_failing 0.0" in await (await client.get("/metrics")).text()
 
 
+def test_a_waiting_fetch_waits_on_when_an_append_fails(tmp_path: Path) -> None:
+    """A waiting fetch's lease rides on the append that wakes it: when the disk refused that
+    append, the fetch, which wrote nothing, was answered 503 too (every waiting consumer at
+    once). It waits on, and gets the next append that is stored."""
+
+    async def run() -> None:
+        svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
+        await svc.start()
+        try:
+            await svc.create_station({"name": "s", "contentType": BIN})
+            await svc.ensure_group("s", "g", {})
+            fetch = asyncio.ensure_future(svc.fetch("s", "g", 1, 10.0, "c"))
+            await asyncio.sleep(0.2)  # parked
+            await svc.write(_cap)
+            with pytest.raises(Unavailable, match="disk is full"):
+                await svc.append(AppendRequest("s", BIN, [b"x" * 200_000]))
+            await asyncio.sleep(0.2)
+            assert not fetch.done(), fetch
+            _raw(svc).execute("PRAGMA max_page_count = 1000000000")
+            await svc.append(AppendRequest("s", BIN, [b"stored"]))
+            got = await asyncio.wait_for(fetch, 5)
+            assert [m.data for m in got.messages] == [b"stored"]
+        finally:
+            await svc.close()
+
+    asyncio.run(run())
+
+
 def test_failing_checkpoints_are_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

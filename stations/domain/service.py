@@ -594,6 +594,12 @@ class Service:
                     # fetch queued behind an append that has not run yet, so it leases
                     # nothing nobody will get.
                     served = await _committed(parked.answer)
+                except Unavailable:
+                    # Its lease rode on another request's transaction (an append's), which
+                    # the database refused (a full disk): that request hears it, and this
+                    # fetch, which wrote nothing, waits on (every waiting consumer got a 503
+                    # at once and came back at once).
+                    served = out
                 finally:
                     timer.cancel()
                     waiting = self._parked.get(station)
