@@ -7,9 +7,9 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import faulthandler
 import ipaddress
 import logging
-import logging.handlers
 import math
 import os
 import signal
@@ -322,6 +322,9 @@ def serve(args: argparse.Namespace) -> None:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
         logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     args.access_logging = _access_log(args.access_log)
+    # A fatal signal (SQLite's shared memory file unable to grow on a full disk raises
+    # SIGBUS) ended the process without a word: this leaves one, and where it happened.
+    faulthandler.enable()
     try:
         import uvloop
 
@@ -337,7 +340,7 @@ def serve(args: argparse.Namespace) -> None:
 def _access_log(target: str | None) -> dict[str, Any]:
     """The access log (``stations.api.access``), on its own handler so it shows whatever
     --log-level says."""
-    from stations.api.access import AccessLogger
+    from stations.api.access import AccessFile, AccessLogger
 
     if target is None:
         return {"access_log": None}
@@ -347,9 +350,7 @@ def _access_log(target: str | None) -> dict[str, Any]:
     try:
         # A file moved away by logrotate is noticed and opened anew at the next line.
         handler: logging.Handler = (
-            logging.StreamHandler(sys.stderr)
-            if target == "-"
-            else logging.handlers.WatchedFileHandler(target)
+            logging.StreamHandler(sys.stderr) if target == "-" else AccessFile(target)
         )
     except OSError as exc:
         _fail(f"--access-log: cannot open {target}: {exc.strerror}")

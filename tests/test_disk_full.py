@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+from stations.api.access import AccessFile
 from stations.domain.log import AppendRequest
 from stations.domain.service import Service
 from stations.errors import Unavailable
@@ -171,3 +172,26 @@ def test_a_start_on_a_full_disk_says_so(tmp_path: Path) -> None:
             db.upgrade(engine)
     finally:
         engine.dispose()
+
+
+def test_an_access_log_on_a_full_disk_is_told_once(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--access-log FILE on a full disk: the logging module printed a traceback on stderr for
+    every request ("--- Logging error ---"). Told once on the server's log, then counted."""
+    logger = logging.getLogger("stations.access.test")
+    logger.propagate = False
+    handler = AccessFile("/dev/full")  # every write: ENOSPC
+    logger.addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="stations"):
+            for n in range(30):
+                logger.warning("GET /x %d", n)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    told = [r.getMessage() for r in caplog.records if "access log" in r.getMessage()]
+    assert told == [
+        "writing the access log /dev/full failed: OSError: [Errno 28] No space left on device"
+    ]
+    assert "Logging error" not in capsys.readouterr().err

@@ -648,6 +648,19 @@ def test_revoking_a_token_ends_its_waiting_requests(tmp_path: Path) -> None:
         server.kill()
 
 
+def test_a_fatal_signal_leaves_a_word(tmp_path: Path) -> None:
+    """SQLite's shared-memory file failing to grow on a full disk raises SIGBUS: the server
+    was gone without a line, no traceback and no message (found by a review)."""
+    server = Server(_sqlite(tmp_path), tmp_path, []).start()
+    assert server.proc is not None
+    try:
+        server.proc.send_signal(signal.SIGBUS)
+        server.proc.wait(30)
+        assert "Fatal Python error: Bus error" in server.log(), server.log()
+    finally:
+        server.kill()
+
+
 def test_a_reader_of_stdout_that_went_away_does_not_stop_the_drain(tmp_path: Path) -> None:
     """``stations serve | head -1``, or a log shipper that died: the next line on stdout (the
     one SIGTERM prints) raised BrokenPipeError, the request in progress was cut unanswered

@@ -10,12 +10,15 @@ with nginx's 499 "client closed request".
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import sys
 import time
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from stations.api import keys
+from stations.repeats import Repeats
 
 CLIENT_CLOSED = 499
 
@@ -66,3 +69,32 @@ class AccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         status = CLIENT_CLOSED if gone(request) else response.status
         write(self.logger, request, status, str(response.body_length), time)
+
+
+class AccessFile(logging.handlers.WatchedFileHandler):
+    """The access log's file: a file logrotate moved away is opened anew at the next line,
+    and lines that cannot be written (a full disk) are told once, then counted, on the
+    server's log; the logging module's default printed a traceback per request."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._failures = Repeats(logging.getLogger("stations"), f"writing the access log {path}")
+        self._failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)
+        if not self._failed:
+            self._failures.succeeded()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:  # its last lines could not be written either: already told
+            self._failures.failed(exc, traceback=False)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        self._failed = True
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            self._failures.failed(exc, traceback=False)
