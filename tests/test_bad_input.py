@@ -907,3 +907,75 @@ def test_randomized_garbage_never_answers_5xx(srv: Server, client: httpx.Client)
     path = new_stream(client)
     assert client.post(path, headers=JSON, content=b"[1,2]").status_code == 204
     assert read_all(client, path).json() == [1, 2]
+
+
+# -- found by the review of 2026-11-27 (late) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "header", "values"),
+    [
+        ("POST", "Msg-Id", ["dupA", "dupB"]),
+        ("POST", "Producer-Seq", ["0", "1"]),
+        ("POST", "Stream-Closed", ["true", "false"]),
+        ("PUT", "Stream-TTL", ["60", "3600"]),
+        ("PUT", "Stream-Expires-At", ["2099-01-01T00:00:00Z", "2098-01-01T00:00:00Z"]),
+    ],
+)
+def test_a_header_given_twice_is_refused(
+    client: httpx.Client, js: str, method: str, header: str, values: list[str]
+) -> None:
+    """Two Msg-Id headers stored the message under the first, silently: which copy a proxy
+    keeps would decide the exactly-once id."""
+    headers = [("Content-Type", "application/json"), *((header, v) for v in values)]
+    if header == "Producer-Seq":
+        headers += [("Producer-Id", "p"), ("Producer-Epoch", "0")]
+    path = js if method == "POST" else f"/v1/stream/twice-{uuid.uuid4().hex[:12]}"
+    r = client.request(
+        method, path, headers=headers, content=b'{"a":1}' if method == "POST" else b""
+    )
+    body = assert_error(r, 400, header)
+    assert "may be given once" in body["message"]
+    if method == "POST":
+        assert read_all(client, js).json() == []  # nothing stored
+
+
+def test_the_latest_expires_at_comes_back_exactly(client: httpx.Client) -> None:
+    """Reckoned through float seconds, the largest one was answered 1 ms early."""
+    path = f"/v1/stream/exp-{uuid.uuid4().hex[:12]}"
+    latest = "9999-12-31T23:59:59.999Z"
+    assert client.put(path, headers={"Stream-Expires-At": latest}).status_code == 201
+    assert client.head(path).headers["Stream-Expires-At"] == latest
+
+
+@pytest.mark.parametrize("name", ["a%20b", "x%2F..%2Fy", "x" * 600, "__ds%2Fx"])
+def test_the_management_api_refuses_what_no_station_can_be_named(
+    client: httpx.Client, name: str
+) -> None:
+    """Such a path was "station ... not found" (404, the whole name repeated however long),
+    while /v1/stream refused it with 400."""
+    for method, suffix in (("GET", ""), ("DELETE", ""), ("GET", "/groups"), ("GET", "/messages")):
+        r = client.request(method, f"/api/stations/{name}{suffix}")
+        body = assert_error(r, 400, "name")
+        assert len(body["message"]) < 200
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("limit=1&limit=2", "limit"),
+        ("group=a&group=b", "group"),
+        ("group=", "group"),
+        ("after=1&after=2", "after"),
+    ],
+)
+def test_dls_query_parameters_given_twice_or_empty(
+    client: httpx.Client, js: str, query: str, field: str
+) -> None:
+    """A repeated limit said "must be an integer from 1 to 1000"; a repeated group took one of
+    them, and an empty one meant every group, silently."""
+    name = js.rsplit("/", 1)[1]
+    r = client.get(f"/api/stations/{name}/dls?{query}")
+    body = assert_error(r, 400, field)
+    if "&" in query:
+        assert "may be given once" in body["message"]

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from stations.api import keys
 from stations.api.auth import needs
-from stations.api.stations import json_body, station_name
+from stations.api.stations import json_body, query_once, station_name
 from stations.domain import cursors
 from stations.domain.service import Service
 from stations.errors import BadRequest
@@ -74,7 +74,7 @@ MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 async def offset_at_time(request: web.Request) -> web.Response:
     """The offset of the first message stored at or after ``time``: readers start there to
     read by time (Spark pushes ``timestamp`` filters down through it)."""
-    time_ms = _time_ms(request.query.get("time"))
+    time_ms = _time_ms(query_once(request, "time"))
     found = await _service(request).offset_at(station_name(request), time_ms)
     return web.json_response(found)
 

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from stations.api.auth import needs, require_station
-from stations.api.stations import _int_param, json_body, service, station_name
+from stations.api.stations import _int_param, json_body, query_once, service, station_name
 from stations.domain import dls, messages, text
 from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
@@ -157,11 +157,11 @@ async def seek(request: web.Request) -> web.Response:
 
 @needs("consume")
 async def list_dls(request: web.Request) -> web.Response:
-    group = request.query.get("group") or None
-    if group is not None:
-        validate_name(group)  # not a group's name: PostgreSQL could not even compare a NUL
+    group = query_once(request, "group")
+    if group is not None:  # empty, or not a group's name: PostgreSQL could not compare a NUL
+        validate_name(group)
     limit = _int_param(request, "limit", 100, 1, 1000)
-    after_raw = request.query.get("after")
+    after_raw = query_once(request, "after")
     after = None
     if after_raw:
         after = dls.parse_entry_id(after_raw)

@@ -14,6 +14,7 @@ from stations.api.auth import needs, require_station
 from stations.api.limits import LIMITS
 from stations.domain import messages
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
+from stations.domain.station import validate_name
 from stations.errors import BadRequest
 
 
@@ -26,7 +27,9 @@ def station_name(request: web.Request) -> str:
     name = request.match_info["name"]
     if "\x00" in name:  # no station has one, and PostgreSQL cannot even compare it (a 500)
         raise BadRequest("a station name never holds NUL", "name")
-    return name
+    # A name no station can have is a 400 naming the rule, as on /v1/stream (it was "station
+    # ... not found", the whole name repeated however long).
+    return validate_name(name, "name")
 
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
@@ -54,12 +57,19 @@ async def json_body(request: web.Request, max_messages: int | None = None) -> An
         raise BadRequest(f"the body is not valid JSON: {exc}", None) from None
 
 
-def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+def query_once(request: web.Request, name: str) -> str | None:
+    """A query parameter that may be given once (which of two was meant is unsaid)."""
     values = request.query.getall(name, [])
-    if not values:
+    if len(values) > 1:
+        raise BadRequest(f"{name} may be given once", name)
+    return values[0] if values else None
+
+
+def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = query_once(request, name)
+    if raw is None:
         return default
-    raw = values[0]
-    if len(values) > 1 or not _DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
+    if not _DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
         raise BadRequest(f"{name} must be an integer from {lo} to {hi}", name)
     return int(raw)
 

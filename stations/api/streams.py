@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import unquote
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from stations.api import keys, reading
 from stations.api.auth import TOKENS, needs, require_station
@@ -97,8 +98,14 @@ def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
         response.headers["Stream-Expires-At"] = _rfc3339(state.expires_at)
 
 
+# Milliseconds since it, in integers: through float seconds, 9999-12-31T23:59:59.999Z came back
+# one millisecond early.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
 def _rfc3339(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    moment = _EPOCH + ms * _MS
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -117,7 +124,7 @@ def _parse_expires(value: str) -> int:
     zone = "+00:00" if zone in ("Z", "z") else zone
     try:
         parsed = datetime.fromisoformat(f"{date}T{time_of_day}{fraction}{zone}")
-        ms = int(parsed.timestamp() * 1000)
+        ms = (parsed - _EPOCH) // _MS
     except (ValueError, OverflowError):
         raise BadRequest(
             f"Stream-Expires-At {value!r} is not a valid date and time", "Stream-Expires-At"
@@ -139,15 +146,24 @@ def _fork_source(value: str) -> str:
     return _valid_name(unquote(path), "Stream-Forked-From")
 
 
+def _one(headers: CIMultiDictProxy[str], name: str) -> str | None:
+    """A header that may be given once: two copies (which a proxy may keep either of) would
+    leave which one decides, say, a message's exactly-once id to chance."""
+    values = headers.getall(name, [])
+    if len(values) > 1:
+        raise BadRequest(f"{name} may be given once", name)
+    return values[0] if values else None
+
+
 @needs("admin")
 async def put_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
-    content_type = h.get("Content-Type", "").strip()
+    content_type = (_one(h, "Content-Type") or "").strip()
     content_type_given = bool(content_type)
     content_type = _content_type(content_type) if content_type else "application/octet-stream"
-    ttl = h.get("Stream-TTL")
-    expires = h.get("Stream-Expires-At")
+    ttl = _one(h, "Stream-TTL")
+    expires = _one(h, "Stream-Expires-At")
     if ttl is not None and expires is not None:
         raise BadRequest("send Stream-TTL or Stream-Expires-At, not both", "Stream-TTL")
     ttl_seconds = None
@@ -158,7 +174,7 @@ async def put_stream(request: web.Request) -> web.Response:
             raise BadRequest(f"Stream-TTL must be at most {MAX_TTL_S} seconds", "Stream-TTL")
         ttl_seconds = int(ttl)
     expires_at = _parse_expires(expires) if expires is not None else None
-    fork_from = h.get("Stream-Forked-From")
+    fork_from = _one(h, "Stream-Forked-From")
     fork_offset = None
     sub_offset = 0
     if fork_from is None:
@@ -201,7 +217,7 @@ async def put_stream(request: web.Request) -> web.Response:
         config=default_config(name, content_type),
         ttl_seconds=ttl_seconds,
         expires_at=expires_at,
-        closed=_is_true(h.get("Stream-Closed")),
+        closed=_is_true(_one(h, "Stream-Closed")),
         initial=initial,
         fork_from=fork_from,
         fork_offset=fork_offset,
@@ -227,12 +243,14 @@ async def put_stream(request: web.Request) -> web.Response:
 async def post_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
-    close = _is_true(h.get("Stream-Closed"))
-    producer = parse_headers(h.get("Producer-Id"), h.get("Producer-Epoch"), h.get("Producer-Seq"))
-    msg_id = h.get("Msg-Id")
+    close = _is_true(_one(h, "Stream-Closed"))
+    producer = parse_headers(
+        _one(h, "Producer-Id"), _one(h, "Producer-Epoch"), _one(h, "Producer-Seq")
+    )
+    msg_id = _one(h, "Msg-Id")
     if msg_id is not None and not _PRINTABLE.match(msg_id):
         raise BadRequest("Msg-Id must be 1 to 256 printable ASCII characters", "Msg-Id")
-    stream_seq = h.get("Stream-Seq")
+    stream_seq = _one(h, "Stream-Seq")
     if stream_seq is not None and (
         len(stream_seq) > MAX_STREAM_SEQ or _NOT_TEXT.search(stream_seq)
     ):
@@ -241,7 +259,7 @@ async def post_stream(request: web.Request) -> web.Response:
         )
     body = await request.read()
     # An empty Content-Type is no Content-Type; a close-only request may carry any.
-    content_type = h.get("Content-Type", "").strip() or None
+    content_type = (_one(h, "Content-Type") or "").strip() or None
     req = AppendRequest(
         name=name,
         content_type=content_type,

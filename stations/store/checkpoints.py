@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stations.repeats import Repeats
+from stations.store import db
 
 log = logging.getLogger("stations.store.checkpoints")
 
@@ -156,7 +157,7 @@ class Checkpoints:
                 self.tail_copies += 1
             self._failures.succeeded()
         except Exception as exc:  # the frames stay in the WAL; the next checkpoint copies them
-            self._failures.failed(exc, traceback=not _disk_failure(exc))
+            self._failures.failed(exc, traceback=not db.unavailable(exc))
 
     def _serve(self) -> None:
         while True:
@@ -176,16 +177,9 @@ class Checkpoints:
                 self.tail_wanted = True
                 self._failures.succeeded()
             except Exception as exc:  # the frames stay in the WAL; the next checkpoint copies them
-                self._failures.failed(exc, traceback=not _disk_failure(exc))
+                self._failures.failed(exc, traceback=not db.unavailable(exc))
             finally:
                 self._running = False
-
-
-def _disk_failure(exc: Exception) -> bool:
-    """SQLite's own refusal (a full disk, an I/O error): its message says it all."""
-    import sqlite3
-
-    return isinstance(exc, sqlite3.OperationalError)
 
 
 def _checkpoint(dbapi_conn: Any) -> bool:
