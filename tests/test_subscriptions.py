@@ -335,6 +335,17 @@ async def test_pull_wake_lease_expiry_and_tokens(make_server: Any, tmp_path: Any
         assert own.status_code == 400 and own.json()["error"]["field"] == "streams"
         r = await client.post(f"{base}/streams", json={"streams": ["wake/pool"]})
         assert r.status_code == 400 and r.json()["error"]["field"] == "streams"
+        # Paths no stream can have: accepted (201), then never woken (found by a review).
+        for odd in ("wk-x/./y", "shop w!", "x" * 600, "a//b", "shop-1/../secret"):
+            for field, body in (
+                ("wake_stream", {"type": "pull-wake", "pattern": "wk/*", "wake_stream": odd}),
+                ("streams", {"type": "pull-wake", "streams": [odd], "wake_stream": "wake/w"}),
+            ):
+                r = await client.put("/v1/stream/__ds/subscriptions/odd", json=body)
+                assert r.status_code == 400, (odd, r.text)
+                assert r.json()["error"]["field"] == field, (odd, r.text)
+            r = await client.post(f"{base}/streams", json={"streams": [odd]})
+            assert r.status_code == 400 and r.json()["error"]["field"] == "streams", r.text
         default = await client.put(
             "/v1/stream/__ds/subscriptions/dflt",
             json={"type": "pull-wake", "streams": ["x"], "wake_stream": "wake/other"},

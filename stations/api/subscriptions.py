@@ -178,7 +178,7 @@ async def add_streams(request: web.Request) -> web.Response:
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("streams must be a non-empty list of stream paths", "streams")
     spec.too_many(raw)
-    paths = list(dict.fromkeys(spec.stream_path(p, "streams") for p in raw))
+    paths = list(dict.fromkeys(spec.station_path(p, "streams") for p in raw))
     _scope(request, paths)
     await _scope_of(request, sub_id)
     await request.app[keys.SERVICE].write(links.add_streams, sub_id, paths)

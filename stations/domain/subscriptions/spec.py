@@ -10,7 +10,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from stations.domain import text
+from stations.domain.station import validate_name
 from stations.domain.subscriptions.errors import InvalidRequest
+from stations.errors import BadRequest
 
 DEFAULT_LEASE_MS = 30_000
 MIN_LEASE_MS = 1_000
@@ -37,6 +39,17 @@ def stream_path(value: Any, field_name: str) -> str:
     if path == "__ds" or path.startswith("__ds/"):
         raise InvalidRequest(f"{field_name}: paths under __ds are reserved", field_name)
     return path
+
+
+def station_path(value: Any, field_name: str) -> str:
+    """A stream path that names a station: a stream is a station, so a path no station may
+    be named (``wk/./x``, a space, 600 characters) was accepted and then never woken, the
+    only trace a warning in the server's log."""
+    path = stream_path(value, field_name)
+    try:
+        return validate_name(path, field_name)
+    except BadRequest as exc:
+        raise InvalidRequest(exc.message, field_name) from None
 
 
 def valid_id(sub_id: str) -> str:
@@ -113,7 +126,7 @@ def parse_spec(raw: Any) -> Spec:
     if not isinstance(streams_raw, list):
         raise InvalidRequest("streams must be a list of stream paths", "streams")
     too_many(streams_raw)
-    streams = tuple(dict.fromkeys(stream_path(s, "streams") for s in streams_raw))
+    streams = tuple(dict.fromkeys(station_path(s, "streams") for s in streams_raw))
     if pattern is None and not streams:
         raise InvalidRequest("at least one of pattern or streams is required", "pattern")
     lease = raw.get("lease_ttl_ms", DEFAULT_LEASE_MS)
@@ -147,7 +160,7 @@ def parse_spec(raw: Any) -> Spec:
     else:
         if raw.get("wake_stream") is None:
             raise InvalidRequest("pull-wake subscriptions need wake_stream", "wake_stream")
-        wake_stream = stream_path(raw.get("wake_stream"), "wake_stream")
+        wake_stream = station_path(raw.get("wake_stream"), "wake_stream")
     if wake_stream is not None and wake_stream in streams:
         # Its own wake events would be pending work that wakes it again, for ever.
         raise InvalidRequest(
