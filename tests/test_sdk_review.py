@@ -246,3 +246,32 @@ def test_a_sync_client_whose_arguments_are_refused_leaves_no_thread() -> None:
     while _loop_threads() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _loop_threads() == before
+
+
+@pytest.mark.parametrize("verb", ["nack", "dead_letter"])
+async def test_a_stale_lease_settles_nothing(client: Client, verb: str) -> None:  # noqa: F811
+    """A consumer whose lease expired nacked (or dead-lettered) by offset the delivery another
+    consumer was processing: the message went to a third consumer at once, or into the DLS
+    while it was being processed (found by a review). A message is settled by its lease."""
+    name = unique(f"stale-{verb}")
+    await client.create_station(name)
+    station = client.station(name)
+    await station.ensure_group("g", max_ack_time_ms=1000)
+    await station.produce({"n": 1})
+    (first,) = await station.consumer("g", consumer="a", wait_ms=0).fetch()
+    await asyncio.sleep(1.3)  # a's lease expires
+    b = station.consumer("g", consumer="b", wait_ms=5000)
+    (second,) = await b.fetch()
+    assert second.delivery_count == 2
+    settle = first.nack() if verb == "nack" else first.dead_letter("stale says bad")
+    assert await settle is False
+    third = await station.consumer("g", consumer="c", wait_ms=0).fetch()
+    assert third == []  # b still holds it
+    assert await second.ack(wait=True) is True
+    assert await _group_counts(client, name) == (0, 0)
+    (group,) = await station.groups()
+    assert group.dead_lettered == 0
+    # A lease still held is settled as before.
+    await station.produce({"n": 2})
+    (held,) = await b.fetch()
+    assert await (held.nack() if verb == "nack" else held.dead_letter("bad")) is True

@@ -14,11 +14,18 @@ import logging
 import os
 import socket
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stations.client.errors import ConsumerClosed, StationsError, error_for, may_have_acted
+from stations.client.errors import (
+    Conflict,
+    ConsumerClosed,
+    StationsError,
+    error_for,
+    may_have_acted,
+)
 from stations.client.handle import StationHandle
 from stations.client.models import GroupInfo, _time, message_data
 from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
@@ -59,12 +66,15 @@ class Message:
         return await self._consumer._ack(self.offset, wait)
 
     async def nack(self, delay_ms: int = 0) -> bool:
-        """Give the message back; it is delivered again after ``delay_ms``."""
-        return await self._consumer.nack([self.offset], delay_ms) == 1
+        """Give the message back; it is delivered again after ``delay_ms``. False, doing
+        nothing, when this lease is no longer held (it expired: the message may be another
+        consumer's delivery by now, which a nack must not take away)."""
+        return await self._consumer._settle_lease(lambda tx: tx.nack(self, delay_ms))
 
     async def dead_letter(self, reason: str | None = None) -> bool:
-        """Move the message straight to the dead-letter store with ``reason`` as its error."""
-        return await self._consumer.dead_letter([self.offset], reason) == 1
+        """Move the message straight to the dead-letter store with ``reason`` as its error.
+        False, doing nothing, when this lease is no longer held (as ``nack``)."""
+        return await self._consumer._settle_lease(lambda tx: tx.dead_letter(self, reason))
 
 
 class Consumer:
@@ -327,6 +337,21 @@ class Consumer:
             for future in waiters:
                 if not future.done():
                     future.set_result(offset not in unknown)
+
+    async def _settle_lease(self, settle: Callable[[Transaction], None]) -> bool:
+        """Settle one delivery by its lease (offset, delivery count, deadline), through the
+        transactions route, which refuses a lease no longer held: by offset alone, a consumer
+        whose lease had expired nacked (or dead-lettered) the delivery another consumer was
+        processing, and the message went to a third at once (found by a review)."""
+        tx = self.transaction()
+        settle(tx)
+        try:
+            await tx.commit()
+        except Conflict as exc:
+            if (exc.field or "").endswith(".offset"):  # not held, expired, or moved on
+                return False
+            raise
+        return True
 
     async def nack(self, offsets: list[str], delay_ms: int = 0) -> int:
         answer = await self._call("nack", {"offsets": offsets, "delayMs": delay_ms})
