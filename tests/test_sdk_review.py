@@ -15,11 +15,13 @@ import pytest
 
 from stations.client import (
     Client,
+    ConnectionFailed,
     ConsumerClosed,
     IdempotentProducer,
     StationNotFound,
     StationsError,
 )
+from stations.client.retry import RetryPolicy
 from stations.client.sync import SyncClient
 from tests.harness import Server
 from tests.test_sdk import (  # noqa: F401
@@ -275,3 +277,32 @@ async def test_a_stale_lease_settles_nothing(client: Client, verb: str) -> None:
     await station.produce({"n": 2})
     (held,) = await b.fetch()
     assert await (held.nack() if verb == "nack" else held.dead_letter("bad")) is True
+
+
+async def test_a_producer_that_gives_up_says_its_batch_may_be_stored(
+    client: Client,  # noqa: F811
+) -> None:
+    """The first attempt was stored and its answer lost, the retries were refused a
+    connection: the producer gave up with the last attempt's ConnectionFailed, sent=False
+    ("the server surely did nothing"), and a caller trusting it sent the batch again under
+    another epoch: stored twice (found by a review)."""
+    name = unique("gave-up")
+    await client.create_station(name)
+    retry = RetryPolicy(initial_delay=0.05, max_delay=0.1, give_up_after=1.0)
+    async with FaultProxy(client.url) as proxy, Client(proxy.url) as other:
+        producer = other.station(name).producer("p1", retry=retry, linger_ms=0)
+        await producer.start()
+        proxy.drop_after = {proxy.posts + 1}  # stored; its answer lost ...
+        producer.append({"n": 1})
+        while proxy.dropped == 0:
+            await asyncio.sleep(0.01)
+        assert proxy._server is not None
+        proxy._server.close()  # ... and every retry refused a connection
+        with pytest.raises(ConnectionFailed) as raised:
+            await producer.flush()
+        with pytest.raises(ConnectionFailed):  # it stopped for good, and says so again
+            await producer.close()
+    assert raised.value.sent is True
+    assert any("may have been stored" in note for note in raised.value.__notes__)
+    page = await client.station(name).browse()
+    assert [m.data for m in page.messages] == [{"n": 1}]  # stored, once

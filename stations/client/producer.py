@@ -27,6 +27,7 @@ from stations.client.batching import OBJ, RAW, TEXT, Batch, batch_body, json_byt
 from stations.client.core import check_url
 from stations.client.errors import (
     BufferFull,
+    ConnectionFailed,
     EpochInUse,
     ProducerClosed,
     ProducerFenced,
@@ -363,7 +364,8 @@ class IdempotentProducer:
             except StationsError as exc:
                 if _maybe_stored(exc):
                     batch.maybe_stored = True
-                await backoff.wait(exc)  # same (epoch, seq) again: the server deduplicates
+                # Same (epoch, seq) again: the server deduplicates.
+                await self._retry_or_give_up(backoff, exc, batch)
                 continue
             if reply.status == 204 and not batch.maybe_stored:
                 # Nothing of ours can have been stored under this (epoch, seq): another
@@ -399,7 +401,24 @@ class IdempotentProducer:
                     except StationsError:
                         raise error from None
                 continue
-            await backoff.wait(error)  # raises unless retryable (429, 5xx)
+            await self._retry_or_give_up(backoff, error, batch)  # unless retryable (429, 5xx)
+
+    async def _retry_or_give_up(self, backoff: Backoff, exc: StationsError, batch: Batch) -> None:
+        """Wait before the next attempt, or raise ``exc`` saying what became of the batch:
+        the last attempt's error alone said ``sent=False`` (a refused connection) when an
+        earlier attempt had perhaps stored it (found by a review)."""
+        try:
+            await backoff.wait(exc)
+        except StationsError as final:
+            if batch.maybe_stored:
+                if isinstance(final, ConnectionFailed):
+                    final.sent = True
+                final.add_note(
+                    f"producer {self.producer_id} gave up on epoch {batch.epoch} seq "
+                    f"{batch.seq}: an earlier attempt's answer was lost, so that batch may "
+                    "have been stored"
+                )
+            raise
 
     def _epoch_in_use(self, epoch: int, seq: int) -> EpochInUse:
         return EpochInUse(
