@@ -306,3 +306,28 @@ async def test_a_producer_that_gives_up_says_its_batch_may_be_stored(
     assert any("may have been stored" in note for note in raised.value.__notes__)
     page = await client.station(name).browse()
     assert [m.data for m in page.messages] == [{"n": 1}]  # stored, once
+
+
+async def test_a_transaction_whose_answer_was_lost_is_not_committed_twice(
+    client: Client,  # noqa: F811
+) -> None:
+    """A produce-only transaction whose answer was lost could be committed again on the same
+    object, storing its message twice (found by a review). Without message ids a second
+    commit is refused; with them it is answered as a duplicate."""
+    name = unique("tx-lost")
+    await client.create_station(name)
+    async with FaultProxy(client.url) as proxy, Client(proxy.url) as other:
+        for msg_id in (None, "invoice-1"):
+            tx = other.transaction()
+            tx.produce(name, {"msg_id": msg_id}, msg_id=msg_id)
+            proxy.drop_after = {proxy.posts + 1}
+            with pytest.raises(ConnectionFailed):
+                await tx.commit()
+            if msg_id is None:
+                with pytest.raises(RuntimeError, match="could store them twice"):
+                    await tx.commit()
+            else:
+                result = await tx.commit()
+                assert [p.duplicate for p in result.produced] == [True]
+    page = await client.station(name).browse()
+    assert [m.data for m in page.messages] == [{"msg_id": None}, {"msg_id": "invoice-1"}]

@@ -17,7 +17,9 @@ Retries: a commit whose outcome is unknown is not retried. A 429, a 503 or a ref
 says nothing was committed; those are retried (with backoff, honouring ``Retry-After``). When it
 raises ``ConnectionFailed`` or ``ServerError`` the outcome is unknown, and that is safe: if it committed, its leases are gone and the messages never
 come back; if it did not, they come back after their lease. Either way each input is processed
-by exactly one committed transaction.
+by exactly one committed transaction. Such a transaction may be committed again only if every
+message it produces has a ``msg_id`` (a second commit then reports them as duplicates and
+refuses its settlements); else ``commit()`` raises ``RuntimeError``: they would be stored twice.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Transaction:
     def __init__(self, client: _Client, consumer: str | None = None) -> None:
         self.client = client
         self.consumer = consumer
+        self._outcome_unknown = False  # a commit raised after the server may have acted
         self._body: dict[str, list[dict[str, Any]]] = {
             "ack": [],
             "nack": [],
@@ -157,6 +160,14 @@ class Transaction:
         """Send everything in one request; an empty transaction sends nothing."""
         if self.result is not None:
             raise RuntimeError("this transaction was already committed")
+        if self._outcome_unknown and any("id" not in p for p in self._body["produce"]):
+            # A settlement is refused the second time (its lease is gone), a message with an
+            # id is answered as a duplicate, but one without would be stored twice.
+            raise RuntimeError(
+                "this transaction's first commit may have been carried out (its answer was "
+                "lost) and it produces messages without msg_id: committing it again could store "
+                "them twice"
+            )
         body: dict[str, Any] = {k: v for k, v in self._body.items() if v}
         if not body:
             self.result = TransactionResult()
@@ -172,6 +183,7 @@ class Transaction:
                 break
             except StationsError as exc:
                 if may_have_acted(exc):
+                    self._outcome_unknown = True
                     raise  # unknown outcome: see the module's docstring
                 await backoff.wait(exc)  # raises unless retryable
         answer = reply.json()
