@@ -331,3 +331,34 @@ async def test_a_transaction_whose_answer_was_lost_is_not_committed_twice(
                 assert [p.duplicate for p in result.produced] == [True]
     page = await client.station(name).browse()
     assert [m.data for m in page.messages] == [{"msg_id": None}, {"msg_id": "invoice-1"}]
+
+
+async def test_the_clients_retry_policy_bounds_produce_commit_and_acks() -> None:
+    """With Client(timeout=1) a produce with a message id went on retrying a server that never
+    answered for two minutes (a fixed policy; found by a review). Client(retry=) sets it for
+    produce, a transaction's commit, a consumer's acks and its stations' producers."""
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)
+        await asyncio.sleep(30)
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    retry = RetryPolicy(initial_delay=0.05, max_delay=0.1, give_up_after=0.5)
+    try:
+        async with Client(url, timeout=0.3, retry=retry) as client:
+            station = client.station("s")
+            started = time.monotonic()
+            with pytest.raises(ConnectionFailed):
+                await asyncio.wait_for(station.produce({"n": 1}, msg_id="a"), 10)
+            assert time.monotonic() - started < 3
+            tx = client.transaction()
+            tx.produce("s", {"n": 1}, msg_id="b")
+            started = time.monotonic()
+            with pytest.raises(ConnectionFailed):
+                await asyncio.wait_for(tx.commit(), 10)
+            assert time.monotonic() - started < 3
+            assert station.producer("p").retry is retry
+    finally:
+        server.close()

@@ -75,10 +75,14 @@ class Client:
         *,
         timeout: float = 30.0,
         session: aiohttp.ClientSession | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         check_server(url, token, timeout)
         self.url = url.rstrip("/")
         self.http = Http(token, timeout=timeout, session=session)
+        # How long produce(), a transaction's commit, a consumer's acks and a producer made
+        # here (unless given its own) retry what may be retried (``give_up_after``).
+        self.retry = retry
         # Producers and consumers on its session, made by its stations or directly: their
         # appends and acks are only queued, so close() delivers them before the session goes
         # (they were silently lost). Weak: one the program dropped has nothing left queued
@@ -253,7 +257,7 @@ class Station:
         if not wire:
             return []
         safe = all("id" in m for m in wire)
-        backoff = Backoff(DEFAULT_RETRY)
+        backoff = Backoff(self.client.retry)
         while True:
             try:
                 reply = await self.client.http.call(
@@ -318,6 +322,7 @@ class Station:
     def producer(self, producer_id: str, **options: Any) -> IdempotentProducer:
         """An ``IdempotentProducer`` on this station (see its options); closing the client
         flushes it."""
+        options.setdefault("retry", self.client.retry)
         return IdempotentProducer(self, producer_id, **options)
 
     # -- consumer groups ------------------------------------------------------------------------------

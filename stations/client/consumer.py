@@ -28,7 +28,7 @@ from stations.client.errors import (
 )
 from stations.client.handle import StationHandle
 from stations.client.models import GroupInfo, _time, message_data
-from stations.client.retry import DEFAULT_RETRY, PATIENT_RETRY, Backoff, RetryPolicy
+from stations.client.retry import PATIENT_RETRY, Backoff, RetryPolicy
 from stations.client.seek import SeekResult, Target
 from stations.client.transaction import Transaction
 
@@ -200,7 +200,7 @@ class Consumer:
         http = self.station.client.http
         # A fetch may wait out any outage; settling gives up in time (the lease then expires
         # and the message comes again), so close() cannot hang forever.
-        backoff = Backoff(self.retry if action == "fetch" else DEFAULT_RETRY)
+        backoff = Backoff(self.retry if action == "fetch" else self.station.client.retry)
         while True:
             try:
                 reply = await http.request(

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from stations.client.http import Http
 from stations.client.models import GroupInfo
+from stations.client.retry import RetryPolicy
 from stations.client.seek import SeekResult, Target
 
 
@@ -25,6 +26,7 @@ class ClientHandle(Protocol):
 
     url: str
     http: Http
+    retry: RetryPolicy
 
     def _adopt(self, child: ClientChild) -> None:
         """Have ``close()`` deliver what ``child`` holds before the session goes."""

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from stations.client.errors import StationsError, may_have_acted
 from stations.client.http import Http
-from stations.client.retry import DEFAULT_RETRY, Backoff
+from stations.client.retry import Backoff, RetryPolicy
 
 # What a transaction needs of the SDK's Client, Station and Message: protocols, so this module
 # imports none of them (they import it).
@@ -40,6 +40,7 @@ from stations.client.retry import DEFAULT_RETRY, Backoff
 class _Client(Protocol):
     url: str
     http: Http
+    retry: RetryPolicy
 
 
 class _Named(Protocol):
@@ -174,7 +175,7 @@ class Transaction:
             return self.result
         if self.consumer is not None:
             body["consumer"] = self.consumer
-        backoff = Backoff(DEFAULT_RETRY)
+        backoff = Backoff(self.client.retry)
         while True:
             try:
                 reply = await self.client.http.call(
