@@ -979,3 +979,18 @@ def test_dls_query_parameters_given_twice_or_empty(
     body = assert_error(r, 400, field)
     if "&" in query:
         assert "may be given once" in body["message"]
+
+
+@pytest.mark.parametrize("section", ["retention", "dls", "consumerDefaults", "idempotencyWindowMs"])
+def test_a_null_section_in_a_patch_is_refused(client: httpx.Client, section: str) -> None:
+    """{"retention": null} was a 200 that changed nothing: a client that meant "reset" was not
+    told. A limit set to null inside its section still removes it."""
+    name = f"nulls-{uuid.uuid4().hex[:12]}"
+    created = client.post("/api/stations", json={"name": name, "retention": {"maxAgeMs": 60_000}})
+    assert created.status_code == 201, created.text
+    before = client.get(f"/api/stations/{name}").json()
+    r = client.patch(f"/api/stations/{name}", json={section: None})
+    assert "may not be null" in assert_error(r, 400, section)["message"]
+    assert client.get(f"/api/stations/{name}").json() == before
+    r = client.patch(f"/api/stations/{name}", json={"retention": {"maxAgeMs": None}})
+    assert r.status_code == 200 and r.json()["retention"]["maxAgeMs"] is None, r.text

@@ -220,6 +220,15 @@ def apply_patch(current: dict[str, Any], raw: Any) -> dict[str, Any]:
         raise BadRequest("a station cannot be renamed", "name")
     if "contentType" in raw and raw["contentType"] != current["contentType"]:
         raise BadRequest("contentType is fixed when the station is created", "contentType")
+    for key in ("idempotencyWindowMs", "retention", "dls", "consumerDefaults"):
+        if key in raw and raw[key] is None:
+            # "Leave it" or "reset it"? It was taken as the first, silently (200, no change);
+            # a client that meant the second must be told.
+            raise BadRequest(
+                f"{key} may not be null: leave it out to keep it, or give the keys to change "
+                "(a limit set to null is removed)",
+                key,
+            )
     return _validate_settings(raw, current, str(current.get("name", "")))
 
 
