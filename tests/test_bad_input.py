@@ -994,3 +994,27 @@ def test_a_null_section_in_a_patch_is_refused(client: httpx.Client, section: str
     assert client.get(f"/api/stations/{name}").json() == before
     r = client.patch(f"/api/stations/{name}", json={"retention": {"maxAgeMs": None}})
     assert r.status_code == 200 and r.json()["retention"]["maxAgeMs"] is None, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "body", "field"),
+    [
+        ("/api/stations", "POST", '{"name":"dupkeys-a","name":"dupkeys-b"}', "name"),
+        ("PATCH", "PATCH", '{"idempotencyWindowMs":1000,"idempotencyWindowMs":5000}', None),
+        ("PATCH", "PATCH", '{"retention":{"maxAgeMs":1000,"maxAgeMs":null}}', "maxAgeMs"),
+        ("GROUP", "PUT", '{"maxAckTimeMs":1000,"maxAckTimeMs":2000}', "maxAckTimeMs"),
+    ],
+)
+def test_a_settings_key_given_twice_is_refused(
+    client: httpx.Client, path: str, method: str, body: str, field: str | None
+) -> None:
+    """The last copy won silently; other parsers keep the first, so a client and the server
+    could read different settings (found by a review)."""
+    name = f"dup-{uuid.uuid4().hex[:12]}"
+    assert client.post("/api/stations", json={"name": name}).status_code == 201
+    url = {"PATCH": f"/api/stations/{name}", "GROUP": f"/api/stations/{name}/groups/g"}
+    r = client.request(method, url.get(path, path), content=body, headers=JSON)
+    error = assert_error(r, 400, field or "idempotencyWindowMs")
+    assert "given twice" in error["message"]
+    assert client.get("/api/stations/dupkeys-a").status_code == 404
+    assert client.get(f"/api/stations/{name}/groups").json()["groups"] == []

@@ -8,7 +8,14 @@ import orjson
 from aiohttp import web
 
 from stations.api.auth import needs, require_station
-from stations.api.stations import _int_param, json_body, query_once, service, station_name
+from stations.api.stations import (
+    _int_param,
+    json_body,
+    query_once,
+    service,
+    settings_body,
+    station_name,
+)
 from stations.domain import dls, messages, text
 from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
@@ -51,7 +58,7 @@ async def _require_forward_scope(request: web.Request, station: str) -> None:
 
 @needs("consume")
 async def put_group(request: web.Request) -> web.Response:
-    body = await json_body(request) if request.can_read_body else {}
+    body = await settings_body(request) if request.can_read_body else {}
     # A group's limits decide when the lease timer dead-letters (and so forwards) a message.
     await _require_forward_scope(request, station_name(request))
     view, created = await service(request).ensure_group(

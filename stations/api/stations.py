@@ -57,6 +57,33 @@ async def json_body(request: web.Request, max_messages: int | None = None) -> An
         raise BadRequest(f"the body is not valid JSON: {exc}", None) from None
 
 
+async def settings_body(request: web.Request) -> Any:
+    """A body of settings (a station's, a group's): JSON as ``json_body`` takes it, and no key
+    given twice in one object. Parsers differ on which of two copies wins (this one took the
+    last, others the first), so a client and the server could read different settings."""
+    body = await json_body(request)
+    try:
+        json.loads(await request.read(), object_pairs_hook=_refuse_repeated_keys)
+    except _RepeatedKey as exc:
+        raise BadRequest(f"{exc.key} is given twice in one object", exc.key) from None
+    return body
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
 def query_once(request: web.Request, name: str) -> str | None:
     """A query parameter that may be given once (which of two was meant is unsaid)."""
     values = request.query.getall(name, [])
@@ -100,7 +127,7 @@ def _require_named_stations(request: web.Request, body: Any) -> None:
 
 @needs("admin")
 async def create_station(request: web.Request) -> web.Response:
-    body = await json_body(request)
+    body = await settings_body(request)
     _require_named_stations(request, body)
     view, created = await service(request).create_station(body)
     return web.json_response(view, status=201 if created else 200)
@@ -113,7 +140,7 @@ async def get_station(request: web.Request) -> web.Response:
 
 @needs("admin")
 async def patch_station(request: web.Request) -> web.Response:
-    body = await json_body(request)
+    body = await settings_body(request)
     _require_named_stations(request, body)
     return web.json_response(await service(request).patch_station(station_name(request), body))
 
