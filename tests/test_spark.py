@@ -994,6 +994,36 @@ def test_a_stream_resumed_past_the_end_of_a_recreated_station_fails(
         stream.latestOffset({"offset": token(5)}, stream.getDefaultReadLimit())
 
 
+def test_a_checkpoint_of_another_station_is_refused(srv: Server, api: httpx.Client) -> None:
+    """Offsets recorded only a position: a checkpoint reused on a station deleted and created
+    again with more messages (or on another station) read on from there, skipping the new
+    station's first messages without a word (found by a review). They name their station."""
+    from pyspark.sql.types import StructType
+
+    from stations.client.errors import Gone
+    from stations.spark.stream_read import StationsStreamReader
+
+    name, other = new_station(api), new_station(api)
+    produce(api, name, [{"data": k} for k in range(3)])
+    produce(api, other, [{"data": k} for k in range(9)])
+    cfg = Config.parse({"url": srv.url, "station": name, "startingOffset": "earliest"})
+    first = StationsStreamReader(cfg, StructType())
+    end = first.latestOffset(first.initialOffset(), first.getDefaultReadLimit())
+    assert end["offset"] == token(3) and end["station"] == name
+    assert api.delete(f"/api/stations/{name}").status_code == 204
+    assert api.post("/api/stations", json={"name": name}).status_code == 201
+    produce(api, name, [{"data": k} for k in range(9)])
+    again = StationsStreamReader(cfg, StructType())  # the query restarted
+    with pytest.raises(Gone, match="new checkpointLocation"):
+        again.latestOffset(end, again.getDefaultReadLimit())
+    elsewhere = StationsStreamReader(Config.parse({"url": srv.url, "station": other}), StructType())
+    with pytest.raises(Gone, match="new checkpointLocation"):
+        elsewhere.latestOffset(end, elsewhere.getDefaultReadLimit())
+    # A checkpoint written before offsets named their station goes on as it did.
+    planned = again.latestOffset({"offset": token(3)}, again.getDefaultReadLimit())
+    assert planned["offset"] == token(9)
+
+
 def test_batch_reads_from_the_start_with_a_filter_and_from_the_zero_offset(
     spark: SparkSession, srv: Server, api: httpx.Client
 ) -> None:
@@ -1175,3 +1205,39 @@ def test_pipeline_checks_chunk_size_first_and_counts_csv_rows_with_line_ends(
         export = ["export", "--station", texts, "--to", str(target), "--format", "csv"]
         assert pipeline.main([*export, "--url", srv.url], spark=spark) == 0
     assert "2 messages read, 2 rows written" in out.getvalue(), out.getvalue()
+
+
+def test_a_batch_write_of_an_empty_text_or_binary_row_names_the_column() -> None:
+    """A batch write stored a null or empty row of a text station as an empty message, which
+    Durable Streams readers never see, where a streaming write refused it (found by a
+    review). Both refuse it now, naming the column; JSON null stays a message."""
+    from stations.spark.rows import RowShape
+
+    text = RowShape(False, "data", True, False, None, "id")
+    binary = RowShape(False, "data", False, True, None, "id")
+    for shape, empty in ((text, None), (text, ""), (binary, b""), (binary, None)):
+        with pytest.raises(ValueError, match="data is null or empty"):
+            shape.message({"id": "a", "data": empty})
+    assert text.message({"id": "a", "data": "x"}) == {"id": "a", "data": "x"}
+    json_shape = RowShape(True, "data", False, False, None, "id")
+    assert json_shape.message({"id": "a", "data": None}) == {"id": "a", "data": None}
+
+
+def test_spark_start_failures_and_a_server_gone_mid_job_point_at_the_right_fix() -> None:
+    """A bad --master was reported as "it needs Java 17 or newer" with Java installed, and a
+    server that stopped during a job as "give a --url every executor can reach" (found by a
+    review)."""
+    from stations.spark.launch import PipelineError, one_line, spark_session
+
+    with (
+        pytest.raises(PipelineError, match=r"check --master") as raised,
+        spark_session("bad-master", "bogus://x", []),
+    ):
+        pass
+    assert "Java 17" not in str(raised.value)
+    text = (
+        "stations.client.errors.ConnectionFailed: POST http://127.0.0.1:1/api/stations/s/"
+        "messages: Connection refused"
+    )
+    line = one_line(text, "http://127.0.0.1:1")
+    assert line is not None and "run the job again once it is back" in line

@@ -78,10 +78,14 @@ def spark_session(app: str, master: str, conf_items: list[str]) -> Iterator[Spar
             session = builder.getOrCreate()
         except Exception as exc:  # no Java, a bad --master, ...: Spark's own words, in one line
             words = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise PipelineError(
-                f"Spark did not start (master {master}): {words}; it needs Java 17 or newer "
-                "(java on the PATH, or JAVA_HOME)"
-            ) from None
+            # With Java there, a bad --master was blamed on Java all the same.
+            fix = (
+                "check --master (local, local[N], spark://HOST:PORT, yarn, k8s://...) and "
+                "Spark's own message above"
+                if os.environ.get("JAVA_HOME") or shutil.which("java")
+                else "it needs Java 17 or newer (java on the PATH, or JAVA_HOME)"
+            )
+            raise PipelineError(f"Spark did not start (master {master}): {words}; {fix}") from None
         session.sparkContext.setLogLevel("ERROR")
         try:
             yield session
@@ -123,8 +127,10 @@ def one_line(text: str, url: str) -> str | None:
         name, message = errors[-1]
         if name == "ConnectionFailed":
             return (
-                f"Spark executors cannot reach the Stations server at {url} ({message}): give a "
-                "--url every executor can reach (not 127.0.0.1 when executors run elsewhere)"
+                f"Spark executors cannot reach the Stations server at {url} ({message}): if it "
+                "stopped answering during the job, run the job again once it is back (what "
+                "was stored is not stored twice); else give a --url every executor can reach "
+                "(not 127.0.0.1 when executors run elsewhere)"
             )
         return str(message)
     values = _VALUE_ERROR.findall(text)

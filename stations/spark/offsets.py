@@ -4,6 +4,7 @@ being consecutive message numbers, and ranges of positions split into partitions
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
@@ -27,16 +28,32 @@ def token(pos: int) -> str:
     return f"{pos:0{_WIDTH}d}_{0:0{_WIDTH}d}"
 
 
-def offset_dict(pos: int) -> dict[str, str]:
-    # Spark compares offsets as JSON text: a start, and "no new data", keep this one shape.
-    return {"offset": token(pos)}
+def offset_dict(pos: int, station: dict[str, str] | None = None) -> dict[str, str]:
+    """An offset of ``station`` (its ``identity``). Spark compares offsets as JSON text: a
+    start, and "no new data", keep this one shape."""
+    return {"offset": token(pos), **(station or {})}
 
 
-def batch_end(pos: int, parts: int) -> dict[str, str | int]:
+def batch_end(pos: int, parts: int, station: dict[str, str] | None = None) -> dict[str, str | int]:
     """The end offset of a planned micro-batch, with the number of ranges it is split into:
     a replay after a failure must give each task the rows its first attempt had (a streaming
     write's producer sequence relies on it), whatever numPartitions the restart was given."""
-    return {"offset": token(pos), "partitions": parts}
+    return {"offset": token(pos), "partitions": parts, **(station or {})}
+
+
+def identity(name: str, view: dict[str, Any]) -> dict[str, str]:
+    """Which station a checkpoint's offsets are positions of: its name and creation time. A
+    checkpoint reused on a station deleted and created again (or on another station) read on
+    from its old position and skipped every message before it."""
+    return {"station": name, "created": str(view.get("createdAt", ""))}
+
+
+def same_station(offset: dict[str, Any], station: dict[str, str]) -> bool:
+    """Whether ``offset`` is of ``station`` (an offset written before identities were
+    recorded is taken to be)."""
+    if "created" not in offset:
+        return True
+    return (offset.get("station"), offset["created"]) == (station["station"], station["created"])
 
 
 def batch_parts(end: dict[str, str | int], default: int) -> int:

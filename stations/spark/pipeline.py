@@ -180,6 +180,12 @@ def run(
     except PipelineError as exc:
         print(f"stations pipeline: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # it was a Python traceback under Spark's own lines
+        what = "rows stored so far stay; the same command again stores none of them twice"
+        if args.job != "ingest":
+            what = "the export is incomplete; run it again"
+        print(f"stations pipeline: interrupted: {what}", file=sys.stderr)
+        return 130
     for line in summary.lines():
         print(line, file=out)
     return 0

@@ -135,6 +135,12 @@ class RowShape:
             return value
         return dumps(value)
 
+    def empty_row(self) -> ValueError:
+        return ValueError(
+            f"a row's {self.data_column or 'data'} is null or empty: a text or binary station "
+            "has no empty messages (filter such rows out, or give them a value)"
+        )
+
     def message(self, row: dict[str, Any]) -> dict[str, Any]:
         msg: dict[str, Any] = {}
         if self.id_column is not None:
@@ -145,12 +151,14 @@ class RowShape:
                 )
             msg["id"] = str(ident)
         value = self.payload(row)
+        if not self.is_json and not value:
+            # Stored as an empty message, which Durable Streams readers never see (a streaming
+            # write refused such rows already).
+            raise self.empty_row()
         if isinstance(value, (bytes, bytearray)):
             msg["dataBase64"] = base64.b64encode(bytes(value)).decode()
-        elif self.is_json:
-            msg["data"] = value
         else:
-            msg["data"] = "" if value is None else value
+            msg["data"] = value
         if self.headers_column is not None and row[self.headers_column]:
             # A null value is no header (it was stored as the text "None").
             given = dict(row[self.headers_column]).items()

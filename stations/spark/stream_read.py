@@ -25,8 +25,10 @@ from stations.spark.offsets import (
     OffsetRange,
     batch_end,
     batch_parts,
+    identity,
     offset_dict,
     position,
+    same_station,
     split,
     token,
 )
@@ -50,7 +52,9 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         check_read(cfg, streaming=True)
         self.cfg = cfg
         self.schema = schema
-        self.is_json = is_json_type(station_view(cfg)["contentType"])
+        view = station_view(cfg)
+        self.is_json = is_json_type(view["contentType"])
+        self.station = identity(cfg.station, view)
         self._target: int | None = None
         self._cursor_at: str | None = None
         self._initial: dict[str, str] | None = None
@@ -61,7 +65,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # in between are never read. Kept here for this run; with ``cursor``, also on the
         # server, so a query restarted before batch 0 committed starts at the cursor.
         if self._initial is None:
-            self._initial = offset_dict(self._initial_position())
+            self._initial = offset_dict(self._initial_position(), self.station)
         return self._initial
 
     def _initial_position(self) -> int:
@@ -92,6 +96,14 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # committed to the sink, so ``start`` is the query's progress. Spark's own commit(end)
         # for a batch comes only when the next batch starts, which leaves an idle query that
         # caught up one batch behind: the cursor moves here too.
+        if not same_station(start, self.station):
+            raise Gone(
+                f"this query's checkpoint holds offsets of station {start.get('station')!r} "
+                f"created at {start.get('created')}, but station {self.cfg.station!r} now is "
+                f"the one created at {self.station['created']}: reading on from the old "
+                "position would skip its messages; give the query a new checkpointLocation "
+                "(startingOffset then says where to begin)"
+            )
         self._commit_cursor(str(start["offset"]))
         lo = position(str(start["offset"]))
         end = tail(self.cfg)
@@ -109,7 +121,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = min(end, first + limit.max_rows)
         if end <= lo:
             return dict(start)  # the very offset Spark holds: no new data, no batch
-        planned = batch_end(end, self.cfg.num_partitions)
+        planned = batch_end(end, self.cfg.num_partitions, self.station)
         if from_start and first > lo:
             # Where "the start" was when the batch was planned: its ranges are read from
             # there, and so again by a replay, whatever retention dropped in between (each
@@ -129,7 +141,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         logger.warning("%s (failOnDataLoss=false)", message)
 
     def reportLatestOffset(self) -> dict[str, str]:
-        return offset_dict(tail(self.cfg))
+        return offset_dict(tail(self.cfg), self.station)
 
     def partitions(
         self, start: dict[str, str | int], end: dict[str, str | int]

@@ -178,8 +178,5 @@ def send_texts(
         value = shape.payload(row)
         body = value if isinstance(value, bytes) else ("" if value is None else str(value)).encode()
         if not body:  # refused by the server on every replay: the query could never go on
-            raise ValueError(
-                f"a row's {shape.data_column or 'data'} is null or empty: a text or binary "
-                "station has no empty messages (filter such rows out, or give them a value)"
-            )
+            raise shape.empty_row()
         report.add(1, 1 if producer.append(body) else 0)
