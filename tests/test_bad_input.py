@@ -1018,3 +1018,19 @@ def test_a_settings_key_given_twice_is_refused(
     assert "given twice" in error["message"]
     assert client.get("/api/stations/dupkeys-a").status_code == 404
     assert client.get(f"/api/stations/{name}/groups").json()["groups"] == []
+
+
+@pytest.mark.parametrize("depth", [990, 100_000])
+def test_deeply_nested_settings_bodies_are_a_400(client: httpx.Client, depth: int) -> None:
+    """The check for keys given twice parsed the body again with the standard library, whose
+    recursion limit is lower than orjson's: a station create nested 990 deep was a 500."""
+    name = f"deep-{uuid.uuid4().hex[:12]}"
+    assert client.post("/api/stations", json={"name": name}).status_code == 201
+    body = '{"name":"x","retention":' + "[" * depth + "]" * depth + "}"
+    for method, path in (
+        ("POST", "/api/stations"),
+        ("PATCH", f"/api/stations/{name}"),
+        ("PUT", f"/api/stations/{name}/groups/g"),
+    ):
+        r = client.request(method, path, content=body, headers=JSON)
+        assert_error(r, 400)

@@ -84,18 +84,25 @@ def test_a_full_disk_is_logged_once_until_a_write_succeeds(
 async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Path) -> None:
     """/readyz and /healthz ran SELECT 1 only: 200 "ok" while every write failed, and no
     series told. While the writer's batches fail they answer 503 "writes failing"
-    (``stations_writes_failing`` 1), and a probe write (nothing else may write on an idle
-    server) tells when writes work again."""
+    (``stations_writes_failing`` 1), and a small probe write on a connection of its own
+    (nothing else may write on an idle server) says when writes are taken again; the gauge
+    and the log wait for a write of the writer's own."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from stations.api import make_app
+
+    def read_only(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.execute("PRAGMA query_only = 1")
 
     svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
     async with TestClient(TestServer(make_app(svc))) as client:
         r = await client.put("/v1/stream/s", data=b"x", headers={"Content-Type": BIN})
         assert r.status == 201
         assert (await client.get("/readyz")).status == 200
-        _raw(svc).execute("PRAGMA query_only = 1")  # no write of any size is taken
+        # No write of any size is taken, on the writer's connection or any other.
+        _raw(svc).execute("PRAGMA query_only = 1")
+        event.listen(svc.db.read_engine, "connect", read_only)
+        svc.db.read_engine.dispose()
         r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN})
         assert r.status == 503, await r.text()
         for probe in ("/readyz", "/healthz", "/readyz"):
@@ -107,9 +114,13 @@ async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Pat
                 "error": "attempt to write a readonly database",
             }
         assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
+        event.remove(svc.db.read_engine, "connect", read_only)
+        svc.db.read_engine.dispose()
         _raw(svc).execute("PRAGMA query_only = 0")
         r = await client.get("/readyz")  # without any other write
         assert (r.status, await r.json()) == (200, {"status": "ok"})
+        r = await client.post("/v1/stream/s", data=b"z", headers={"Content-Type": BIN})
+        assert r.status in (200, 204), await r.text()
         assert "stations_writes_failing 0.0" in await (await client.get("/metrics")).text()
 
 

@@ -108,3 +108,35 @@ def test_a_forks_group_does_not_start_or_seek_where_its_source_dropped(server: S
         _dropped(http, "fork", _offset(5))
         again = http.put("/api/stations/fork/groups/k", json={"startFrom": _offset(5)})
         assert again.status_code == 200, again.text
+
+
+def test_a_transaction_settling_a_message_retention_dropped_is_refused(server: Server) -> None:
+    """The transaction's lease check passed a lease whose message retention had dropped, and
+    the settlement then answered it unknown: an assertion, a 500, and the writer logged the
+    database failing (found by the review of 2026-11-27 late; the SDK's nack() and
+    dead_letter() go this way). It is a 409 naming the lease; an ack of it still settles."""
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        station = "/api/stations/txkept"
+        assert http.post("/api/stations", json={"name": "txkept"}).status_code == 201
+        assert http.put(f"{station}/groups/g", json={}).status_code == 201
+        body = {"messages": [{"data": n} for n in range(3)]}
+        assert http.post(f"{station}/messages", json=body).status_code == 200
+        fetched = http.post(f"{station}/groups/g/fetch", json={"max": 3, "consumer": "c"})
+        leases = fetched.json()["messages"]
+        assert http.patch(station, json={"retention": {"maxMessages": 3}}).status_code == 200
+        assert http.post(f"{station}/messages", json=body).status_code == 200
+        _dropped(http, "txkept", leases[2]["offset"])
+
+        def lease(m: dict[str, object]) -> dict[str, object]:
+            return {"station": "txkept", "group": "g", "offset": m["offset"]} | {
+                "deliveryCount": m["deliveryCount"]
+            }
+
+        for verb in ("nack", "deadLetter"):
+            r = http.post("/api/transactions", json={"consumer": "c", verb: [lease(leases[0])]})
+            assert r.status_code == 409, r.text
+            assert r.json()["error"]["field"] == f"{verb}.0.offset"
+            assert "retention" in r.json()["error"]["message"]
+        r = http.post("/api/transactions", json={"consumer": "c", "ack": [lease(leases[1])]})
+        assert r.status_code == 200 and r.json()["acked"] == 1, r.text
+        assert http.get("/readyz").status_code == 200

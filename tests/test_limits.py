@@ -292,6 +292,7 @@ async def test_a_malformed_head_is_refused_without_repeating_its_bytes(
         b" folded\r\n\r\n",
         b"POST /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + b"\r\n"
         b"Content-Length: 1x\r\n\r\n",
+        b"GET http://?token=" + secret + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     ]
     for head in heads:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

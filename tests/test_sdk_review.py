@@ -336,7 +336,8 @@ async def test_a_transaction_whose_answer_was_lost_is_not_committed_twice(
 async def test_the_clients_retry_policy_bounds_produce_commit_and_acks() -> None:
     """With Client(timeout=1) a produce with a message id went on retrying a server that never
     answered for two minutes (a fixed policy; found by a review). Client(retry=) sets it for
-    produce, a transaction's commit, a consumer's acks and its stations' producers."""
+    produce, a transaction's commit, a consumer's acks and its stations' producers (produce
+    and the producers' policy are checked here)."""
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(1 << 16)
@@ -360,5 +361,12 @@ async def test_the_clients_retry_policy_bounds_produce_commit_and_acks() -> None
                 await asyncio.wait_for(tx.commit(), 10)
             assert time.monotonic() - started < 3
             assert station.producer("p").retry is retry
+            # A commit cancelled (a timeout) after it was sent may have been carried out too.
+            blind = client.transaction()
+            blind.produce("s", {"n": 2})
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(blind.commit(), 0.1)
+            with pytest.raises(RuntimeError, match="could store them twice"):
+                await blind.commit()
     finally:
         server.close()

@@ -1016,6 +1016,8 @@ def test_a_checkpoint_of_another_station_is_refused(srv: Server, api: httpx.Clie
     again = StationsStreamReader(cfg, StructType())  # the query restarted
     with pytest.raises(Gone, match="new checkpointLocation"):
         again.latestOffset(end, again.getDefaultReadLimit())
+    with pytest.raises(Gone, match="new checkpointLocation"):  # its last batch replayed
+        again.partitions(first.initialOffset(), end)
     elsewhere = StationsStreamReader(Config.parse({"url": srv.url, "station": other}), StructType())
     with pytest.raises(Gone, match="new checkpointLocation"):
         elsewhere.latestOffset(end, elsewhere.getDefaultReadLimit())
@@ -1223,18 +1225,22 @@ def test_a_batch_write_of_an_empty_text_or_binary_row_names_the_column() -> None
     assert json_shape.message({"id": "a", "data": None}) == {"id": "a", "data": None}
 
 
-def test_spark_start_failures_and_a_server_gone_mid_job_point_at_the_right_fix() -> None:
+def test_spark_start_failures_and_a_server_gone_mid_job_point_at_the_right_fix(
+    srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
     """A bad --master was reported as "it needs Java 17 or newer" with Java installed, and a
     server that stopped during a job as "give a --url every executor can reach" (found by a
-    review)."""
-    from stations.spark.launch import PipelineError, one_line, spark_session
+    review). Run as the command, in a process of its own (a Spark session already running
+    in this one would be reused whatever the master)."""
+    from stations.spark.launch import one_line
 
-    with (
-        pytest.raises(PipelineError, match=r"check --master") as raised,
-        spark_session("bad-master", "bogus://x", []),
-    ):
-        pass
-    assert "Java 17" not in str(raised.value)
+    name = new_station(api)
+    command = [sys.executable, "-m", "stations", "pipeline", "export", "--station", name]
+    command += ["--to", str(tmp_path / "out"), "--url", srv.url, "--master", "bogus://x"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "check --master" in last and "Java 17" not in last, last
     text = (
         "stations.client.errors.ConnectionFailed: POST http://127.0.0.1:1/api/stations/s/"
         "messages: Connection refused"

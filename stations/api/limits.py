@@ -489,13 +489,15 @@ READERS: web.AppKey[ReaderSlots] = web.AppKey("readers")
 SLOW_CLIENTS: web.AppKey[SlowClients] = web.AppKey("slow_clients")
 
 
-# Where aiohttp's parse error starts quoting the bytes it stopped at (``: b'...'``, or a line
-# break before them): those bytes may hold a bearer token or a token in a query.
-_QUOTED = re.compile(r":?\s*b['\"]|\n")
+# aiohttp's parse errors name the problem, then quote what they stopped at (``: b'...'``, a
+# line break, or the URL itself): those bytes may hold a bearer token or a token in a query.
+# Only a reason made of words is kept.
+_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 ,'-]*")
 
 
 def _what_failed(exc: HttpProcessingError) -> str:
     """aiohttp's reason for refusing a request, without the request bytes it quotes."""
-    reason = _QUOTED.split(exc.message or "", maxsplit=1)[0]
-    reason = " ".join(reason.split()).rstrip(":")[:200]
-    return reason or type(exc).__name__
+    reason = (exc.message or "").split(":", 1)[0].split("\n", 1)[0].strip()
+    if not _REASON.fullmatch(reason) or " " not in reason:  # "http" of a quoted URL, say
+        return type(exc).__name__
+    return " ".join(reason.split())[:200]

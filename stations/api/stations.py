@@ -66,6 +66,8 @@ async def settings_body(request: web.Request) -> Any:
         json.loads(await request.read(), object_pairs_hook=_refuse_repeated_keys)
     except _RepeatedKey as exc:
         raise BadRequest(f"{exc.key} is given twice in one object", exc.key) from None
+    except (ValueError, RecursionError):  # json_body took it: parsers' limits differ
+        raise BadRequest("the body is nested too deeply", None) from None
     return body
 
 

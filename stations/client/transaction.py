@@ -187,6 +187,9 @@ class Transaction:
                     self._outcome_unknown = True
                     raise  # unknown outcome: see the module's docstring
                 await backoff.wait(exc)  # raises unless retryable
+            except BaseException:  # cancelled (a timeout) after it may have been sent
+                self._outcome_unknown = True
+                raise
         answer = reply.json()
         self.result = TransactionResult(
             int(answer.get("acked", 0)),

@@ -134,7 +134,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     # A lower maxMsgDeliveries may dead-letter (below): lock as a dead letter does.
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
-        cursor = _head(batch.conn, state)
+        cursor = dropped_through(batch.conn, state)
     elif start == "latest":
         cursor = state.tail
     elif isinstance(start, str):
@@ -155,7 +155,7 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
         # Checked for a new group only: a standing one PUT again with the settings it was made
         # with (as the SDK does on every start) is "200 same", whatever retention did since.
         named = start not in ("earliest", BEGINNING, "latest")  # an offset (checked above)
-        if named and cursor < _head(batch.conn, state):
+        if named and cursor < dropped_through(batch.conn, state):
             raise BadRequest(
                 "startFrom is before the earliest retained message", "startFrom"
             ) from None
@@ -205,7 +205,7 @@ def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
     state = live_stream(load(conn, station), station, now)
     rows = [Group(**row) for row in store.of_stream(conn, state.id)]
     queues = store.queue_figures(conn, [group.id for group in rows])  # one statement for all
-    head = _head(conn, state)
+    head = dropped_through(conn, state)
     out = []
     for group in rows:
         waiting, in_flight, dead = queues[group.id]
@@ -348,7 +348,7 @@ def _split(seqs: list[int], known: dict[int, int]) -> list[str]:
     return [encode(s - 1) for s in seqs if s not in known]
 
 
-def _head(conn: Connection, state: StreamState) -> int:
+def dropped_through(conn: Connection, state: StreamState) -> int:
     """The last position retention dropped; a fork's counts its sources' too."""
     return inherited_head(conn, state) if state.fork_of is not None else state.head
 
@@ -360,7 +360,7 @@ def _without_dropped(
     settled (nothing is left to deliver) and they answer ``unknown``, as the README says;
     they were answered as nacked or dead-lettered (no DLS entry written) and lingered in the
     group's figures."""
-    head = _head(batch.conn, state)
+    head = dropped_through(batch.conn, state)
     dropped = [seq for seq in known if seq <= head]
     if not dropped:
         return known
@@ -372,7 +372,7 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     settled = set(store.settle(batch.conn, group.id, seqs))
-    head = _head(batch.conn, state)
+    head = dropped_through(batch.conn, state)
     settled = {seq for seq in settled if seq > head}  # retention dropped the rest: unknown
     if state.closed and settled:  # perhaps the group's last: its waiting fetches hear so
         batch.changed.add(state.name)
@@ -508,7 +508,7 @@ def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> Seek
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     kind, value = target
-    head = _head(batch.conn, state)
+    head = dropped_through(batch.conn, state)
     if kind == "earliest":
         cursor = head
     elif kind == "now":

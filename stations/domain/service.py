@@ -273,8 +273,9 @@ class Service:
     async def ping(self, timeout: float = 2.0) -> tuple[str, str] | None:
         """None if the database answers within ``timeout`` seconds and takes writes, else
         (``"unreachable"`` or ``"writes failing"``, why). Reads alone answered while every
-        write failed (a full disk): the service said it was ready. While writes fail, a
-        probe write tells when they work again (nothing else might write on an idle server)."""
+        write failed (a full disk): the service said it was ready. While the writer's writes
+        fail, a small probe write says whether any write is taken now (nothing else might
+        write on an idle server)."""
         try:
             await asyncio.wait_for(self.db.ping(), timeout)
         except TimeoutError:
@@ -598,7 +599,8 @@ class Service:
                     # Its lease rode on another request's transaction (an append's), which
                     # the database refused (a full disk): that request hears it, and this
                     # fetch, which wrote nothing, waits on (every waiting consumer got a 503
-                    # at once and came back at once).
+                    # at once and came back at once). A round of leases of its own that
+                    # failed is waited out the same way: the consumer's next fetch hears it.
                     served = out
                 finally:
                     timer.cancel()

@@ -254,6 +254,10 @@ def _check_leases(
         by_group[(s.station, s.group)].append(s)
     for (station, name), items in sorted(by_group.items()):
         state = states[station]
+        # A nack or dead-letter of a message retention dropped while it was leased settles
+        # nothing (the group answers it unknown): it passed this check and then failed the
+        # assertion in _settle, a 500.
+        dropped = groups.dropped_through(batch.conn, state)
         row = group_store.load(batch.conn, state.id, name, lock=True)
         if row is None:
             raise NotFound(
@@ -270,6 +274,8 @@ def _check_leases(
                 raise _stale(s, "has expired")
             if s.delivery_count is not None and s.delivery_count != count:
                 raise _stale(s, f"moved on: it is now delivery {count}")
+            if s.verb != "ack" and s.seq <= dropped:
+                raise _stale(s, "has lost its message to the station's retention")
             # A seek or a DLS replay delivers a message again from count 1: the deadline is
             # what tells that lease from the one the request was given.
             if s.deadline is not None and s.deadline != due:

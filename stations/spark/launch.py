@@ -128,9 +128,9 @@ def one_line(text: str, url: str) -> str | None:
         if name == "ConnectionFailed":
             return (
                 f"Spark executors cannot reach the Stations server at {url} ({message}): if it "
-                "stopped answering during the job, run the job again once it is back (what "
-                "was stored is not stored twice); else give a --url every executor can reach "
-                "(not 127.0.0.1 when executors run elsewhere)"
+                "stopped answering during the job, run the job again once it is back (with "
+                "message ids, what was stored is not stored twice); else give a --url every "
+                "executor can reach (not 127.0.0.1 when executors run elsewhere)"
             )
         return str(message)
     values = _VALUE_ERROR.findall(text)

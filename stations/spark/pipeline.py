@@ -184,6 +184,8 @@ def run(
         what = "rows stored so far stay; the same command again stores none of them twice"
         if args.job != "ingest":
             what = "the export is incomplete; run it again"
+        elif getattr(args, "allow_duplicates", False):
+            what = "rows stored so far stay; without message ids a re-run stores them again"
         print(f"stations pipeline: interrupted: {what}", file=sys.stderr)
         return 130
     for line in summary.lines():

@@ -96,14 +96,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # committed to the sink, so ``start`` is the query's progress. Spark's own commit(end)
         # for a batch comes only when the next batch starts, which leaves an idle query that
         # caught up one batch behind: the cursor moves here too.
-        if not same_station(start, self.station):
-            raise Gone(
-                f"this query's checkpoint holds offsets of station {start.get('station')!r} "
-                f"created at {start.get('created')}, but station {self.cfg.station!r} now is "
-                f"the one created at {self.station['created']}: reading on from the old "
-                "position would skip its messages; give the query a new checkpointLocation "
-                "(startingOffset then says where to begin)"
-            )
+        self._check_station(start)
         self._commit_cursor(str(start["offset"]))
         lo = position(str(start["offset"]))
         end = tail(self.cfg)
@@ -129,6 +122,17 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             planned["from"] = min(first, end)
         return planned
 
+    def _check_station(self, offset: dict[str, str | int]) -> None:
+        """``offset`` (from the checkpoint) is of this station (see ``identity``)."""
+        if not same_station(offset, self.station):
+            raise Gone(
+                f"this query's checkpoint holds offsets of station {offset.get('station')!r} "
+                f"created at {offset.get('created')}, but station {self.cfg.station!r} now is "
+                f"the one created at {self.station['created']}: reading on from the old "
+                "position would skip its messages; give the query a new checkpointLocation "
+                "(startingOffset then says where to begin)"
+            )
+
     def _behind_the_query(self, lo: int, end: int) -> None:
         """The station ends before the query's offset: it was deleted and created again."""
         message = (
@@ -147,7 +151,10 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self, start: dict[str, str | int], end: dict[str, str | int]
     ) -> Sequence[InputPartition]:
         # The split the batch was planned with, not today's numPartitions (see batch_end),
-        # from where it was planned to start (see latestOffset).
+        # from where it was planned to start (see latestOffset). A restart replays its last
+        # planned batch without asking latestOffset: its station is checked here too.
+        self._check_station(start)
+        self._check_station(end)
         return split(
             max(position(str(start["offset"])), int(end.get("from", 0))),
             position(str(end["offset"])),

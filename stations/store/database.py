@@ -163,9 +163,15 @@ class Database:
         return self.writer.failing
 
     async def probe_writes(self) -> None:
-        """Raise unless a write commits: one row changed through the writer (which then
-        knows its writes work again, should they have failed)."""
-        await self.write(lambda batch: db.probe_write(batch.conn))
+        """Raise unless a small write commits, on a connection of its own: through the
+        writer, its success told the writer its writes worked again while larger ones still
+        failed (a full disk), and the log went back to a failure and a recovery per probe."""
+
+        def probe() -> None:
+            with self.read_engine.begin() as conn:
+                db.probe_write(conn)
+
+        await asyncio.get_running_loop().run_in_executor(self._readers, probe)
 
     @staticmethod
     def unavailable(exc: BaseException) -> bool:
