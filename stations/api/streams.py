@@ -149,10 +149,10 @@ def _fork_source(value: str) -> str:
 def _one(headers: CIMultiDictProxy[str], name: str) -> str | None:
     """A header that may be given once: two copies (which a proxy may keep either of) would
     leave which one decides, say, a message's exactly-once id to chance."""
-    values = headers.getall(name, [])
-    if len(values) > 1:
+    value = headers.get(name)
+    if value is not None and len(headers.getall(name)) > 1:
         raise BadRequest(f"{name} may be given once", name)
-    return values[0] if values else None
+    return value
 
 
 @needs("admin")
