@@ -247,6 +247,19 @@ async def test_slowloris_head_body_and_idle_connections_are_closed(
 # -- the connection cap and the waiting-reader cap ------------------------------------------------
 
 
+async def _refused_head(server: Server, head: bytes) -> tuple[bytes, bytes]:
+    """Send ``head`` on a connection of its own: the answer's head and body, once the server
+    answered 400 and closed the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(head)
+    closed, got = await closed_within(reader, 5)
+    writer.close()
+    assert closed, got
+    status_line, _, body = got.partition(b"\r\n\r\n")
+    assert b" 400 " in status_line.split(b"\r\n")[0], got
+    return status_line, body
+
+
 async def test_malformed_request_heads_get_a_json_400_and_no_traceback(
     spawn: Callable[..., Server], tmp_path: Path
 ) -> None:
@@ -259,14 +272,8 @@ async def test_malformed_request_heads_get_a_json_400_and_no_traceback(
         b"POST /v1/stream/x HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
     ]
     for head in heads:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(head)
-        closed, got = await closed_within(reader, 5)
-        writer.close()
-        assert closed, got
-        status_line, _, body = got.partition(b"\r\n\r\n")
-        assert b" 400 " in status_line.split(b"\r\n")[0], got
-        assert b"application/json" in status_line, got
+        status_line, body = await _refused_head(server, head)
+        assert b"application/json" in status_line, status_line
         assert json.loads(body)["error"]["code"] == "bad_request"
     log = server.log()
     assert "Traceback" not in log and " ERROR " not in log, log
@@ -295,15 +302,9 @@ async def test_a_malformed_head_is_refused_without_repeating_its_bytes(
         b"GET http://?token=" + secret + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     ]
     for head in heads:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(head)
-        closed, got = await closed_within(reader, 5)
-        writer.close()
-        assert closed, got
-        status_line, _, body = got.partition(b"\r\n\r\n")
-        assert b" 400 " in status_line.split(b"\r\n")[0], got
+        _, body = await _refused_head(server, head)
         message = json.loads(body)["error"]["message"]
-        assert message.startswith("malformed request") and secret.decode() not in message, got
+        assert message.startswith("malformed request") and secret.decode() not in message, body
     log = server.log()
     assert log.count("refused a malformed request") == len(heads), log
     assert secret.decode() not in log, log
