@@ -169,12 +169,22 @@ def silent_database() -> Iterator[str]:
         sock.close()
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_a_signal_stops_a_start_the_database_does_not_answer(
     tmp_path: Path, silent_database: str, sig: signal.Signals
 ) -> None:
     """It went on waiting, and the signal did nothing."""
-    command = [sys.executable, "-m", "stations", "serve", "--port", str(free_port())]
+    port = free_port()
+    command = [sys.executable, "-m", "stations", "serve", "--port", str(port)]
     proc = subprocess.Popen(
         [*command, "--db", silent_database],
         cwd=tmp_path,
@@ -183,7 +193,13 @@ def test_a_signal_stops_a_start_the_database_does_not_answer(
         env=clean_env(),
     )
     try:
-        time.sleep(2)  # connecting
+        # Connecting: it has bound its port (a fixed 2 s was not always past its imports on a
+        # loaded CI box, and the signal then interrupted an import).
+        deadline = time.monotonic() + 60
+        while _port_free(port):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.1)
+        time.sleep(1.0)
         assert proc.poll() is None
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=5)
