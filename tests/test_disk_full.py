@@ -85,8 +85,8 @@ async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Pat
     """/readyz and /healthz ran SELECT 1 only: 200 "ok" while every write failed, and no
     series told. While the writer's batches fail they answer 503 "writes failing"
     (``stations_writes_failing`` 1), and a small probe write on a connection of its own
-    (nothing else may write on an idle server) says when writes are taken again; the gauge
-    and the log wait for a write of the writer's own."""
+    (nothing else may write on an idle server) says when writes are taken again, to the
+    checks and the gauge alike; the log waits for a write of the writer's own."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from stations.api import make_app
@@ -117,8 +117,28 @@ async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Pat
         event.remove(svc.db.read_engine, "connect", read_only)
         svc.db.read_engine.dispose()
         _raw(svc).execute("PRAGMA query_only = 0")
+        probes: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+            if statement.startswith("UPDATE alembic_version"):
+                probes.append(statement)
+
+        event.listen(svc.db.read_engine, "before_cursor_execute", count)
         r = await client.get("/readyz")  # without any other write
         assert (r.status, await r.json()) == (200, {"status": "ok"})
+        # One probe write said writes are taken: the gauge says so, and the next checks
+        # do not write again (both waited for a write of the writer's own before).
+        assert "stations_writes_failing 0.0" in await (await client.get("/metrics")).text()
+        for _ in range(3):
+            assert (await client.get("/readyz")).status == 200
+        assert len(probes) == 1
+        event.remove(svc.db.read_engine, "before_cursor_execute", count)
+        # The writer failing again after the probe says so again.
+        _raw(svc).execute("PRAGMA query_only = 1")
+        r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN})
+        assert r.status == 503, await r.text()
+        assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
+        _raw(svc).execute("PRAGMA query_only = 0")
         r = await client.post("/v1/stream/s", data=b"z", headers={"Content-Type": BIN})
         assert r.status in (200, 204), await r.text()
         assert "stations_writes_failing 0.0" in await (await client.get("/metrics")).text()

@@ -33,6 +33,7 @@ class Database:
         self._read_threads = read_threads
         self._listener: Listener | None = None
         self.checkpoints: Checkpoints | None = None
+        self._probed_after = -1  # the writer's failed batches when a probe write last committed
 
     async def open(
         self,
@@ -159,19 +160,28 @@ class Database:
 
     @property
     def writes_failing(self) -> str | None:
-        """Why the writer's latest batch failed, while none has written since; else None."""
-        return self.writer.failing
+        """Why the writer's latest batch failed, while none has written since and no probe
+        write (``probe_writes``) has committed since; else None."""
+        failing = self.writer.failing
+        if failing is None or self._probed_after == self.writer.failed_batches:
+            return None
+        return failing
 
     async def probe_writes(self) -> None:
         """Raise unless a small write commits, on a connection of its own: through the
         writer, its success told the writer its writes worked again while larger ones still
-        failed (a full disk), and the log went back to a failure and a recovery per probe."""
+        failed (a full disk), and the log went back to a failure and a recovery per probe.
+        Its success ends ``writes_failing`` until the writer's next failed batch (the log
+        waits for a write of the writer's own): else an idle server said writes failed,
+        and probed on every readiness check, long after the disk had room again."""
+        failed = self.writer.failed_batches
 
         def probe() -> None:
             with self.read_engine.begin() as conn:
                 db.probe_write(conn)
 
         await asyncio.get_running_loop().run_in_executor(self._readers, probe)
+        self._probed_after = failed
 
     @staticmethod
     def unavailable(exc: BaseException) -> bool:

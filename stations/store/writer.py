@@ -296,6 +296,7 @@ class Writer:
         self._stopped = False  # ops handed over from now on are refused
         # The database or its disk away: every batch fails alike, logged once and counted.
         self._failures = Repeats(log, "write batch")
+        self.failed_batches = 0  # batches the database failed whole, ever (see Database)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -419,6 +420,7 @@ class Writer:
     def _failed(self, exc: Exception) -> None:
         """A batch failed whole: logged once per outage (a traceback only for what is no
         outage of the database's, nor a commit whose outcome it would not tell)."""
+        self.failed_batches += 1
         known = db.unavailable(exc) or isinstance(exc, OutcomeUnknown)
         self._failures.failed(exc, traceback=not known)
 
