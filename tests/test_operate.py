@@ -526,6 +526,26 @@ def test_a_data_directory_serve_makes_is_private(tmp_path: Path) -> None:
     assert oct(data.stat().st_mode & 0o777) == oct(0o700)
 
 
+def test_database_files_serve_makes_are_private_in_a_directory_that_exists(
+    tmp_path: Path,
+) -> None:
+    """A data directory that already existed (``/var/lib/stations``, 0755) kept its mode, and
+    the database, its WAL, shared memory and lock were made with the umask's 0644: every local
+    account could read the messages and the webhook signing key stored in the database."""
+    data = tmp_path / "existing"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    server = Server(f"sqlite:///{data / 'stations.db'}", tmp_path).start()
+    try:
+        assert httpx.put(f"{server.url}/v1/stream/s", content=b"secret").status_code == 201
+        made = {p.name: oct(p.stat().st_mode & 0o777) for p in data.iterdir()}
+    finally:
+        server.stop()
+    assert set(made) >= {"stations.db", "stations.db-wal", "stations.db-shm", "stations.db.lock"}
+    assert made == dict.fromkeys(made, oct(0o600))
+    assert oct(data.stat().st_mode & 0o777) == oct(0o755)  # the owner's directory as it was
+
+
 def test_the_access_log_can_be_rotated(tmp_path: Path) -> None:
     """logrotate moves the file and sends SIGHUP: the lines went on into the moved file, and
     SIGHUP ended the server at once, without a drain."""

@@ -255,8 +255,22 @@ def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) ->
 def make_data_dir(database: str) -> None:
     """The directory of an embedded database, made private (0700, as PostgreSQL insists on for
     its own) when it has to be made: the database, its WAL and lock hold users' messages. One
-    that exists keeps the mode its owner gave it."""
+    that exists keeps the mode its owner gave it, so the database file is made private too
+    (0600; SQLite gives its WAL and shared-memory files the database's mode): in a directory
+    that already existed (``/var/lib/stations``) the umask's 0644 let every local account read
+    the messages and the webhook signing key."""
     os.makedirs(os.path.dirname(database) or ".", mode=0o700, exist_ok=True)
+    _create_private(database)
+
+
+def _create_private(path: str) -> None:
+    """Create ``path`` empty with mode 0600 if it does not exist (an empty file is an empty
+    SQLite database); one that exists keeps its mode. What fails here fails again, and is told
+    better, where the file is opened."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        pass
 
 
 def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
@@ -348,6 +362,7 @@ def claim_file(url: str) -> Any:
         return None
     make_data_dir(path)
     path = os.path.realpath(path)  # one lock per file, whatever name (symlink) it is given by
+    _create_private(path + ".lock")
     lock = open(path + ".lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
