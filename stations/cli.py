@@ -257,7 +257,14 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def _require_driver(url: str | None) -> None:
     """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line.
-    A database the store cannot use is named before anything is created."""
+    A database the store cannot use is named before anything is created. An empty one is
+    refused: it meant the default, a SQLite file in the working directory, so a deployment
+    whose ``$STATIONS_DB_URL`` came out empty acknowledged writes into the wrong database."""
+    if url is not None and not url.strip():
+        _fail(
+            "--db (or $STATIONS_DB_URL) is empty: give a database URL, or leave both out "
+            "for the default sqlite:///stations-data/stations.db"
+        )
     if not url:
         return
     from stations.store.db import why_not_servable
@@ -268,7 +275,8 @@ def _require_driver(url: str | None) -> None:
     if why.driver is not None:
         _fail(
             f"--db is a PostgreSQL URL but the {why.driver} driver is not installed; "
-            "install it with: pip install 'stations[postgresql]'"
+            "install it with: pip install 'psycopg[binary]>=3.2.4' (this package's "
+            "postgresql extra)"
         )
     _fail(f"--db: {why.reason}")
 

@@ -278,3 +278,20 @@ def test_tokens_never_reach_the_log(srv: Server, http: httpx.Client, tmp_path: P
     assert proc.returncode != 0
     assert b"at least 8 characters" in err
     assert b"short77" not in out + err
+
+
+@pytest.mark.parametrize("secret", ["padded-token-1 ", "has space 123", "\u00fcmlaut-token"])
+def test_a_token_no_header_can_carry_is_refused(tmp_path: Path, secret: str) -> None:
+    """A secret with a space at an end never matched (the presented token is stripped), and
+    one with inner spaces or other than ASCII worked with curl but not the CLI or the SDK:
+    the file loaded and the token failed later, without a word."""
+    from stations.api.auth import TokensFileError, load_tokens
+
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"tokens": [{"token": secret, "role": "admin"}]}))
+    with pytest.raises(TokensFileError) as refused:
+        load_tokens(str(path))
+    assert str(refused.value) == (
+        "tokens[0].token must be visible ASCII characters, without spaces"
+    )
+    assert secret.strip() not in str(refused.value)

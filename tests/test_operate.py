@@ -282,6 +282,21 @@ def test_serve_exits_1_when_it_cannot_start_and_2_on_a_bad_command_line(tmp_path
     assert proc.returncode == 2
 
 
+@pytest.mark.parametrize("how", ["--db", "STATIONS_DB_URL"])
+def test_an_empty_database_url_is_refused(tmp_path: Path, how: str) -> None:
+    """An empty ``--db`` or ``$STATIONS_DB_URL`` served a fresh SQLite file in the working
+    directory: a PostgreSQL deployment whose variable came out empty acknowledged writes into
+    a database nobody would look in."""
+    args = ["serve", "--port", str(free_port())]
+    if how == "--db":
+        proc = run_cli([*args, "--db", " "], tmp_path, timeout=20)
+    else:
+        proc = run_cli(args, tmp_path, env={"STATIONS_DB_URL": ""}, timeout=20)
+    assert_one_line_error(proc, "--db (or $STATIONS_DB_URL) is empty")
+    assert proc.returncode == 2
+    assert not (tmp_path / "stations-data").exists()
+
+
 def test_waiting_readers_must_leave_connections_for_the_rest(tmp_path: Path) -> None:
     """A cap of waiting readers at or above the connection cap was taken: long-polls could hold
     every connection, against the promise that producers and /healthz always find one."""

@@ -63,7 +63,8 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.strip().splitlines() == [
             "stations: error: --db is a PostgreSQL URL but the psycopg driver is not installed; "
-            "install it with: pip install 'stations[postgresql]'"
+            "install it with: pip install 'psycopg[binary]>=3.2.4' (this package's "
+            "postgresql extra)"
         ], scheme
 
     port = free_port()

@@ -704,7 +704,7 @@ def test_spark_failures_become_one_line_with_the_fix() -> None:
     )
     line = one_line(worker, "http://10.0.0.5:4437")
     assert line is not None and "cannot import 'pyarrow'" in line
-    assert "pip install 'stations[spark]'" in line and "\n" not in line
+    assert "pip install '/path/to/stations[spark]'" in line and "\n" not in line
     refused = (
         "Traceback (most recent call last):\n  ...\nstations.client.errors.ConnectionFailed: "
         "GET http://127.0.0.1:4437/api/stations/o/messages: ConnectionRefusedError: [Errno 111]\n"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,9 @@ def covers_pattern(stations: list[str], pattern: str) -> bool:
     )
 
 
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+
+
 def load_tokens(path: str) -> list[Token]:
     try:
         raw = json.loads(Path(path).read_text())
@@ -107,6 +111,12 @@ def load_tokens(path: str) -> list[Token]:
             )
         if len(entry["token"]) < 8:
             raise TokensFileError(f"tokens[{i}].token must be at least 8 characters")
+        if not _VISIBLE_ASCII.fullmatch(entry["token"]):
+            # A secret with spaces at its ends never matched (a presented token is stripped);
+            # the CLI and the SDK refuse spaces and other characters a header cannot carry.
+            raise TokensFileError(
+                f"tokens[{i}].token must be visible ASCII characters, without spaces"
+            )
         if entry.get("role") not in ROLES:
             raise TokensFileError(f"tokens[{i}].role must be one of {', '.join(ROLES)}")
         patterns = entry.get("stations", [])

@@ -119,7 +119,8 @@ def one_line(text: str, url: str) -> str | None:
         python = os.environ.get("PYSPARK_PYTHON", sys.executable)
         return (
             f"a Spark Python worker cannot import {module!r}: install the executor requirements "
-            f"(pip install 'stations[spark]': stations, orjson, pyarrow) for {python} on every "
+            f"(this package with its spark extra, from its wheel or checkout: pip install "
+            f"'/path/to/stations[spark]'; stations, orjson, pyarrow) for {python} on every "
             "worker host, or point PYSPARK_PYTHON at an interpreter that has them"
         )
     errors = _SDK_ERROR.findall(text)

@@ -282,7 +282,7 @@ def _connector() -> ModuleType:
     except ImportError as exc:
         raise PipelineError(
             f"stations pipeline needs PySpark and pyarrow ({exc.name} is missing): "
-            "pip install 'stations[spark]'"
+            "pip install 'pyspark>=4.2' 'pyarrow>=15' (this package's spark extra)"
         ) from None
     return stations.spark
 

@@ -267,10 +267,8 @@ def _create_private(path: str) -> None:
     """Create ``path`` empty with mode 0600 if it does not exist (an empty file is an empty
     SQLite database); one that exists keeps its mode. What fails here fails again, and is told
     better, where the file is opened."""
-    try:
+    with contextlib.suppress(OSError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError:
-        pass
 
 
 def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
