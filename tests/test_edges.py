@@ -163,3 +163,33 @@ def test_disconnect_mid_upload_is_one_info_line(srv: Server, http: httpx.Client)
     assert all(" INFO " in line for line in lines), lines
     assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
     assert http.get(f"/v1/stream/{name}", params={"offset": "-1"}).json() == []
+
+
+# -- a stream's content is data, never a page of this origin ----------------------------------
+
+
+@pytest.mark.parametrize("media", ["text/html", "image/svg+xml", "application/xhtml+xml"])
+def test_a_stream_read_is_sandboxed_whatever_its_media_type(http: httpx.Client, media: str) -> None:
+    """A station of text/html (or SVG) was served with its own media type and no policy: a
+    link to its read opened a page of the console's origin running its messages' scripts,
+    which could read the console's token or, without tokens, write as the console (the
+    console review deleted a station that way). Every response outside the console's pages
+    now carries a sandboxing policy: no script runs, and the page has no origin of ours."""
+    name = f"page-{uuid.uuid4().hex[:8]}"
+    page = b"<html><script>fetch('/api/stations/x', {method: 'DELETE'})</script></html>"
+    assert http.put(f"/v1/stream/{name}", content=page, headers={"Content-Type": media}).is_success
+    for method in ("GET", "HEAD"):
+        r = http.request(method, f"/v1/stream/{name}?offset=-1")
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith(media)
+        assert r.headers["Content-Security-Policy"] == "sandbox; default-src 'none'"
+    answers = [
+        http.post(f"/v1/stream/{name}", content=b"<p>", headers={"Content-Type": media}),
+        http.get(f"/api/stations/{name}/messages", params={"offset": "-1"}),
+        http.get("/v1/stream/no-such-stream"),
+    ]
+    for r in answers:
+        assert r.headers["Content-Security-Policy"] == "sandbox; default-src 'none'", r.url
+    # The console's own pages keep their policy (scripts of its own, nothing else).
+    console = http.get("/ui/")
+    assert "default-src 'self'" in console.headers["Content-Security-Policy"]
+    assert "sandbox" not in console.headers["Content-Security-Policy"]

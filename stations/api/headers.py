@@ -114,6 +114,9 @@ class CorsPolicy:
         return host is not None and is_loopback_host(host)
 
 
+DATA_CSP = "sandbox; default-src 'none'"
+
+
 def _policy(request: web.Request) -> CorsPolicy:
     policy: CorsPolicy = request.app.get(CORS) or CorsPolicy(any_origin=True)
     return policy
@@ -132,6 +135,11 @@ def _decorate(request: web.Request, response: web.StreamResponse) -> None:
         h.setdefault("Access-Control-Allow-Origin", origin)
     h.setdefault("Access-Control-Expose-Headers", EXPOSE_HEADERS)
     h.setdefault("X-Content-Type-Options", "nosniff")
+    # Everything but the console's pages (``console`` sets their policy first) is data: a
+    # stream's read is sent with the stream's own media type, so a station of text/html or
+    # SVG was a page on this origin running its messages' scripts, which could act with the
+    # console's rights (its token, or a tokenless server's same-origin writes).
+    h.setdefault("Content-Security-Policy", DATA_CSP)
     h.setdefault("Cross-Origin-Resource-Policy", "cross-origin" if anyone else "same-origin")
     # Whether, and which, origin is granted depends on Origin, its absence included: a shared
     # cache that kept the answer to a request without one (no grant, or "*") must not hand it
