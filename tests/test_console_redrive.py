@@ -113,3 +113,39 @@ def test_groups_tab_seeks_a_group(console: Console, api: Api) -> None:  # noqa: 
     page.get_by_role("button", name="Seek").click()
     dialog.get_by_role("button", name="Seek").click()
     expect(page.locator("#seek-result")).to_contain_text("to must be earliest, now or an offset")
+
+
+def test_a_number_the_browser_cannot_read_is_an_error_not_no_limit(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """A number field holding text the browser cannot read as a number ("2e", half-typed
+    "1e-") has the value "": it was saved as "no limit" and "redrive off", deleting the
+    station's retention limits and redrive policy, and the console said "Settings saved"."""
+    api.create(
+        "limits",
+        retention={"maxMessages": 1000, "maxBytes": 1_048_576},
+        dls={"redrive": {"maxRedrives": 5, "delayMs": 30_000, "backoff": 2}},
+    )
+    page = console.open("#/s/limits/settings")
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.method) if r.method == "PATCH" else None)
+    typos = {
+        "Max messages": "2e",
+        "Max bytes": "1e-",
+        "Redrive at most": "3e",
+        "Backoff": "1.5e",
+        "Max message deliveries": "4e",
+    }
+    for label, text in typos.items():
+        field = page.get_by_label(label, exact=True)
+        field.fill("")
+        field.press_sequentially(text)
+    page.get_by_role("button", name="Save changes").click()
+    for label in typos:
+        expect(page.get_by_label(label, exact=True)).to_have_attribute("aria-invalid", "true")
+    page.wait_for_timeout(300)
+    assert sent == []
+    view = api.call("GET", "/api/stations/limits")
+    assert view["retention"]["maxMessages"] == 1000 and view["retention"]["maxBytes"] == 1_048_576
+    assert view["dls"]["redrive"]["maxRedrives"] == 5

@@ -67,6 +67,13 @@ function windowParts(ms) {
   return [String(ms), 'ms'];
 }
 
+/**
+ * A number field's text: what the browser could not read as a number ("2e", "1 000") has the
+ * value "" and `validity.badInput`, and "" means "no limit" or "redrive off" in several fields:
+ * a typo deleted a station's limits and the console said "Settings saved".
+ */
+const typed = (control) => (control.validity?.badInput ? 'not a number' : control.value);
+
 const positiveInt = (text) => {
   const t = text.trim();
   if (!t) return null;
@@ -308,7 +315,7 @@ export async function renderForm(container, ctx, station) {
       out.contentType = ct;
     }
     const size = Object.fromEntries(WINDOW_UNITS)[c.windowUnit.value];
-    const amount = c.window.value.trim() === '' ? NaN : Number(c.window.value);
+    const amount = typed(c.window).trim() === '' ? NaN : Number(typed(c.window));
     const windowMs = Math.round(amount * size);
     if (!Number.isFinite(amount) || windowMs < MIN_WINDOW || windowMs > MAX_WINDOW) {
       errors.window = 'Idempotency window must be between 100 ms and 24 h.';
@@ -316,9 +323,9 @@ export async function renderForm(container, ctx, station) {
     out.idempotencyWindowMs = windowMs;
     const maxAge = parseDuration(c.maxAge.value);
     if (Number.isNaN(maxAge) || maxAge === 0) errors.maxAge = 'Max age must be a duration such as 7d or 12h, or empty.';
-    const maxMessages = positiveInt(c.maxMessages.value);
+    const maxMessages = positiveInt(typed(c.maxMessages));
     if (Number.isNaN(maxMessages)) errors.maxMessages = 'Max messages must be a whole number of at least 1, or empty.';
-    const maxBytes = positiveInt(c.maxBytes.value);
+    const maxBytes = positiveInt(typed(c.maxBytes));
     if (Number.isNaN(maxBytes)) errors.maxBytes = 'Max bytes must be a whole number of at least 1, or empty.';
     out.retention = { maxAgeMs: maxAge, maxMessages, maxBytes };
     const forwardTo = c.forwardTo.value.trim() || null;
@@ -331,7 +338,7 @@ export async function renderForm(container, ctx, station) {
       errors.dlsRetention = 'Keep dead letters for must be a duration such as 7d, or empty.';
     }
     out.dls = { poison: c.poison.checked, forwardTo, retentionMs: dlsRetention, redrive: null };
-    const redrives = c.maxRedrives.value.trim();
+    const redrives = typed(c.maxRedrives).trim();
     if (redrives) {
       const maxRedrives = /^\d+$/.test(redrives) ? Number(redrives) : NaN;
       if (!(maxRedrives >= 1 && maxRedrives <= 1000)) {
@@ -341,13 +348,13 @@ export async function renderForm(container, ctx, station) {
       if (Number.isNaN(delayMs) || delayMs > MAX_REDRIVE_DELAY) {
         errors.redriveDelay = 'Redrive after must be a duration such as 30s or 5min, at most 7d.';
       }
-      const backoff = c.redriveBackoff.value.trim() === '' ? 1 : Number(c.redriveBackoff.value);
+      const backoff = typed(c.redriveBackoff).trim() === '' ? 1 : Number(typed(c.redriveBackoff));
       if (!(backoff >= 1 && backoff <= 10)) errors.redriveBackoff = 'Backoff must be a number from 1 to 10.';
       out.dls.redrive = { maxRedrives, delayMs, backoff };
       const keep = config.dls.redrive?.maxDelayMs;
       if (keep !== undefined && keep >= delayMs) out.dls.redrive.maxDelayMs = keep;
     }
-    const deliveries = c.maxMsgDeliveries.value.trim();
+    const deliveries = typed(c.maxMsgDeliveries).trim();
     const maxMsgDeliveries = /^\d+$/.test(deliveries) ? Number(deliveries) : NaN;
     if (!(maxMsgDeliveries >= 1 && maxMsgDeliveries <= 1000)) {
       errors.maxMsgDeliveries = 'Max message deliveries must be a whole number from 1 to 1000.';
