@@ -489,3 +489,47 @@ def test_a_batch_locks_the_station_its_dead_letters_are_forwarded_to_in_name_ord
         assert _counts(pg_url, "a") == (1, 1, 0)
 
     asyncio.run(run())
+
+
+def test_housekeeping_runs_in_a_transaction_of_its_own_on_postgresql(
+    pg_url: str, tmp_path: Any
+) -> None:
+    """A batch locks its ops' declared stations up front, in name order; a housekeeping job
+    (retention, the id sweep, lease expiry, stream expiry) finds the stations it locks as it
+    runs, and locked them after those. Two processes doing so deadlocked (the review saw 4-5
+    a minute with two processes, each costing every request of both batches PostgreSQL's
+    one-second deadlock timeout). On PostgreSQL such a job now runs alone; on SQLite (one
+    process, one writer) it still shares the transaction."""
+
+    async def run(url: str) -> list[list[str]]:
+        engine = db.make_engine(url, writer=True)
+        db.upgrade(engine)  # the batch's up-front locks read the stations table
+        engine.dispose()
+        async with _writer(url) as writer:
+            batches: list[Batch] = []
+
+            def op(name: str) -> Callable[[Batch], str]:
+                def record(batch: Batch) -> str:
+                    batches.append(batch)
+                    return name
+
+                return record
+
+            futures = [
+                writer.enqueue(op("a"), locks=("b",)),
+                writer.enqueue(op("job"), alone=True),
+                writer.enqueue(op("c"), locks=("a",)),
+                writer.enqueue(op("d")),
+            ]
+            names = await asyncio.gather(*futures)
+            assert names == ["a", "job", "c", "d"]
+            groups_: list[list[str]] = []
+            for batch, name in zip(batches, names, strict=True):
+                if groups_ and batches[names.index(groups_[-1][0])] is batch:
+                    groups_[-1].append(name)
+                else:
+                    groups_.append([name])
+            return groups_
+
+    assert asyncio.run(run(pg_url)) == [["a"], ["job"], ["c", "d"]]
+    assert asyncio.run(run(f"sqlite:///{tmp_path / 'one.db'}")) == [["a", "job", "c", "d"]]

@@ -40,7 +40,9 @@ class Host(Protocol):
 
     ids: IdWindow
 
-    async def write(self, fn: Callable[..., T], *args: Any, sort_key: Any = None) -> T: ...
+    async def write(
+        self, fn: Callable[..., T], *args: Any, sort_key: Any = None, alone: bool = False
+    ) -> T: ...
 
     async def refresh_statistics(self) -> None: ...
 
@@ -100,7 +102,7 @@ class LeaseTimer:
     async def tick(self) -> None:
         since, self._last = self._last, now_ms()
         try:
-            self.arm(await self.service.write(groups.expire_all, since))
+            self.arm(await self.service.write(groups.expire_all, since, alone=True))
             self._failures.succeeded()
         except Exception as exc:
             self._failures.failed(exc, traceback=not isinstance(exc, Unavailable))
@@ -190,7 +192,7 @@ class Scheduler:
             return (upkeep.smallest_window(batch.conn) or 240_000) / 4000
 
         with self._reported("id sweep"):
-            period = await self.service.write(op)
+            period = await self.service.write(op, alone=True)
             self._set_sweep_period(period, only_shorter=False)
 
     async def refresh_statistics(self) -> None:
@@ -203,7 +205,7 @@ class Scheduler:
 
     async def expire_streams(self) -> None:
         with self._reported("expiry sweep"):
-            await self.service.write(lifecycle.expired_streams, self.service.ids)
+            await self.service.write(lifecycle.expired_streams, self.service.ids, alone=True)
 
     async def enforce_retention(self) -> None:
         with self._reported("retention"):
@@ -211,6 +213,6 @@ class Scheduler:
             # per writer transaction: appends queued meanwhile go between two chunks.
             after: str | None = None
             while True:
-                _, after = await self.service.write(retention.enforce_chunk, after)
+                _, after = await self.service.write(retention.enforce_chunk, after, alone=True)
                 if after is None:
                     break

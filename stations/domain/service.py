@@ -233,15 +233,21 @@ class Service:
         small: bool = False,
         then: Callable[[T], None] | None = None,
         locks: tuple[str, ...] = (),
+        alone: bool = False,
     ) -> T:
         """Run ``fn(batch, *args)`` in the writer's next transaction (``relaxed``, ``small``,
-        ``locks``: see ``Writer.enqueue``); ``then(result)`` once it committed (see
-        ``_then``)."""
+        ``locks``, ``alone``: see ``Writer.enqueue``); ``then(result)`` once it committed
+        (see ``_then``)."""
         op = _then(fn, then) if then is not None else fn
         with self.notifier.writing():  # held readers' answers wait for it (producers first)
             return await _committed(
                 self.db.write(
-                    lambda batch: op(batch, *args), sort_key, relaxed, small=small, locks=locks
+                    lambda batch: op(batch, *args),
+                    sort_key,
+                    relaxed,
+                    small=small,
+                    locks=locks,
+                    alone=alone,
                 )
             )
 
@@ -485,7 +491,7 @@ class Service:
         return await self.station(result.state.name), result.created
 
     async def patch_station(self, name: str, raw: Any) -> dict[str, Any]:
-        await self.write(catalog.patch_station, self.ids, name, raw)
+        await self.write(catalog.patch_station, self.ids, name, raw, locks=(name,))
         return await self.station(name)
 
     async def station(self, name: str) -> dict[str, Any]:
@@ -539,7 +545,7 @@ class Service:
         return await self.write(cursors.commit, station, name, raw, locks=(station,))
 
     async def delete_cursor(self, station: str, name: str) -> None:
-        await self.write(cursors.remove, station, name)
+        await self.write(cursors.remove, station, name, locks=(station,))
 
     async def offset_at(self, station: str, time_ms: int) -> dict[str, Any]:
         return await self.read_db(cursors.offset_at, station, time_ms, now_ms())
@@ -550,13 +556,13 @@ class Service:
     # -- consumer groups and the DLS ------------------------------------------------------------
 
     async def ensure_group(self, station: str, name: str, raw: Any) -> tuple[dict[str, Any], bool]:
-        group, created = await self.write(groups.ensure, station, name, raw)
+        group, created = await self.write(groups.ensure, station, name, raw, locks=(station,))
         views = await self.read_db(groups.views, station, now_ms())
         return next(v for v in views if v["name"] == group.name), created
 
     async def delete_group(self, station: str, name: str) -> None:
         forget = functools.partial(self.tally.forget, station, name)
-        await self.write(groups.remove, station, name, then=lambda _: forget())
+        await self.write(groups.remove, station, name, then=lambda _: forget(), locks=(station,))
 
     async def groups(self, station: str) -> list[dict[str, Any]]:
         return await self.read_db(groups.views, station, now_ms())

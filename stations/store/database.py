@@ -127,10 +127,13 @@ class Database:
         *,
         small: bool = False,
         locks: tuple[str, ...] = (),
+        alone: bool = False,
     ) -> T:
         """Run ``op(batch)`` in the writer's next transaction; answered after the commit.
-        ``locks``: the stations whose rows it locks (see ``Writer.enqueue``)."""
-        result: T = await self.writer.submit(op, sort_key, relaxed, small=small, locks=locks)
+        ``locks``, ``alone``: the stations whose rows it locks (see ``Writer.enqueue``)."""
+        result: T = await self.writer.submit(
+            op, sort_key, relaxed, small=small, locks=locks, alone=alone
+        )
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -212,6 +212,17 @@ class _Pending:
     small: bool = False
     first: bool = False
     locks: tuple[str, ...] = ()  # the stations whose rows it locks, as far as known
+    alone: bool = False  # finds the stations it locks as it runs (see ``enqueue``)
+
+
+def _take(waiting: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+    """The next transaction's ops and those left waiting: up to MAX_BATCH, in order, and an
+    op that must run alone (see ``Writer.enqueue``) in a transaction of its own."""
+    taken = waiting[:MAX_BATCH]
+    alone = next((k for k, p in enumerate(taken) if p.alone), None)
+    if alone is not None:
+        taken = taken[: max(alone, 1)]
+    return taken, waiting[len(taken) :]
 
 
 def _locks(batch: list[_Pending]) -> list[str]:
@@ -327,6 +338,7 @@ class Writer:
         first: bool = False,
         future: asyncio.Future[Any] | None = None,
         locks: tuple[str, ...] = (),
+        alone: bool = False,
     ) -> asyncio.Future[Any]:
         """Queue ``op`` now; ops queued in one step of the event loop share a transaction
         (unless the batch is full), in the order they were queued.
@@ -338,13 +350,20 @@ class Writer:
         ``first``: answered before the other ops of its commit (a consumer waiting for the
         messages the commit brings). ``future``: the one to answer, if the caller awaits one
         already (no extra step of the event loop between the commit and the caller).
-        ``locks``: the stations whose rows ``op`` locks (see ``_transaction``)."""
+        ``locks``: the stations whose rows ``op`` locks (see ``_transaction``). ``alone``:
+        ``op`` finds the stations it locks as it runs (housekeeping: the stations that are
+        due); on a database other processes share it runs in a transaction of its own, as a
+        batch locks its ops' declared stations up front, in name order, and ``op`` would lock
+        others after them: two processes doing so deadlocked, and PostgreSQL took a second to
+        break each deadlock while every request of both batches waited."""
         loop = asyncio.get_running_loop()
         if future is None:
             future = loop.create_future()
         if not self._staged:
             loop.call_soon(self._hand_over)
-        self._staged.append(_Pending(op, future, sort_key, relaxed, small, first, locks))
+        self._staged.append(
+            _Pending(op, future, sort_key, relaxed, small, first, locks, alone and self._pg)
+        )
         return future
 
     async def submit(
@@ -355,8 +374,9 @@ class Writer:
         *,
         small: bool = False,
         locks: tuple[str, ...] = (),
+        alone: bool = False,
     ) -> Any:
-        return await self.enqueue(op, sort_key, relaxed, small=small, locks=locks)
+        return await self.enqueue(op, sort_key, relaxed, small=small, locks=locks, alone=alone)
 
     def _hand_over(self) -> None:
         staged, self._staged = self._staged, []
@@ -445,7 +465,7 @@ class Writer:
                     stopping = True
                 else:
                     waiting += chunk
-            taken, waiting = waiting[:MAX_BATCH], waiting[MAX_BATCH:]
+            taken, waiting = _take(waiting)
             batch = _in_producer_order([p for p in taken if not p.future.cancelled()])
             checkpoints = self._checkpoints
             started = time.perf_counter()
