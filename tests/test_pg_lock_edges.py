@@ -533,3 +533,62 @@ def test_housekeeping_runs_in_a_transaction_of_its_own_on_postgresql(
 
     assert asyncio.run(run(pg_url)) == [["a"], ["job"], ["c", "d"]]
     assert asyncio.run(run(f"sqlite:///{tmp_path / 'one.db'}")) == [["a", "job", "c", "d"]]
+
+
+def test_a_lock_held_elsewhere_ends_in_503s_and_readiness_says_writes_stall(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    """A session holding a table lock (an open ``LOCK TABLE``, a ``VACUUM FULL``) stopped a
+    group fetch, and behind it every write of the process, an append to a station with no
+    group included, for as long as the lock was held: no answer, no log line, and /readyz
+    said ok (the review held one for 70 s). Waits now end after the lock timeout with a
+    503, and readiness says the writes stall meanwhile."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from stations.api import make_app
+    from stations.domain import service as service_module
+
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 1500, raising=False)
+    monkeypatch.setattr(service_module, "WRITES_STALLED_S", 0.3, raising=False)
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        async with TestClient(TestServer(make_app(svc))) as client:
+            for name in ("plain", "queue"):
+                r = await client.post("/api/stations", json={"name": name})
+                assert r.status == 201, await r.text()
+            r = await client.put("/api/stations/queue/groups/g", json={})
+            assert r.status in (200, 201), await r.text()
+            r = await client.post("/api/stations/queue/messages", json={"messages": [{"data": 1}]})
+            assert r.status == 200, await r.text()
+            holder = await psycopg.AsyncConnection.connect(pg_url)
+            try:
+                await holder.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+                started = time.monotonic()
+                fetch = asyncio.ensure_future(
+                    client.post(
+                        "/api/stations/queue/groups/g/fetch",
+                        json={"max": 1, "waitMs": 0, "consumer": "c"},
+                    )
+                )
+                await asyncio.sleep(0.6)
+                ready = await client.get("/readyz")
+                assert ready.status == 503
+                assert (await ready.json())["database"] == "writes stalled"
+                append = await client.post(
+                    "/v1/stream/plain", data=b"[1]", headers={"Content-Type": "application/json"}
+                )
+                waited = time.monotonic() - started
+                assert append.status in (204, 503), await append.text()
+                assert (await fetch).status == 503
+                assert waited < 10, f"the writes waited {waited:.1f} s for the lock"
+            finally:
+                await holder.rollback()
+                await holder.close()
+            r = await client.post(
+                "/v1/stream/plain", data=b"[2]", headers={"Content-Type": "application/json"}
+            )
+            assert r.status == 204, await r.text()
+            assert (await client.get("/readyz")).status == 200
+
+    asyncio.run(run())

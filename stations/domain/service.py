@@ -107,6 +107,9 @@ SMALL_ACK = 1000
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
 # ones before it is answered 409 (the reference server answers 409 at once).
 GAP_HOLD_S = 2.0
+# A write transaction running this long makes the service unready ("writes stalled"): batches
+# take milliseconds, and one waiting for a lock holds up every write of the process.
+WRITES_STALLED_S = 5.0
 
 
 def _tail_state(result: ReadResult) -> StreamState | None:
@@ -290,6 +293,11 @@ class Service:
             if not self.db.unavailable(exc):
                 raise
             return "unreachable", first_line(exc)
+        busy = self.db.write_busy_for
+        if busy > WRITES_STALLED_S:
+            # A lock held elsewhere (PostgreSQL), a disk that stopped answering: every write
+            # waits behind this transaction, while SELECT 1 answers at once.
+            return "writes stalled", f"a write transaction has been waiting for {busy:.0f} s"
         if self.db.writes_failing is None:
             return None
         try:

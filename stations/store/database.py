@@ -170,6 +170,11 @@ class Database:
             return None
         return failing
 
+    @property
+    def write_busy_for(self) -> float:
+        """Seconds the writer's current transaction has run (see ``Writer.busy_for``)."""
+        return self.writer.busy_for
+
     async def probe_writes(self) -> None:
         """Raise unless a small write commits, on a connection of its own: through the
         writer, its success told the writer its writes worked again while larger ones still

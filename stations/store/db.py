@@ -219,6 +219,11 @@ PG_CONNECT_DEFAULTS: dict[str, Any] = {
 }
 
 
+# How long a statement may wait for a lock on PostgreSQL (see ``make_engine``): far beyond
+# what one Stations process holds another's up (a batch's milliseconds).
+LOCK_TIMEOUT_MS = 10_000
+
+
 def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) -> Engine:
     """Build an engine. ``writer`` engines take SQLite's write lock when a transaction begins."""
     url = normalize_url(url)
@@ -247,6 +252,14 @@ def make_engine(url: str, *, durability: str = "fsync", writer: bool = False) ->
         with dbapi_conn.cursor() as cur:
             for statement in settings:
                 cur.execute(statement)
+            # A lock another session holds (an open transaction's LOCK TABLE, a VACUUM FULL,
+            # a migration) stopped the writer, and with it every station's writes, for as long
+            # as it was held: no answer, no log line. Waits end after LOCK_TIMEOUT_MS (a 503
+            # the clients retry) unless the URL, the role or the database set a limit.
+            cur.execute("SHOW lock_timeout")
+            row = cur.fetchone()
+            if row is not None and row[0] == "0":
+                cur.execute(f"SET lock_timeout TO {int(LOCK_TIMEOUT_MS)}")
         dbapi_conn.commit()
 
     return engine

@@ -308,6 +308,7 @@ class Writer:
         # The database or its disk away: every batch fails alike, logged once and counted.
         self._failures = Repeats(log, "write batch")
         self.failed_batches = 0  # batches the database failed whole, ever (see Database)
+        self._running_since: float | None = None  # when the thread's current batch began
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -425,6 +426,13 @@ class Writer:
             self._checkpoints.committed()
 
     @property
+    def busy_for(self) -> float:
+        """Seconds the thread's current transaction has run (0 between transactions): one
+        waiting for a lock holds up every write of this process."""
+        since = self._running_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    @property
     def failing(self) -> str | None:
         """Why the latest batch failed, while no batch has written since; else None."""
         return self._failures.failing
@@ -476,6 +484,7 @@ class Writer:
                 if batch and checkpoints is not None and checkpoints.tail_wanted:
                     checkpoints.copy_tail(self._connection().connection.dbapi_connection)
                 if batch:
+                    self._running_since = time.monotonic()
                     before = db.rows_changed(self._conn)
                     outcome = self._execute(
                         [p.op for p in batch], _strict(batch), self._hooks_on_loop, _locks(batch)
@@ -484,6 +493,8 @@ class Writer:
             except Exception as exc:  # the database itself failed: every request hears it
                 self._failed(exc)
                 outcome = exc
+            finally:
+                self._running_since = None
             seconds = time.perf_counter() - started
             # Hooks put in memory what the next transaction must see (the ids just stored):
             # it waits until the event loop has run them.
