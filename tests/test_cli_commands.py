@@ -364,6 +364,8 @@ def test_dls_commands(srv: Server, http: httpx.Client) -> None:
     failed(cli(srv, "dls", "replay", "cli-dls"), 2, "--all")
     failed(cli(srv, "dls", "ls", "no-such-station"), 3)
     failed(cli(srv, "dls", "ls", "cli-dls", "--group", "g9"), 3, "group g9 not found")
+    # Replaying a misspelt group's dead letters said "0 dead letters replayed", exit 0.
+    failed(cli(srv, "dls", "replay", "cli-dls", "--all", "--group", "g9"), 3, "group g9 not found")
     assert as_json(cli(srv, "dls", "ls", "cli-dls", "--group", "g1", "--json")) == []
 
 
@@ -428,6 +430,31 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(
     proc.stdout.close()  # what `| head -1` does after its line
     assert proc.wait(60) == 141
     assert proc.stderr.read() == b""
+
+
+def test_output_that_cannot_be_written_is_one_line_and_its_own_code(
+    srv: Server, http: httpx.Client
+) -> None:
+    """``stations read s > /dev/full`` (a full disk) printed a traceback and exited 1, a
+    refusal by the documented codes."""
+    ok(cli(srv, "station", "create", "cli-full"))
+    body = {"messages": [{"data": i} for i in range(3000)]}
+    assert http.post("/api/stations/cli-full/messages", json=body).status_code == 200
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stations", "read", "cli-full"],
+            env=environment,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "stations: error: cannot write the output: No space left on device"
+    ]
 
 
 def test_list_is_ls(srv: Server, http: httpx.Client) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from stations.commands import dls, group, produce, read, station
 from stations.commands.base import (
     EXIT_CODES_HELP,
+    EXIT_OUTPUT_FAILED,
     EXIT_STDOUT_CLOSED,
     Refused,
     Usage,
@@ -91,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
         # Python's own flush of stdout at exit would fail again, so it gets /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_STDOUT_CLOSED
+    except OSError as exc:
+        # Writing stdout failed otherwise (a full disk: `> out.jsonl`); the SDK wraps its own
+        # network errors, so a bare OSError here is the output's. It was a traceback, exit 1.
+        print(f"stations: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OUTPUT_FAILED
     except Exception as exc:  # a StationsError from the SDK: its status says the exit code
         from stations.client import StationsError
 

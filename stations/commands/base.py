@@ -19,12 +19,14 @@ EXIT_NOT_FOUND = 3  # no such station or group (404/410)
 EXIT_CONFLICT = 4  # the station exists with other settings, the stream is closed (409)
 EXIT_AUTH = 5  # no token, an unknown one, or one that does not reach the station (401/403)
 EXIT_UNAVAILABLE = 6  # no answer, a server error (5xx) or overload (429)
+EXIT_OUTPUT_FAILED = 7  # standard output could not be written (a full disk, say)
 EXIT_STDOUT_CLOSED = 141  # stdout's reader left (`| head`): a shell's code for SIGPIPE
 
 EXIT_CODES_HELP = (
     "exit codes: 0 ok, 1 request refused (bad input; also input refused after part of it "
     "was stored, which is listed), 2 usage error, 3 not found, "
     "4 conflict, 5 unauthorized or forbidden, 6 server error or unreachable, "
+    "7 standard output could not be written, "
     "141 standard output closed by its reader (as SIGPIPE)"
 )
 

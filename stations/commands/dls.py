@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from stations.commands.base import Usage, payload_fields, payload_text, print_json, print_table
 
 if TYPE_CHECKING:
-    from stations.client import Client, DeadLetter
+    from stations.client import Client, DeadLetter, Station
 
 
 def add_parser(
@@ -61,11 +61,7 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
     if args.limit < 1:
         raise Usage("--limit must be at least 1")
     station = client.station(args.station)
-    if args.group and args.group not in {g.name for g in await station.groups()}:
-        # A group's dead letters go with it: an empty table would hide a misspelt name.
-        from stations.client import GroupNotFound
-
-        raise GroupNotFound(f"group {args.group} not found on station {args.station}")
+    await _group_exists(args, station)
     entries: list[DeadLetter] = []
     after = None
     while len(entries) < args.limit:
@@ -97,6 +93,15 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+async def _group_exists(args: argparse.Namespace, station: Station) -> None:
+    """A group's dead letters go with it: an empty table, or "0 dead letters replayed", would
+    hide a misspelt name."""
+    if args.group and args.group not in {g.name for g in await station.groups()}:
+        from stations.client import GroupNotFound
+
+        raise GroupNotFound(f"group {args.group} not found on station {args.station}")
+
+
 def _selection(args: argparse.Namespace) -> None:
     if args.all == bool(args.ids):
         raise Usage("give entry IDs or --all (not both)")
@@ -107,6 +112,7 @@ def _selection(args: argparse.Namespace) -> None:
 async def replay(args: argparse.Namespace, client: Client) -> int:
     _selection(args)
     station = client.station(args.station)
+    await _group_exists(args, station)
     n = await station.replay_dead_letters(args.ids, all=args.all, group=args.group)
     if args.json:
         print_json({"replayed": n})
