@@ -211,6 +211,27 @@ def test_produce_from_arguments_and_stdin(srv: Server, http: httpx.Client) -> No
     assert [m["data"] for m in texts] == ["hello", "world"]
 
 
+def test_read_shows_control_characters_escaped(srv: Server, http: httpx.Client) -> None:
+    """``read`` and ``tail`` printed a text station's payloads raw: whoever could produce to
+    it sent escape sequences to the reader's terminal (clear the screen, retitle the window,
+    write the clipboard) and, with a newline, forged lines of the output. ``--json`` stays
+    exact."""
+    ok(cli(srv, "station", "create", "cli-escapes", "--content-type", "text/plain"))
+    payload = "before\x1b]0;PWNED\x07\x1b[2Jafter\nforged  line\u202eevil\x9b"
+    answer = http.post(
+        "/v1/stream/cli-escapes",
+        content=payload.encode(),
+        headers={"Content-Type": "text/plain"},
+    )
+    assert answer.status_code == 204, answer.text
+    shown = ok(cli(srv, "read", "cli-escapes"))
+    assert shown.count("\n") == 1 and "\x1b" not in shown and "\u202e" not in shown
+    assert shown.split("  ", 2)[2].rstrip("\n") == (
+        "before\\x1b]0;PWNED\\x07\\x1b[2Jafter\\nforged  line\\u202eevil\\x9b"
+    )
+    assert [m["data"] for m in json_lines(cli(srv, "read", "cli-escapes", "--json"))] == [payload]
+
+
 def test_read_and_tail(srv: Server) -> None:
     ok(cli(srv, "station", "create", "cli-read"))
     ok(

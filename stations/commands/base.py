@@ -75,12 +75,35 @@ def payload_fields(data: Any) -> dict[str, Any]:
 
 def payload_text(data: Any, *, quote: bool = False) -> str:
     """A payload for people: text as it is (JSON-quoted with ``quote``), a JSON value as
-    JSON, and bytes that are not UTF-8 as base64 after ``BINARY_MARK``."""
+    JSON, and bytes that are not UTF-8 as base64 after ``BINARY_MARK``; control characters
+    shown escaped (see ``printable``)."""
     if isinstance(data, bytes | bytearray):
         return f"{BINARY_MARK} {base64.b64encode(data).decode('ascii')}"
     if isinstance(data, str) and not quote:
-        return data
-    return dumps(data)
+        return printable(data)
+    return printable(dumps(data))
+
+
+# C0 and C1 controls, DEL, and the marks that reorder text (bidirectional controls).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match[0]
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x1b``, ``\\u202e``): whoever
+    may produce to a station could otherwise send escape sequences to the terminal of whoever
+    reads it (clear the screen, retitle the window, write the clipboard), and forge lines of
+    the one-line-per-message output. ``--json`` output is exact."""
+    return _CONTROLS.sub(_escape, text)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -133,8 +156,8 @@ def cell(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat(timespec="seconds").replace("+00:00", "Z")
     if isinstance(value, str):
-        return value
-    return dumps(value)
+        return printable(value)
+    return printable(dumps(value))
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
