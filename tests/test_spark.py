@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -827,7 +828,7 @@ def test_options_refused_reach_the_user_and_own_options_pass(
         )
 
 
-def test_pipeline_errors_name_the_flag_and_the_token(
+def test_pipeline_errors_name_the_flag_and_the_token_with_the_cli_exit_codes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by a review: a bad --from-offset was reported as "option startingOffset", and a
@@ -853,15 +854,25 @@ def test_pipeline_errors_name_the_flag_and_the_token(
         assert r.status_code == 201, r.text
         export = ["export", "--station", "orders", "--to", str(tmp_path / "out")]
         export += ["--url", server.url]
-        for more, expected in (
-            (["--token", admin, "--from-offset", "abc"], "error: --from-offset: not a Stations"),
-            (["--token", admin, "--to-offset", "7"], "error: --to-offset: not a Stations offset"),
-            ([], f"station orders at {server.url}: a valid bearer token is required (no --token"),
-            (["--token", scoped], "this token does not cover that station (the --token given)"),
+        # The exit codes are the management commands' (``stations --help``): every failure
+        # was 2, "usage error", so a job retried on 6 never retried an outage.
+        missing = ["export", "--station", "nosuch", "--to", str(tmp_path / "out2")]
+        missing += ["--url", server.url, "--token", admin]
+        closed = socket.socket()  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        for args, expected, code in (
+            ([*export, "--token", admin, "--from-offset", "abc"], "--from-offset: not a", 2),
+            ([*export, "--token", admin, "--to-offset", "7"], "--to-offset: not a Stations", 2),
+            (export, f"station orders at {server.url}: a valid bearer token is required", 5),
+            ([*export, "--token", scoped], "does not cover that station (the --token given)", 5),
+            (missing, f"station nosuch does not exist at {server.url}", 3),
+            ([*export[:-1], nobody], f"cannot reach {nobody}", 6),
         ):
-            assert pipeline.main(export + more) == 2
+            assert pipeline.main(args) == code, args
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and expected in err[0], err
+        closed.close()
     finally:
         server.kill()
 

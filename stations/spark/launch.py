@@ -19,6 +19,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from stations.commands.base import (
+    EXIT_AUTH,
+    EXIT_CONFLICT,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    exit_code,
+)
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -26,7 +35,32 @@ T = TypeVar("T")
 
 
 class PipelineError(Exception):
-    """A problem to report in one line (exit status 2)."""
+    """A problem to report in one line, and the exit status it ends the command with: the
+    management commands' codes (``stations --help``), 2 for a usage or set-up problem."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def failure(message: str, exc: BaseException) -> PipelineError:
+    """A ``PipelineError`` for an SDK error, with the exit code the management commands give
+    it (the server unreachable 6, a token refused 5, not found 3, ...)."""
+    return PipelineError(message, exit_code(exc))
+
+
+# The SDK errors a Spark task's traceback may end with, by the exit code they mean.
+_CODE_OF_SDK_ERROR = {
+    "ConnectionFailed": EXIT_UNAVAILABLE,
+    "ServerError": EXIT_UNAVAILABLE,
+    "RateLimited": EXIT_UNAVAILABLE,
+    "Unauthorized": EXIT_AUTH,
+    "Forbidden": EXIT_AUTH,
+    "StationNotFound": EXIT_NOT_FOUND,
+    "NotFound": EXIT_NOT_FOUND,
+    "Conflict": EXIT_CONFLICT,
+    "StreamClosed": EXIT_CONFLICT,
+}
 
 
 def parse_confs(items: list[str]) -> dict[str, str]:
@@ -145,7 +179,10 @@ def run_spark(job: Callable[[], T], url: str) -> T:
     except PipelineError:
         raise
     except Exception as exc:
-        line = one_line(str(exc), url)
+        text = str(exc)
+        line = one_line(text, url)
         if line is not None:
-            raise PipelineError(line) from None
+            errors = _SDK_ERROR.findall(text)
+            code = _CODE_OF_SDK_ERROR.get(errors[-1][0], EXIT_USAGE) if errors else EXIT_USAGE
+            raise PipelineError(line, code) from None
         raise

@@ -36,7 +36,8 @@ from stations.client.errors import (
     StationsError,
     Unauthorized,
 )
-from stations.spark.launch import PipelineError, run_spark, spark_session
+from stations.commands.base import EXIT_NOT_FOUND
+from stations.spark.launch import PipelineError, failure, run_spark, spark_session
 from stations.spark.progress import progress
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ def run(
             summary = _ingest(session, args) if args.job == "ingest" else _export(session, args)
     except PipelineError as exc:
         print(f"stations pipeline: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.code
     except KeyboardInterrupt:  # it was a Python traceback under Spark's own lines
         what = "rows stored so far stay; the same command again stores none of them twice"
         if args.job != "ingest":
@@ -323,17 +324,17 @@ def _check_station(args: argparse.Namespace, *, create: bool) -> None:
             except StationNotFound:
                 if not create:
                     raise PipelineError(
-                        f"station {args.station} does not exist at {args.url}"
+                        f"station {args.station} does not exist at {args.url}", EXIT_NOT_FOUND
                     ) from None
                 args.create_station = True
                 return
     except ConnectionFailed as exc:
-        raise PipelineError(f"cannot reach {args.url}: {exc}") from None
+        raise failure(f"cannot reach {args.url}: {exc}", exc) from None
     except (Unauthorized, Forbidden) as exc:
         given = "the --token given" if args.token else "no --token (nor STATIONS_TOKEN) given"
-        raise PipelineError(f"station {args.station} at {args.url}: {exc} ({given})") from None
+        raise failure(f"station {args.station} at {args.url}: {exc} ({given})", exc) from None
     except StationsError as exc:
-        raise PipelineError(str(exc)) from None
+        raise failure(str(exc), exc) from None
     window = view.json().get("idempotencyWindowMs")
     if args.job == "ingest" and isinstance(window, int) and window < args.window:
         print(
@@ -362,9 +363,9 @@ def _create_station(args: argparse.Namespace) -> None:
         with _config(args).http() as http:
             http.call("POST", "/api/stations", body, what=f"create station {args.station}")
     except ConnectionFailed as exc:
-        raise PipelineError(f"cannot reach {args.url}: {exc}") from None
+        raise failure(f"cannot reach {args.url}: {exc}", exc) from None
     except StationsError as exc:
-        raise PipelineError(str(exc)) from None
+        raise failure(str(exc), exc) from None
     print(
         f"created station {args.station} (ids remembered for {_duration(args.window)})",
         file=sys.stderr,
