@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -476,6 +478,71 @@ def test_output_that_cannot_be_written_is_one_line_and_its_own_code(
     assert proc.stderr.splitlines() == [
         "stations: error: cannot write the output: No space left on device"
     ]
+
+
+def _producer(srv: Server, station: str) -> subprocess.Popen[bytes]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stations", "produce", station],
+        env=environment,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _stored(http: httpx.Client, station: str, want: int, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    while True:
+        count = int(http.get(f"/api/stations/{station}").json()["stats"]["messages"])
+        if count >= want or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+def test_produce_sends_stdin_lines_as_they_come(srv: Server, http: httpx.Client) -> None:
+    """Nothing was sent until 500 lines had come or stdin ended: ``tail -f app.log |
+    stations produce logs`` stored nothing for as long as that took."""
+    ok(cli(srv, "station", "create", "cli-live"))
+    proc = _producer(srv, "cli-live")
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(b'{"n": 1}\n')
+        proc.stdin.flush()
+        assert _stored(http, "cli-live", 1, 10) == 1  # while stdin is still open
+        proc.stdin.write(b'{"n": 2}\n{"n": 3}\n')
+        proc.stdin.flush()
+        assert _stored(http, "cli-live", 3, 10) == 3
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    stored = json_lines(cli(srv, "read", "cli-live", "--json"))
+    assert [m["data"] for m in stored] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_one_ctrl_c_ends_produce_and_says_what_was_stored(srv: Server, http: httpx.Client) -> None:
+    """The first Ctrl-C was not heard (stdin was read on the event loop, and the read went on),
+    and the second ended it silently: the lines already read were dropped and nothing said
+    what had been stored, which a run again without ids would store twice."""
+    ok(cli(srv, "station", "create", "cli-sigint"))
+    proc = _producer(srv, "cli-sigint")
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(b"".join(b'{"n": %d}\n' % n for n in range(600)))
+        proc.stdin.flush()
+        assert _stored(http, "cli-sigint", 600, 15) == 600
+        proc.send_signal(signal.SIGINT)  # once, stdin still open
+        assert proc.wait(15) == 130
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "stations: interrupted: the first 600 messages were stored (through offset "
+        "0000000000000599_"
+    ), err
+    assert len(table(proc.stdout.read().decode())) == 601  # the header and every message
 
 
 def test_list_is_ls(srv: Server, http: httpx.Client) -> None:

@@ -5,11 +5,15 @@ the station's window are reported, not stored."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import json
+import os
+import queue
 import re
 import sys
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from stations.client.errors import StationsError
@@ -98,13 +102,11 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return headers
 
 
-def _payloads(args: argparse.Namespace) -> Iterator[tuple[int, str | bytes]]:
-    """The messages' text; a stdin line that is not UTF-8 as its bytes (read as text, it was
-    a traceback, or a lone surrogate the server refuses, in a strict UTF-8 locale)."""
-    if args.data:
-        yield from enumerate(args.data, 1)
-        return
-    for number, raw in enumerate(sys.stdin.buffer, 1):
+def _payloads(lines: Iterable[bytes]) -> Iterator[tuple[int, str | bytes]]:
+    """The messages of stdin's lines, numbered: a line's end (``\\n``, ``\\r\\n``) is not part
+    of it, a blank line is none; a line that is not UTF-8 as its bytes (read as text, it was a
+    traceback, or a lone surrogate the server refuses, in a strict UTF-8 locale)."""
+    for number, raw in enumerate(lines, 1):
         raw = raw.rstrip(b"\n").rstrip(b"\r")
         if not raw:
             continue
@@ -114,21 +116,95 @@ def _payloads(args: argparse.Namespace) -> Iterator[tuple[int, str | bytes]]:
             yield number, raw
 
 
-def _messages(
-    args: argparse.Namespace, is_json: bool, payloads: Iterable[tuple[int, str | bytes]]
-) -> Iterator[NewMessage]:
-    from stations.client import NewMessage
+def _read_lines(fd: int) -> Iterator[bytes]:
+    """The lines of ``fd``, read with ``os.read``: a thread blocked in ``sys.stdin``'s read
+    holds its lock, and the interpreter aborted at exit (Ctrl-C) waiting for it."""
+    pending: list[bytes] = []  # a line's pieces so far (a line may be longer than a read)
+    while chunk := os.read(fd, 1 << 16):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending.append(chunk[start:end])
+            yield b"".join(pending)
+            pending = []
+            start = end + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
 
-    headers = _headers(args.header) or None
-    ids = list(args.msg_id)
-    source = "argument" if args.data else "line"
-    count = 0
-    for index, (number, text) in enumerate(payloads):
-        count += 1
+
+class _StdinLines:
+    """Stdin's messages as they come, read by a thread of their own: read on the event loop,
+    nothing was sent until ``--batch`` lines had come (``tail -f log | stations produce``
+    stored nothing for minutes), and Ctrl-C was not heard until the next line.
+
+    ``chunks`` yields what has arrived, at most ``size`` at a time, without waiting for more:
+    lines that come while a request is under way go in the next one (Kafka's linger of 0).
+    The queue is bounded, so a large file is not read into memory ahead of the requests."""
+
+    def __init__(self, fd: int, bound: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._lines: queue.Queue[tuple[int, str | bytes] | None] = queue.Queue(bound)
+        self._ready = asyncio.Event()
+        self.read = 0  # messages taken from stdin so far (for an interruption's report)
+        threading.Thread(target=self._run, args=(fd,), daemon=True).start()
+
+    def _run(self, fd: int) -> None:
+        try:
+            for item in _payloads(_read_lines(fd)):
+                self._put(item)
+        finally:
+            self._put(None)
+
+    def _put(self, item: tuple[int, str | bytes] | None) -> None:
+        self._lines.put(item)  # waits while the requests are behind
+        if self._lines.qsize() <= 1 or item is None:  # the loop may be waiting: wake it
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def chunks(self, size: int) -> AsyncIterator[list[tuple[int, str | bytes]]]:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            chunk: list[tuple[int, str | bytes]] = []
+            while len(chunk) < size:
+                try:
+                    item = self._lines.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self.read += len(chunk)
+                    if chunk:
+                        yield chunk
+                    return
+                chunk.append(item)
+            if not self._lines.empty():
+                self._ready.set()  # more than ``size`` had come
+            if chunk:
+                self.read += len(chunk)
+                yield chunk
+
+
+class _Messages:
+    """Payloads made messages, one at a time (stdin's come in chunks): JSON parsed on a JSON
+    station, message ids from ``--msg-id`` (one per message, in order) or ``--id-field``."""
+
+    def __init__(self, args: argparse.Namespace, is_json: bool) -> None:
+        self._args = args
+        self._is_json = is_json
+        self._headers = _headers(args.header) or None
+        self._ids = list(args.msg_id)
+        self._source = "argument" if args.data else "line"
+        self.count = 0
+
+    def __call__(self, number: int, text: str | bytes) -> NewMessage:
+        from stations.client import NewMessage
+
+        args, source = self._args, self._source
+        index, self.count = self.count, self.count + 1
         data: Any = text  # bytes (not UTF-8) go as they are, base64 on the wire
-        if is_json and isinstance(text, bytes):
+        if self._is_json and isinstance(text, bytes):
             raise Usage(f"{source} {number} is not UTF-8 text and {args.station} is a JSON station")
-        if is_json:
+        if self._is_json:
             try:
                 data = json.loads(text)
             except ValueError:
@@ -137,18 +213,22 @@ def _messages(
                     f"(quote a string: '\"...\"')"
                 ) from None
         msg_id = None
-        if ids:
-            if index >= len(ids):
-                raise Usage(f"{len(ids)} --msg-id for more messages; give one per message")
-            msg_id = ids[index]
+        if self._ids:
+            if index >= len(self._ids):
+                raise Usage(f"{len(self._ids)} --msg-id for more messages; give one per message")
+            msg_id = self._ids[index]
         elif args.id_field:
             if not isinstance(data, dict) or data.get(args.id_field) is None:
                 raise Usage(f"{source} {number} has no field {args.id_field!r}")
             value = data[args.id_field]
             msg_id = value if isinstance(value, str) else dumps(value)
-        yield NewMessage(data, msg_id, headers)
-    if ids and len(ids) != count:
-        raise Usage(f"{len(ids)} --msg-id for {count} messages; give one per message")
+        return NewMessage(data, msg_id, self._headers)
+
+    def finish(self) -> None:
+        if self._ids and len(self._ids) != self.count:
+            raise Usage(
+                f"{len(self._ids)} --msg-id for {self.count} messages; give one per message"
+            )
 
 
 async def produce(args: argparse.Namespace, client: Client) -> int:
@@ -184,17 +264,35 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
             del batch[: len(part)]
 
     # Messages are checked before anything is sent when they come from the arguments; stdin
-    # is sent in batches as it arrives.
-    messages = _messages(args, info.is_json, _payloads(args))
-    if args.data:
-        messages = iter(list(messages))
+    # is sent as it arrives, what came meanwhile in the next request.
+    convert = _Messages(args, info.is_json)
+    stdin: _StdinLines | None = None
     try:
-        for message in messages:
-            batch.append(message)
-            if len(batch) >= size:
-                await send()
-        if batch:
+        if args.data:
+            batch += [convert(number, text) for number, text in enumerate(args.data, 1)]
+            convert.finish()
             await send()
+        else:
+            stdin = _StdinLines(sys.stdin.fileno(), 4 * size)
+            async for chunk in stdin.chunks(size):
+                batch += [convert(number, text) for number, text in chunk]
+                await send()
+            convert.finish()
+    except asyncio.CancelledError:  # Ctrl-C: say what was stored, as a failure does
+        _print_rows(args, rows)
+        stored = (
+            f"the first {len(rows)} messages were stored (through offset {rows[-1][0]})"
+            if rows
+            else "no message was stored"
+        )
+        if batch:
+            stored += f"; whether the next {len(batch)} were is not known"
+        read = stdin.read if stdin is not None else len(rows) + len(batch)
+        unsent = read - len(rows) - len(batch)
+        if unsent > 0:
+            stored += f"; {unsent} more read were not sent"
+        print(f"stations: interrupted: {stored}", file=sys.stderr)
+        raise
     except (Usage, StationsError) as exc:
         if not rows:
             raise
