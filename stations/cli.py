@@ -604,6 +604,43 @@ def _on_signals(hangup: Callable[[], None] | None = None) -> asyncio.Future[str]
     return stop
 
 
+def backup_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "backup",
+        help="copy the embedded database, while a server may run on it",
+        description="Copy the embedded (SQLite) database into a new file, consistent and "
+        "complete while a server runs on it (a plain copy of the database file misses what is "
+        "still in its WAL). To restore: stop the server, put the copy in the database's place "
+        "and remove the old file's -wal and -shm files. For PostgreSQL use pg_dump.",
+    )
+    p.add_argument("dest", metavar="DEST", help="the new file to write (it must not exist)")
+    p.add_argument(
+        "--db",
+        default=os.environ.get("STATIONS_DB_URL"),
+        help="the database, as stations serve takes it (default: $STATIONS_DB_URL or "
+        "sqlite:///stations-data/stations.db)",
+    )
+
+
+def backup(args: argparse.Namespace) -> None:
+    from stations.store import db
+
+    if args.db is not None and not args.db.strip():
+        _fail("--db (or $STATIONS_DB_URL) is empty: give the database's URL")
+    url = args.db or db.default_url()
+    try:
+        size = db.backup(url, args.dest)
+    except ValueError:
+        _fail("backup copies an embedded (SQLite) database; for PostgreSQL use pg_dump")
+    except FileExistsError:
+        _fail(f"{args.dest} exists: give a new file")
+    except FileNotFoundError:
+        _fail(f"no database at {db.database_file(url)}", 1)
+    except (OSError, db.BackupFailed) as exc:
+        _fail(f"the backup failed: {exc}", 1)
+    print(f"copied {db.database_file(url)} to {args.dest} ({size / 1e6:,.1f} MB)")
+
+
 def commands_epilog() -> str:
     from stations.commands.base import EXIT_CODES_HELP
 
@@ -623,6 +660,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
+    backup_parser(sub)
     from stations.spark import pipeline  # light: PySpark is imported only when a job runs
 
     pipeline.add_parser(sub)
@@ -634,6 +672,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(commands.run(args))
     if args.command == "serve":
         serve(args)
+    elif args.command == "backup":
+        backup(args)
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))
 

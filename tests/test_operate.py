@@ -792,3 +792,42 @@ def test_a_shutdown_ends_an_sse_response_whole(tmp_path: Path) -> None:
         server.kill()
     lines = [line for line in access.read_text().splitlines() if "live=sse" in line]
     assert len(lines) == 1 and '" 200 ' in lines[0], lines
+
+
+def test_backup_copies_a_running_servers_database_whole(tmp_path: Path) -> None:
+    """The README said to back the database up before an upgrade and never said how; the
+    obvious copy of a running server's file missed everything still in its WAL (all of it,
+    until a checkpoint), and a server started on it served an empty database. ``stations
+    backup`` copies it whole while the server writes on, and the copy serves every message
+    and remembers every message id."""
+    data = tmp_path / "data"
+    server = Server(f"sqlite:///{data / 'stations.db'}", tmp_path).start()
+    copy = tmp_path / "copy.db"
+    try:
+        assert httpx.post(f"{server.url}/api/stations", json={"name": "orders"}).is_success
+        body = {"messages": [{"id": f"order-{n}", "data": {"n": n}} for n in range(500)]}
+        assert httpx.post(f"{server.url}/api/stations/orders/messages", json=body).is_success
+        proc = run_cli(["backup", str(copy), "--db", f"sqlite:///{data / 'stations.db'}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"copied {data / 'stations.db'} to {copy} (")
+        refused = run_cli(
+            ["backup", str(copy), "--db", f"sqlite:///{data / 'stations.db'}"], tmp_path
+        )
+        assert_one_line_error(refused, f"{copy} exists: give a new file")
+        assert refused.returncode == 2
+    finally:
+        server.kill()  # kill -9: the WAL is left as it was
+    assert oct(copy.stat().st_mode & 0o777) == oct(0o600)
+    restored = Server(f"sqlite:///{copy}", tmp_path).start()
+    try:
+        view = httpx.get(f"{restored.url}/api/stations/orders").json()
+        assert view["stats"]["messages"] == 500 and view["stats"]["idsInWindow"] == 500
+        again = {"messages": [{"id": "order-7", "data": {"n": 7}}]}
+        answer = httpx.post(f"{restored.url}/api/stations/orders/messages", json=again).json()
+        assert answer["results"][0]["duplicate"] is True
+    finally:
+        restored.stop()
+    pg = run_cli(
+        ["backup", str(tmp_path / "pg.db"), "--db", "postgresql://u@127.0.0.1/x"], tmp_path
+    )
+    assert_one_line_error(pg, "for PostgreSQL use pg_dump")

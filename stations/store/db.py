@@ -339,6 +339,49 @@ def database_file(url: str) -> str | None:
     return os.path.abspath(filename)
 
 
+class BackupFailed(Exception):
+    """The database could not be copied (see ``backup``)."""
+
+
+def backup(url: str, dest: str) -> int:
+    """Copy the embedded database ``url`` names into the new file ``dest`` (made 0600), while a
+    server may be writing to it; return the copy's size in bytes. The copy holds every
+    transaction committed when it began, WAL included (SQLite's online backup reads inside one
+    read transaction; with WAL the server's writes go on meanwhile). A plain copy of the
+    database file of a running server misses what is still in its WAL: all of it, until a
+    checkpoint. Raises ``ValueError`` for a server database, ``FileNotFoundError`` for a
+    database that does not exist, ``FileExistsError`` for a ``dest`` that does, and
+    ``BackupFailed`` when the database cannot be read or the copy is not sound."""
+    import sqlite3
+
+    path = database_file(url)
+    if path is None:
+        raise ValueError("only an embedded (SQLite) database is copied this way")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, "no database file", path)
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        source = sqlite3.connect(path, timeout=30)
+        try:
+            copy = sqlite3.connect(dest)
+            try:
+                source.backup(copy)
+                (check,) = copy.execute("PRAGMA quick_check").fetchone()
+                if check != "ok":
+                    raise BackupFailed(f"the copy failed its check: {check}")
+            finally:
+                copy.close()
+        finally:
+            source.close()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.remove(dest)
+        if isinstance(exc, sqlite3.Error):
+            raise BackupFailed(str(exc)) from exc
+        raise
+    return os.path.getsize(dest)
+
+
 def _uri_file(uri: str) -> str | None:
     """The file a SQLite URI opens, read as SQLite reads it (sqlite.org/uri.html): the path
     ends at ``?`` or ``#`` and is %-decoded; an authority may only be empty or localhost."""
