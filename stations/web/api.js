@@ -18,9 +18,57 @@ export class ApiError extends Error {
   }
 }
 
+// How long the server may take to begin its answer before the console says it is not
+// answering. Without a limit, a stopped server (or a connection dropped without a word, as
+// after a network change) left every refresh waiting for ever and its last figures on screen
+// as if current. A write gets longer (a lock may hold it: PostgreSQL gives up after 10 s), as
+// its answer is the only way to know whether it was made.
+export const ANSWER_MS = 10_000;
+const WRITE_ANSWER_MS = 30_000;
+// Once the answer has begun, its body (a page of messages is up to 8 MiB) may take longer on a
+// slow link.
+const BODY_MS = 60_000;
+
+/** No answer in time: status 0, code not_answering. */
+function notAnswering(method, ms) {
+  const within = `no answer within ${ms / 1000} s`;
+  return new ApiError(0, {
+    code: 'not_answering',
+    message:
+      method === 'GET'
+        ? `The server is not answering (${within}).`
+        : `The server is not answering (${within}): this may or may not have been done.`,
+  });
+}
+
 let onUnauthorized = () => {};
 export function setUnauthorizedHandler(fn) {
   onUnauthorized = fn;
+}
+
+// While the server refuses this tab's token (401) and the person is asked for another one,
+// polls and live tails wait rather than asking again and again with the refused token.
+let refused = null;
+export const signInPending = () => refused !== null;
+export function holdForSignIn() {
+  if (refused) return;
+  let release;
+  const promise = new Promise((resolve) => {
+    release = resolve;
+  });
+  refused = { promise, release };
+}
+export function releaseAfterSignIn() {
+  refused?.release();
+  refused = null;
+}
+/** Resolves when requests may go out again (at once unless a sign-in is awaited), or on abort. */
+export function signedIn(signal) {
+  if (!refused || signal?.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    refused.promise.then(resolve);
+    signal?.addEventListener('abort', resolve, { once: true });
+  });
 }
 
 function authHeaders(extra = {}) {
@@ -39,23 +87,41 @@ function exactNumbers(key, value, context) {
   return value;
 }
 
-export async function request(method, path, body, { signal, bearer, exact } = {}) {
+/** `answerMs`: how long the server may take to begin answering (see ANSWER_MS). */
+export async function request(method, path, body, { signal, bearer, exact, answerMs } = {}) {
   const headers = { Accept: 'application/json' };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
-  const res = await fetch(path, {
-    method,
-    headers: bearer ? { ...headers, Authorization: `Bearer ${bearer}` } : authHeaders(headers),
-    body: body === undefined ? undefined : JSON.stringify(body),
-    cache: 'no-store',
-    signal,
-  });
-  if (res.status === 204) return null;
+  const limit = answerMs ?? (method === 'GET' ? ANSWER_MS : WRITE_ANSWER_MS);
+  const late = new AbortController();
+  let clock = setTimeout(() => late.abort(), limit);
+  const both = signal ? AbortSignal.any([signal, late.signal]) : late.signal;
+  let res;
   let data = null;
   try {
-    data = exact ? JSON.parse(await res.text(), exactNumbers) : await res.json();
-  } catch {
-    data = null;
+    res = await fetch(path, {
+      method,
+      headers: bearer ? { ...headers, Authorization: `Bearer ${bearer}` } : authHeaders(headers),
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+      signal: both,
+    });
+    clearTimeout(clock);
+    clock = setTimeout(() => late.abort(), BODY_MS);
+    if (res.status !== 204) {
+      try {
+        data = exact ? JSON.parse(await res.text(), exactNumbers) : await res.json();
+      } catch (err) {
+        if (both.aborted) throw err;
+        data = null; // not JSON (a proxy's error page): the status says enough
+      }
+    }
+  } catch (err) {
+    if (late.signal.aborted && !signal?.aborted) throw notAnswering(method, res ? BODY_MS : limit);
+    throw err;
+  } finally {
+    clearTimeout(clock);
   }
+  if (res.status === 204) return null;
   if (!res.ok) {
     const err = new ApiError(res.status, data?.error);
     if (res.status === 401 && !bearer) onUnauthorized(err);
@@ -96,34 +162,60 @@ export const api = {
     request('POST', one(name) + '/groups/' + encodeURIComponent(group) + '/seek', target),
 };
 
+// A long-poll waits up to the server's --long-poll-timeout-ms (30 s unless set) before its empty
+// answer (204), so it gets that wait and a margin, not ANSWER_MS. The wait is learnt from the
+// empty answers; a long-poll given up is followed by the catch-up read, whose own limit tells
+// whether the server still answers (if it does, the server's wait is longer: it is doubled).
+const LONG_POLL_WAIT_MS = 30_000;
+const LONG_POLL_MARGIN_MS = 10_000;
+const LONG_POLL_MAX_MS = 3_600_000 + LONG_POLL_MARGIN_MS; // the server's --long-poll-timeout-ms at most
+// An SSE response carries nothing while no message comes, so a stopped server looks just like a
+// quiet station: after this long without an event, a catch-up read checks that the server still
+// answers (and shows whatever the events missed, should the connection be dead).
+const SSE_QUIET_MS = 15_000;
+
+// "0000000000000042_0000000000000000" → 42.
+const seq = (offset) => Number.parseInt(String(offset).split('_')[0], 10);
+
 /**
  * Follow a station from `offset`, calling `onMessages(messages)` with full message views as they
  * arrive. The wake-up comes from the Durable Streams read: Server-Sent Events through EventSource
  * when no token is in use, else long-poll fetches (EventSource cannot send an Authorization
  * header). The messages themselves are read through the management API, so they carry ids,
- * headers and times. `onError(err, final)` reports a failed read: final (the station is gone,
- * 404) means following stopped, else it retries, and `onResumed()` follows the next good read.
- * `onClosed()`: the station was closed, what it held is read, and following stopped. Returns a
- * function that stops following.
+ * headers and times. `onError(err, final)` reports a failed read (a server not answering too):
+ * final (the station is gone, 404) means following stopped, else it retries, and `onResumed()`
+ * follows the next good read. `onGap({ count, from, to })`: retention removed `count` messages
+ * (after offset `from`, up to `to`) before they were read; called before the messages after
+ * the gap. `onClosed()`: the station was closed, what it held is read, and following stopped.
+ * Returns a function that stops following. A 401 (the token revoked) waits for the person to
+ * sign in again (see holdForSignIn), then goes on.
  *
  * While the tab is hidden, its waiting read is let go and taken up again (after a catch-up read)
  * when the tab is shown: a browser opens at most six HTTP/1.1 connections to a server, shared by
  * all its tabs, and six tails each holding one for up to a minute left none for any other
  * request of any tab (their own catch-up reads included: nothing moved for a minute).
  */
-export function follow(name, offset, onMessages, { onError = () => {}, onResumed = () => {}, onClosed = () => {} } = {}) {
+export function follow(
+  name,
+  offset,
+  onMessages,
+  { onError = () => {}, onResumed = () => {}, onGap = () => {}, onClosed = () => {} } = {},
+) {
   const ctrl = new AbortController();
   let cursor = offset;
   let pulling = null;
   let again = false;
   let source = null;
   let failing = false;
+  let longPollMs = LONG_POLL_WAIT_MS + LONG_POLL_MARGIN_MS;
+  let quiet = null;
   // The waiting read's own controller: aborted when the tab is hidden (see above).
   let waiting = null;
 
   const rest = () => {
     waiting?.abort();
     waiting = null;
+    clearTimeout(quiet);
     source?.close();
     source = null;
   };
@@ -146,6 +238,14 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
     onError(err, final);
   }
 
+  const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  /** After a failed read: wait for a new token (401), else a moment, before reading again. */
+  function breather(err, signal) {
+    if (err?.status === 401 && signInPending()) return signedIn(signal);
+    return pause(2000);
+  }
+
   async function pull() {
     if (pulling) {
       again = true;
@@ -154,15 +254,26 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
     pulling = (async () => {
       do {
         again = false;
+        let gapFrom = null;
         for (;;) {
           let page;
           try {
             page = await api.messages(name, cursor, 200, { signal: ctrl.signal });
           } catch (err) {
-            // Retention dropped what the tail had not read yet: go on from the earliest kept.
+            // Retention dropped what the tail had not read yet: go on from the earliest kept,
+            // and say what was missed.
             if (err?.status !== 410 || cursor === '-1') throw err;
+            gapFrom = cursor;
             cursor = '-1';
             continue;
+          }
+          if (gapFrom !== null) {
+            // A message's offset is the position just before it; an empty page's next offset
+            // is the earliest position kept.
+            const to = page.messages.length ? page.messages[0].offset : page.nextOffset;
+            const count = seq(to) - seq(gapFrom);
+            if (count > 0) onGap({ count, from: gapFrom, to });
+            gapFrom = null;
           }
           cursor = page.nextOffset;
           if (failing) {
@@ -193,26 +304,37 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
     onClosed();
   }
 
-  const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
   async function longPoll(mine) {
     while (!mine.signal.aborted) {
+      const late = new AbortController();
+      let clock = null;
       try {
         await pull();
         if (mine.signal.aborted) return;
+        const started = performance.now();
+        clock = setTimeout(() => late.abort(), longPollMs);
         const res = await fetch(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=long-poll`, {
           headers: authHeaders(),
           cache: 'no-store',
-          signal: mine.signal,
+          signal: AbortSignal.any([mine.signal, late.signal]),
         });
         if (res.status === 401) onUnauthorized(new ApiError(401, null));
         if (!res.ok) throw new ApiError(res.status, (await res.json().catch(() => null))?.error);
         await res.arrayBuffer();
         if (res.headers.get('Stream-Closed') === 'true') return closed();
+        // Empty: the server waited its whole long-poll timeout (at least a second).
+        if (res.status === 204) longPollMs = Math.max(performance.now() - started, 1000) + LONG_POLL_MARGIN_MS;
       } catch (err) {
         if (mine.signal.aborted) return;
-        fail(err);
-        await pause(2000);
+        // Given up: the catch-up read at the top of the loop says whether the server answers.
+        if (late.signal.aborted) {
+          longPollMs = Math.min(longPollMs * 2, LONG_POLL_MAX_MS);
+          continue;
+        }
+        if (err?.status !== 401) fail(err);
+        await breather(err, mine.signal);
+      } finally {
+        clearTimeout(clock);
       }
     }
   }
@@ -221,8 +343,33 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
     if (mine.signal.aborted) return;
     const here = new EventSource(`${streamPath(name)}?offset=${encodeURIComponent(cursor)}&live=sse`);
     source = here;
-    here.addEventListener('data', () => pull().catch(fail));
+    // Quiet for a while: a catch-up read checks that the server still answers (see SSE_QUIET_MS).
+    const check = () => {
+      if (source !== here || mine.signal.aborted) return;
+      pull().then(
+        () => {
+          if (source === here) quiet = setTimeout(check, SSE_QUIET_MS);
+        },
+        (err) => {
+          if (source !== here || mine.signal.aborted) return;
+          here.close();
+          source = null;
+          fail(err);
+          breather(err, mine.signal).then(() => connect(mine));
+        },
+      );
+    };
+    const heard = () => {
+      clearTimeout(quiet);
+      quiet = setTimeout(check, SSE_QUIET_MS);
+    };
+    heard();
+    here.addEventListener('data', () => {
+      heard();
+      pull().catch(fail);
+    });
     here.addEventListener('control', (event) => {
+      heard();
       let control = null;
       try {
         control = JSON.parse(event.data);
@@ -236,7 +383,9 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
     // says only "error": the read before reconnecting finds out which, and reports it.
     here.addEventListener('error', () => {
       here.close();
-      if (!mine.signal.aborted && source === here) pause(1000).then(() => connect(mine));
+      if (source !== here) return;
+      clearTimeout(quiet);
+      if (!mine.signal.aborted) pause(1000).then(() => connect(mine));
     });
   }
 
@@ -248,8 +397,8 @@ export function follow(name, offset, onMessages, { onError = () => {}, onResumed
         return;
       } catch (err) {
         if (mine.signal.aborted) return;
-        fail(err);
-        await pause(2000);
+        if (err?.status !== 401) fail(err);
+        await breather(err, mine.signal);
       }
     }
   }

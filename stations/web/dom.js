@@ -107,6 +107,11 @@ const bidiMark = (c) => `\u27E8U+${c.codePointAt(0).toString(16).toUpperCase()}\
 /** `<pre>` holding a payload as text (never markup); `json`: the station stores JSON. A long
  * payload shows its first PAYLOAD_SHOWN characters and a button that shows the rest. */
 export function payload(item, json) {
+  return payloadView(item, json).element;
+}
+
+/** payload(), and the length of its text (what the element keeps alive, for "Show all"). */
+export function payloadView(item, json) {
   const pre = h('pre', { class: 'payload' });
   const text = payloadText(item, json).replace(BIDI, bidiMark);
   let more = null;
@@ -126,10 +131,11 @@ export function payload(item, json) {
   } else {
     pre.textContent = text;
   }
+  let element = more ? h('div', {}, pre, more) : pre;
   if (item.dataBase64 !== undefined && item.dataBase64 !== null) {
-    return h('div', {}, h('p', { class: 'hint' }, 'Binary payload, shown as base64:'), pre, more);
+    element = h('div', {}, h('p', { class: 'hint' }, 'Binary payload, shown as base64:'), pre, more);
   }
-  return more ? h('div', {}, pre, more) : pre;
+  return { element, length: text.length };
 }
 
 export function headersList(headers) {
@@ -144,6 +150,7 @@ export function headersList(headers) {
 
 /** A message shown for someone to read: error text, with a 403 explained. */
 export function errorText(err) {
+  if (err?.status === 401) return 'The server no longer accepts this tab’s token: sign in again, then try again.';
   if (err?.status === 403) return `Not allowed with this token: ${err.message}`;
   if (err?.status === 404) return err.message || 'Not found.';
   if (err instanceof TypeError) return 'The server cannot be reached.';
@@ -152,6 +159,12 @@ export function errorText(err) {
 
 export function alertBox(err) {
   return h('p', { class: 'alert', role: 'alert' }, errorText(err));
+}
+
+/** A refresh failed: why, and how old the figures still on screen are (`since`: a Date). */
+export function staleBox(err, since) {
+  const age = since ? ` What is shown is from ${since.toLocaleTimeString()}.` : '';
+  return h('p', { class: 'alert', role: 'alert' }, errorText(err), age);
 }
 
 let toastTimer = null;

@@ -2,7 +2,7 @@
 // queries), with their lag; shown under the consumer groups.
 
 import { api } from '../api.js';
-import { alertBox, h, num } from '../dom.js';
+import { alertBox, h, num, staleBox } from '../dom.js';
 
 export async function renderCursors(panel, ctx, name) {
   const body = h('tbody');
@@ -30,6 +30,7 @@ export async function renderCursors(panel, ctx, name) {
     'No reader cursors. A Spark streaming read with option("cursor", NAME) commits its progress here.',
   );
   const problem = h('div');
+  let updated = null; // when the rows were last refreshed
 
   async function refresh() {
     const { cursors } = await api.cursors(name, { signal: ctx.signal });
@@ -47,6 +48,7 @@ export async function renderCursors(panel, ctx, name) {
     );
     table.hidden = cursors.length === 0;
     empty.hidden = cursors.length > 0;
+    updated = new Date();
     problem.replaceChildren();
   }
 
@@ -59,7 +61,7 @@ export async function renderCursors(panel, ctx, name) {
   }
   ctx.every(2000, () =>
     refresh().catch((err) => {
-      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
     }),
   );
 }

@@ -49,6 +49,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     station.dls?.redrive ? '' : ' (set one under Settings to resend dead letters by themselves).',
   );
   const selection = h('p', { class: 'hint', 'aria-live': 'polite' });
+  // What the last replay or drop did, kept on screen (the toast goes after 5 s): above all
+  // why fewer entries were handled than were selected.
+  const outcome = h('p', { class: 'result', role: 'status', hidden: true });
   const problem = h('div');
   const body = h('tbody');
   const table = h(
@@ -162,11 +165,50 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   }
   const after = (ms) => (ms ? ` They fall due ${duration(ms)} after the replay.` : '');
 
+  /**
+   * Say what a replay or drop of `ids` did (`done` of them; the page already reloaded). The API
+   * answers a count only: of the others, those still listed stayed on purpose (a replay keeps
+   * an entry whose message retention removed: nothing is left to put back in the queue), and
+   * the rest had left the DLS already, handled by someone else (or their group was deleted).
+   */
+  function tell(text, ids, done, replaying) {
+    const still = new Set(entries.map((e) => String(e.id)));
+    const kept = replaying ? ids.filter((id) => still.has(String(id))).length : 0;
+    const elsewhere = ids.length - done - kept;
+    const parts = [text];
+    if (kept) {
+      parts.push(
+        `${plural(kept, 'entry stays', 'entries stay')} in the DLS: ${kept === 1 ? 'its message was' : 'their messages were'} ` +
+          'removed by retention, so there is nothing to put back in the queue (drop them, or read their copies here).',
+      );
+    }
+    if (elsewhere > 0) {
+      parts.push(
+        `${plural(elsewhere, 'of the selected entries was', 'of the selected entries were')} no longer in the DLS ` +
+          `(replayed, dropped or redriven elsewhere${replaying ? ', or their group was deleted' : ''}).`,
+      );
+    }
+    outcome.textContent = parts.join(' ');
+    outcome.hidden = false;
+    announce(outcome.textContent);
+  }
+
+  /** How many dead letters "Replay all" concerns now (the page shows at most 100), or null. */
+  async function total(group) {
+    try {
+      if (group) return (await api.groups(name, { signal: ctx.signal })).groups.find((g) => g.name === group)?.deadLettered ?? null;
+      return (await api.station(name, { signal: ctx.signal })).stats?.deadLettered ?? null;
+    } catch {
+      return null;
+    }
+  }
+
   async function guarded(fn) {
     try {
       await fn();
     } catch (err) {
-      if (err?.status === 401 || ctx.signal.aborted) return;
+      if (ctx.signal.aborted) return;
+      // A 401 too: the sign-in comes over the page, and this says the action is still to do.
       problem.replaceChildren(alertBox(err));
     }
   }
@@ -182,9 +224,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     if (!ok) return;
     await guarded(async () => {
       const { replayed } = await api.replay(name, delayMs ? { ids, delayMs } : { ids });
-      announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
       changed();
       await load();
+      tell(`Replayed ${plural(replayed, 'entry', 'entries')}.`, ids, replayed, true);
     });
   });
   drop.addEventListener('click', async () => {
@@ -198,26 +240,35 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     if (!ok) return;
     await guarded(async () => {
       const { dropped } = await api.drop(name, { ids });
-      announce(`Dropped ${plural(dropped, 'entry', 'entries')}.`);
       changed();
       await load();
+      tell(`Dropped ${plural(dropped, 'entry', 'entries')}.`, ids, dropped, false);
     });
   });
   replayAll.addEventListener('click', async () => {
     const group = groupSelect.value;
     const delayMs = replayDelay();
     if (delayMs === undefined) return;
+    const count = await total(group);
+    const every = count === null ? 'every dead letter' : `all ${plural(count, 'dead letter', 'dead letters')}`;
     const ok = await confirmAction({
-      title: group ? `Replay every dead letter of group ${group}?` : 'Replay every dead letter?',
+      title: group ? `Replay ${every} of group ${group}?` : `Replay ${every}?`,
       message: "All of them go back to their group's queue with a fresh delivery count." + after(delayMs),
     });
     if (!ok) return;
     await guarded(async () => {
       const selection = group ? { all: true, group } : { all: true };
       const { replayed } = await api.replay(name, delayMs ? { ...selection, delayMs } : selection);
-      announce(`Replayed ${plural(replayed, 'entry', 'entries')}.`);
       changed();
       await load();
+      // Left behind: entries whose messages retention removed (or dead letters newer than the replay).
+      const left = entries.length
+        ? ` ${next ? 'Some entries stay' : `${plural(entries.length, 'entry stays', 'entries stay')}`} in the DLS: ` +
+          'their messages were removed by retention (or they arrived since).'
+        : '';
+      outcome.textContent = `Replayed ${plural(replayed, 'entry', 'entries')}.${left}`;
+      outcome.hidden = false;
+      announce(outcome.textContent);
     });
   });
   selectAll.addEventListener('change', () => {
@@ -263,6 +314,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       replayAll,
       selection,
     ),
+    outcome,
     problem,
     table,
     empty,

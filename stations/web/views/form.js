@@ -414,7 +414,12 @@ export async function renderForm(container, ctx, station) {
         location.hash = stationHref(view.name);
       }
     } catch (err) {
-      if (err?.status === 401) return;
+      if (err?.status === 401) {
+        // The token was revoked: the sign-in comes over the page, and this form keeps its input.
+        const what = editing ? 'Not saved' : 'Not created';
+        summary.replaceChildren(alertBox(new Error(`${what}: ${errorText(err)}`)));
+        return;
+      }
       const id = err?.field && (FIELDS[err.field] || FIELDS[err.field.split('.')[0]]);
       if (id) {
         showErrors({ [id]: err.message });

@@ -3,7 +3,7 @@
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, duration, errorText, h, num } from '../dom.js';
+import { alertBox, announce, duration, errorText, h, num, staleBox } from '../dom.js';
 import { renderCursors } from './cursors.js';
 import { stationHref } from '../routes.js';
 
@@ -64,6 +64,7 @@ export async function renderGroups(panel, ctx, station) {
   // Rows keyed by group name and updated in place, as the station list does: a rebuilt row
   // would take keyboard focus (on its link or button) with it every refresh.
   const rows = new Map();
+  let updated = null; // when the rows were last refreshed
 
   function row(g) {
     const cells = {};
@@ -123,6 +124,7 @@ export async function renderGroups(panel, ctx, station) {
     table.hidden = groups.length === 0;
     empty.hidden = groups.length > 0;
     seek.setGroups(groups.map((g) => g.name));
+    updated = new Date();
     problem.replaceChildren();
   }
 
@@ -137,7 +139,7 @@ export async function renderGroups(panel, ctx, station) {
   // A failed refresh leaves the last figures on screen: say they are not current.
   ctx.every(2000, () =>
     refresh().catch((err) => {
-      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
     }),
   );
   await renderCursors(panel, ctx, name);

@@ -1,7 +1,7 @@
 // All stations with live stats, a search box and the way to create one.
 
 import { api } from '../api.js';
-import { alertBox, h, num } from '../dom.js';
+import { alertBox, h, num, staleBox } from '../dom.js';
 import { stationHref } from '../routes.js';
 
 const COLUMNS = [
@@ -40,6 +40,8 @@ export async function renderList(main, ctx) {
   const status = h('p', { class: 'hint', 'aria-live': 'polite' });
   const problem = h('div');
   const rows = new Map();
+  // When the figures on screen were last refreshed (said when a refresh fails).
+  let updated = null;
 
   function row(view) {
     const cells = {};
@@ -98,6 +100,7 @@ export async function renderList(main, ctx) {
     ordered.forEach((r, i) => {
       if (body.children[i] !== r.tr) body.insertBefore(r.tr, body.children[i] || null);
     });
+    updated = new Date();
     problem.replaceChildren();
     applyFilter();
   }
@@ -130,7 +133,7 @@ export async function renderList(main, ctx) {
   }
   ctx.every(2000, () =>
     refresh().catch((err) => {
-      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
     }),
   );
 }

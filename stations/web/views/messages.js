@@ -9,13 +9,18 @@ import {
   h,
   headersList,
   isJsonType,
-  payload,
+  num,
+  payloadView,
   setFieldError,
   when,
 } from '../dom.js';
 
 const PAGE = 50;
+// The live tail keeps its latest LIVE_KEEP messages and, of those, no more than LIVE_KEEP_CHARS
+// characters of payload: each item holds its whole payload (for "Show all"), and 500 messages
+// of 1 MB took 500 MB of the tab (8 MiB ones would crash it). The newest one always stays.
 const LIVE_KEEP = 500;
+const LIVE_KEEP_CHARS = 8 * 1024 * 1024;
 const OFFSET = /^\d{16}_\d{16}$/;
 
 /** "-1", an offset, or a message number (turned into the offset just before that message). */
@@ -42,8 +47,10 @@ function base64Utf8(text) {
   return btoa(binary);
 }
 
-export function messageItem(m, json) {
-  return h(
+/** A message as a list item, and the length of its payload text (`length`). */
+export function messageView(m, json) {
+  const shown = payloadView(m, json);
+  const li = h(
     'li',
     { class: 'msg' },
     h(
@@ -54,14 +61,25 @@ export function messageItem(m, json) {
       m.time ? h('time', { datetime: m.time }, when(m.time)) : null,
     ),
     headersList(m.headers),
-    payload(m, json),
+    shown.element,
   );
+  return { li, length: shown.length };
 }
+
+export const messageItem = (m, json) => messageView(m, json).li;
+
+const plural = (n, one, many) => `${num(n)} ${n === 1 ? one : many}`;
 
 export async function renderMessages(panel, ctx, station) {
   const name = station.name;
   const json = isJsonType(station.contentType);
-  const item = (m) => messageItem(m, json);
+  // Each item's payload length, for the live tail's bound (LIVE_KEEP_CHARS).
+  const lengths = new WeakMap();
+  const item = (m) => {
+    const { li, length } = messageView(m, json);
+    lengths.set(li, length);
+    return li;
+  };
 
   // Produce a test message.
   const msgId = h('input', { type: 'text', autocomplete: 'off', spellcheck: 'false', maxlength: '256' });
@@ -138,7 +156,12 @@ export async function renderMessages(panel, ctx, station) {
       );
       if (!live.checked && upToDate) await load(current, false);
     } catch (err) {
-      if (err?.status === 401) return;
+      if (err?.status === 401) {
+        // The token was revoked: the sign-in comes over the page, and the form keeps its input.
+        result.className = 'result error';
+        result.textContent = `Not stored: ${errorText(err)}`;
+        return;
+      }
       const where = {
         'messages.0.id': 'msgId',
         'messages.0.data': 'payload',
@@ -165,6 +188,8 @@ export async function renderMessages(panel, ctx, station) {
   const live = h('input', { type: 'checkbox', role: 'switch', id: 'live-tail' });
   const list = h('ol', { class: 'messages', 'aria-label': 'Messages' });
   const status = h('p', { class: 'hint', 'aria-live': 'polite' });
+  // Said once the live tail has let older messages go (LIVE_KEEP, LIVE_KEEP_CHARS).
+  const dropped = h('p', { class: 'hint', hidden: true });
   const problem = h('div');
   let current = '-1';
   let nextOffset = null;
@@ -201,6 +226,7 @@ export async function renderMessages(panel, ctx, station) {
     nextOffset = page.nextOffset;
     upToDate = page.upToDate;
     offsetInput.value = offset;
+    dropped.hidden = true;
     list.replaceChildren(...page.messages.map(item));
     status.textContent = page.messages.length
       ? `${page.messages.length === 1 ? '1 message' : `${page.messages.length} messages`} from offset ${offset}${upToDate ? ', up to the tail' : ''}.`
@@ -221,7 +247,18 @@ export async function renderMessages(panel, ctx, station) {
     if (mine !== generation || !live.checked || ctx.signal.aborted) return;
     if (!upToDate) list.replaceChildren();
     problem.replaceChildren();
+    dropped.hidden = true;
     status.textContent = 'Live: new messages appear below as they arrive.';
+    // What the list holds (the page it started from, when that reached the tail), and what the
+    // tail let go of: older messages past its bound, and messages retention removed unread.
+    let count = 0;
+    let chars = 0;
+    for (const li of list.children) {
+      count += 1;
+      chars += lengths.get(li) || 0;
+    }
+    let letGo = 0;
+    let removed = 0;
     // Following stopped by itself (closed, deleted): the switch goes off, paging comes back.
     const stopped = (text) => {
       if (mine !== generation) return;
@@ -232,18 +269,57 @@ export async function renderMessages(panel, ctx, station) {
       setPaging();
     };
     const shown = () => {
-      status.textContent = `Live: ${list.children.length} messages shown, newest last.`;
+      const lost = removed ? `; ${num(removed)} removed by retention before they were shown` : '';
+      status.textContent = `Live: ${plural(count, 'message', 'messages')} shown, newest last${lost}.`;
+    };
+    const bound = () => {
+      while (count > LIVE_KEEP || (chars > LIVE_KEEP_CHARS && count > 1)) {
+        const first = list.firstElementChild;
+        first.remove();
+        // A gap marker at the top goes with the messages around it.
+        if (!lengths.has(first)) continue;
+        count -= 1;
+        chars -= lengths.get(first);
+        letGo += 1;
+      }
+      if (!letGo) return;
+      dropped.hidden = false;
+      dropped.textContent =
+        `${plural(letGo, 'older message', 'older messages')} left this view: the live tail keeps the latest ` +
+        `${num(LIVE_KEEP)} messages and at most 8 MiB of payload. Turn it off to page through them.`;
     };
     stopFollow = follow(
       name,
       from,
       (messages) => {
-        list.append(...messages.map(item));
-        while (list.children.length > LIVE_KEEP) list.firstElementChild.remove();
+        for (const m of messages) {
+          const li = item(m);
+          list.append(li);
+          count += 1;
+          chars += lengths.get(li);
+        }
+        bound();
         shown();
       },
       {
         onResumed: () => mine === generation && shown(),
+        onGap: ({ count: n, from: after, to }) => {
+          if (mine !== generation) return;
+          removed += n;
+          list.append(
+            h(
+              'li',
+              { class: 'gap' },
+              `${plural(n, 'message was', 'messages were')} removed by retention before they were shown `,
+              '(after offset ',
+              h('code', {}, after),
+              ', up to ',
+              h('code', {}, to),
+              ').',
+            ),
+          );
+          shown();
+        },
         onError: (err, final) => {
           if (err?.status === 401 || mine !== generation) return;
           if (!final) {
@@ -319,6 +395,7 @@ export async function renderMessages(panel, ctx, station) {
         ),
         status,
         problem,
+        dropped,
         list,
       ),
       produceForm,

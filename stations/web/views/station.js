@@ -3,7 +3,7 @@
 import { api } from '../api.js';
 import { LiveChart, RateMeter, position } from '../charts.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, bytes, duration, errorText, h, num, when } from '../dom.js';
+import { alertBox, announce, bytes, duration, errorText, h, num, staleBox, when } from '../dom.js';
 import { renderForm } from './form.js';
 import { renderMessages } from './messages.js';
 import { renderGroups } from './groups.js';
@@ -147,6 +147,7 @@ function renderOverview(panel, ctx, station, marks) {
     );
   };
   fill(station);
+  let updated = new Date(); // when the figures were last refreshed
   const r = station.retention || {};
   const d = station.dls || {};
   const c = station.consumerDefaults || {};
@@ -230,12 +231,13 @@ function renderOverview(panel, ctx, station, marks) {
     ]);
     fill(s);
     sample(s, g.groups || []);
+    updated = new Date();
     problem.replaceChildren();
   };
   // A failed refresh leaves the last figures on screen: say they are not current.
   const refreshOrSay = () =>
     refresh().catch((err) => {
-      if (err?.status !== 401 && err?.status !== 404 && !ctx.signal.aborted) problem.replaceChildren(alertBox(err));
+      if (err?.status !== 401 && err?.status !== 404 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
     });
   refreshOrSay();
   ctx.every(2000, refreshOrSay);
