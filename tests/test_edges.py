@@ -193,3 +193,14 @@ def test_a_stream_read_is_sandboxed_whatever_its_media_type(http: httpx.Client, 
     console = http.get("/ui/")
     assert "default-src 'self'" in console.headers["Content-Security-Policy"]
     assert "sandbox" not in console.headers["Content-Security-Policy"]
+
+
+def test_the_openapi_document_is_served_as_yaml(http: httpx.Client) -> None:
+    """It went as application/octet-stream (Python's mimetypes knows no .yaml before 3.13):
+    a browser downloaded it, and tools that pick a parser by type did not take it."""
+    import yaml
+
+    r = http.get("/api/openapi.yaml")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "application/yaml; charset=utf-8"
+    assert yaml.safe_load(r.text)["openapi"].startswith("3.")

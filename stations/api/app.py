@@ -57,7 +57,11 @@ async def console_index(_request: web.Request) -> web.FileResponse:
 
 @needs("read")
 async def openapi(_request: web.Request) -> web.FileResponse:
-    return web.FileResponse(Path(__file__).with_name("openapi.yaml"))
+    # mimetypes knows no .yaml before Python 3.13: it went as application/octet-stream.
+    return web.FileResponse(
+        Path(__file__).with_name("openapi.yaml"),
+        headers={"Content-Type": "application/yaml; charset=utf-8"},
+    )
 
 
 class _ReadCollector:
