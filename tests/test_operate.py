@@ -313,6 +313,13 @@ def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
     assert proc.returncode == 6
     line = assert_one_line_error(proc)
     assert line == f"stations: error: cannot reach {nobody} (Connection refused)"
+    # A password in the URL is not echoed (it was, whole, in every error).
+    secret = nobody.replace("http://", "http://ops:hunter2-secret@")
+    proc = run_cli(["station", "ls", "--url", secret], tmp_path)
+    line = assert_one_line_error(proc)
+    assert "hunter2-secret" not in proc.stdout + proc.stderr
+    shown = nobody.replace("http://", "http://ops:***@")
+    assert line == f"stations: error: cannot reach {shown} (Connection refused)"
 
 
 @pytest.mark.parametrize("status", [404, 502])

@@ -20,6 +20,7 @@ from stations.commands.base import (
     message_count,
     payload_fields,
     payload_text,
+    shown_url,
 )
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class _Outage:
         self._reached = True
         if self._since is not None:
             lost = round(time.monotonic() - self._since)
-            _say(f"reconnected to {self.url} after {lost}s")
+            _say(f"reconnected to {shown_url(self.url)} after {lost}s")
             self._since = None
             self._backoff.reset()
 
