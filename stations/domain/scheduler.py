@@ -104,6 +104,10 @@ class LeaseTimer:
         try:
             self.arm(await self.service.write(groups.expire_all, since, alone=True))
             self._failures.succeeded()
+        except asyncio.CancelledError:
+            # Stopping: the tick ends with the scheduler (it was an ERROR and a traceback when
+            # a stop found it waiting for the writer).
+            return
         except Exception as exc:
             self._failures.failed(exc, traceback=not isinstance(exc, Unavailable))
             # Nothing was settled: the next tick looks back this far again, so the fetchers
