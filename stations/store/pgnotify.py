@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stations.repeats import Repeats
+from stations.repeats import Repeats, first_line
 from stations.store import db
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class Listener:
                 await self._task
 
     async def _run(self) -> None:
+        up = False  # whether the connection that just ended had worked
         while True:
             import psycopg
 
@@ -73,6 +74,7 @@ class Listener:
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._failures.succeeded()
+                    up = True
                     # Commits made while no LISTEN ran were never announced: wake everyone.
                     self._on_connect()
                     self._ready.set()
@@ -91,8 +93,20 @@ class Listener:
                 raise
             except Exception as exc:
                 # Waiters still wake on this process's own commits and on their timeouts.
-                self._failures.failed(exc, traceback=not db.unavailable(exc))
                 self._ready.set()
+                if up:
+                    # A connection that worked ended (an operator's pg_terminate_backend, a
+                    # restart, a failover): one line, and a new one at once. Only a reconnect
+                    # that fails is an outage (an ERROR, then a line a minute): every single
+                    # drop was an ERROR and a "works again" line.
+                    up = False
+                    logger.warning(
+                        "LISTEN connection lost (%s); reconnecting, everyone waiting is woken "
+                        "when it is back",
+                        first_line(exc),
+                    )
+                    continue
+                self._failures.failed(exc, traceback=not db.unavailable(exc))
                 await asyncio.sleep(1)
 
 
