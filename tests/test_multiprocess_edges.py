@@ -285,7 +285,7 @@ def test_readers_and_fetchers_recover_when_the_listen_connection_is_killed(
         waiters = [threading.Thread(target=poll, args=(offset(0),)), threading.Thread(target=fetch)]
         for t in waiters:
             t.start()
-        time.sleep(0.5)
+        time.sleep(1.0)  # both LISTEN connections have worked a while (see pgnotify.STEADY_S)
         with psycopg.connect(pg_url, autocommit=True) as conn:
             killed = conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

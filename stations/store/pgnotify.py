@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ CHANNEL = "stations"
 # tail. So after this long the listener asks the database for an answer on that connection...
 HEARTBEAT_S = 3.0
 ANSWER_S = 5.0  # ...and replaces the connection when none comes this fast.
+STEADY_S = 1.0  # a LISTEN connection lost after this long is reconnected at once (see _run)
 CONNECT_S = 10  # libpq's connect_timeout: a reconnect into the same silence gives up too
 APPLICATION_NAME = "stations listen"  # tells operators (and tests) which connection this is
 logger = logging.getLogger("stations.store.pgnotify")
@@ -61,7 +63,7 @@ class Listener:
                 await self._task
 
     async def _run(self) -> None:
-        up = False  # whether the connection that just ended had worked
+        up: float | None = None  # when the connection that just ended began to work
         while True:
             import psycopg
 
@@ -74,7 +76,7 @@ class Listener:
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._failures.succeeded()
-                    up = True
+                    up = time.monotonic()
                     # Commits made while no LISTEN ran were never announced: wake everyone.
                     self._on_connect()
                     self._ready.set()
@@ -94,12 +96,13 @@ class Listener:
             except Exception as exc:
                 # Waiters still wake on this process's own commits and on their timeouts.
                 self._ready.set()
-                if up:
+                worked, up = up, None
+                if worked is not None and time.monotonic() - worked >= STEADY_S:
                     # A connection that worked ended (an operator's pg_terminate_backend, a
                     # restart, a failover): one line, and a new one at once. Only a reconnect
-                    # that fails is an outage (an ERROR, then a line a minute): every single
-                    # drop was an ERROR and a "works again" line.
-                    up = False
+                    # that fails (or a connection ended as soon as made) is an outage: an
+                    # ERROR, then a line a minute. Every single drop was an ERROR and a
+                    # "works again" line.
                     logger.warning(
                         "LISTEN connection lost (%s); reconnecting, everyone waiting is woken "
                         "when it is back",
