@@ -430,6 +430,13 @@ def test_produce_failing_midway_says_what_was_stored(srv: Server, http: httpx.Cl
     assert listed[0] == ["OFFSET", "ID", "DUPLICATE"] and len(listed) == stored + 1
 
 
+def _environment(srv: Server) -> dict[str, str]:
+    """This process's environment for a CLI run of its own, pointed at ``srv``."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    return environment
+
+
 @pytest.mark.parametrize("output", [[], ["--json"]], ids=["table", "json"])
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(
     srv: Server, http: httpx.Client, output: list[str]
@@ -440,8 +447,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(
     ok(cli(srv, "station", "create", "cli-pipe"))
     body = {"messages": [{"data": i} for i in range(5000)]}
     assert http.post("/api/stations/cli-pipe/messages", json=body).status_code == 200
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    environment = _environment(srv)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stations", "read", "cli-pipe", *output],
         env=environment,
@@ -463,8 +469,7 @@ def test_output_that_cannot_be_written_is_one_line_and_its_own_code(
     ok(cli(srv, "station", "create", "cli-full"))
     body = {"messages": [{"data": i} for i in range(3000)]}
     assert http.post("/api/stations/cli-full/messages", json=body).status_code == 200
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    environment = _environment(srv)
     with open("/dev/full", "wb") as full:
         proc = subprocess.run(
             [sys.executable, "-m", "stations", "read", "cli-full"],
@@ -481,11 +486,9 @@ def test_output_that_cannot_be_written_is_one_line_and_its_own_code(
 
 
 def _producer(srv: Server, station: str) -> subprocess.Popen[bytes]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
     return subprocess.Popen(
         [sys.executable, "-m", "stations", "produce", station],
-        env=environment,
+        env=_environment(srv),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
