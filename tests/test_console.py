@@ -332,7 +332,8 @@ def test_replay_and_drop_from_the_dls_tab(console: Console, api: Api) -> None:
     expect(rows).to_have_count(1)
 
     page.get_by_role("button", name="Replay all").click()
-    expect(dialog).to_contain_text("Replay every dead letter?")
+    # It says how many (the table shows 100 at most).
+    expect(dialog).to_contain_text("Replay all 1 dead letter?")
     dialog.get_by_role("button", name="Confirm").click()
     expect(page.get_by_text("The dead-letter store is empty.")).to_be_visible()
     assert api.call("GET", "/api/stations/payments/dls")["entries"] == []

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, duration, h, isJsonType, num, parseDuration, payload, when } from '../dom.js';
+import { alertBox, duration, h, isJsonType, num, parseDuration, payload, when } from '../dom.js';
 
 const REASONS = {
   max_deliveries: 'Max deliveries reached',
@@ -188,9 +188,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
           `(replayed, dropped or redriven elsewhere${replaying ? ', or their group was deleted' : ''}).`,
       );
     }
+    // A status region: read out as it changes, no toast needed.
     outcome.textContent = parts.join(' ');
     outcome.hidden = false;
-    announce(outcome.textContent);
   }
 
   /** How many dead letters "Replay all" concerns now (the page shows at most 100), or null. */
@@ -268,7 +268,6 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
         : '';
       outcome.textContent = `Replayed ${plural(replayed, 'entry', 'entries')}.${left}`;
       outcome.hidden = false;
-      announce(outcome.textContent);
     });
   });
   selectAll.addEventListener('change', () => {
