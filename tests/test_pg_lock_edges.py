@@ -592,3 +592,24 @@ def test_a_lock_held_elsewhere_ends_in_503s_and_readiness_says_writes_stall(
             assert (await client.get("/readyz")).status == 200
 
     asyncio.run(run())
+
+
+def test_a_start_waits_for_another_processs_migration_beyond_the_lock_timeout(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    """The lock timeout is for serving: a process that starts while another migrates (it holds
+    the migrations' advisory lock) waits for it however long it takes, as before."""
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 300)
+    engine = db.make_engine(pg_url, writer=True)
+    holder = psycopg.connect(pg_url)
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(4437)")  # "another process migrates"
+        release = threading.Timer(1.5, holder.rollback)
+        release.start()
+        started = time.monotonic()
+        db.upgrade(engine)
+        assert time.monotonic() - started >= 1.0  # it waited, and did not fail at 0.3 s
+        release.join()
+    finally:
+        holder.close()
+        engine.dispose()

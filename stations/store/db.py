@@ -523,6 +523,10 @@ def _migrate(engine: Engine) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
     with engine.begin() as conn:
+        if _postgresql(conn):
+            # A process starting while another migrates waits for it however long it takes
+            # (LOCK_TIMEOUT_MS is for serving; this start would fail and be restarted).
+            conn.exec_driver_sql("SET LOCAL lock_timeout = 0")
         before = MigrationContext.configure(conn).get_current_revision()
         script = ScriptDirectory.from_config(cfg)
         if before is not None and before not in {r.revision for r in script.walk_revisions()}:
