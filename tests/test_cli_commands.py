@@ -548,6 +548,26 @@ def test_one_ctrl_c_ends_produce_and_says_what_was_stored(srv: Server, http: htt
     assert len(table(proc.stdout.read().decode())) == 601  # the header and every message
 
 
+def test_the_token_can_come_from_a_file(srv: Server, tmp_path: Path) -> None:
+    """The token could be given only on the command line, which every local user sees (ps),
+    or in the environment."""
+    secret = tmp_path / "token"
+    secret.write_text(ADMIN + "\n")
+    listed = cli(None, "station", "ls", "--url", srv.url, "--token-file", str(secret), "--json")
+    assert isinstance(json.loads(ok(listed)), list)
+    # The file wins over $STATIONS_TOKEN; --token and --token-file together are refused.
+    wrong = {"STATIONS_TOKEN": "not-the-token-0123"}
+    args = ("station", "ls", "--url", srv.url, "--token-file", str(secret))
+    ok(cli(None, *args, env=wrong))
+    failed(cli(None, *args, "--token", ADMIN), 2, "not allowed with argument")
+    missing = str(tmp_path / "nothing")
+    failed(
+        cli(None, "station", "ls", "--url", srv.url, "--token-file", missing),
+        2,
+        f"--token-file {missing}: No such file or directory",
+    )
+
+
 def test_list_is_ls(srv: Server, http: httpx.Client) -> None:
     """``stations --help`` says "station: list, show, ..." and ``nats`` takes both words, but
     ``stations station list`` was "invalid choice: 'list'"."""

@@ -858,6 +858,8 @@ def test_pipeline_errors_name_the_flag_and_the_token_with_the_cli_exit_codes(
         # was 2, "usage error", so a job retried on 6 never retried an outage.
         missing = ["export", "--station", "nosuch", "--to", str(tmp_path / "out2")]
         missing += ["--url", server.url, "--token", admin]
+        scoped_file = tmp_path / "scoped-token"
+        scoped_file.write_text(scoped + "\n")
         closed = socket.socket()  # bound, never listening: connections are refused
         closed.bind(("127.0.0.1", 0))
         nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
@@ -867,6 +869,8 @@ def test_pipeline_errors_name_the_flag_and_the_token_with_the_cli_exit_codes(
             (export, f"station orders at {server.url}: a valid bearer token is required", 5),
             ([*export, "--token", scoped], "does not cover that station (the --token given)", 5),
             (missing, f"station nosuch does not exist at {server.url}", 3),
+            ([*export, "--token-file", str(scoped_file)], "does not cover that station", 5),
+            ([*export, "--token-file", str(tmp_path / "none")], "--token-file", 2),
             ([*export[:-1], nobody], f"cannot reach {nobody}", 6),
         ):
             assert pipeline.main(args) == code, args

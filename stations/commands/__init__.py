@@ -41,10 +41,18 @@ def common_options() -> argparse.ArgumentParser:
         default=os.environ.get("STATIONS_URL", DEFAULT_URL),
         help="the Stations server (default: $STATIONS_URL or %(default)s)",
     )
-    common.add_argument(
+    token = common.add_mutually_exclusive_group()
+    token.add_argument(
         "--token",
         default=os.environ.get("STATIONS_TOKEN"),
-        help="bearer token, when the server runs with --tokens (default: $STATIONS_TOKEN)",
+        help="bearer token, when the server runs with --tokens (default: $STATIONS_TOKEN); "
+        "on a shared host prefer --token-file or the variable: other users see a command line",
+    )
+    token.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="read the bearer token from the first line of this file (it wins over "
+        "$STATIONS_TOKEN)",
     )
     common.add_argument(
         "--json",
@@ -70,11 +78,28 @@ def is_management(args: argparse.Namespace) -> bool:
     return getattr(args, "handler", None) is not None
 
 
+def token_of(args: argparse.Namespace) -> str | None:
+    """The token ``--token-file`` names, else ``--token`` (or ``$STATIONS_TOKEN``); raises
+    ``ValueError`` naming the option."""
+    path = getattr(args, "token_file", None)
+    if path is None:
+        return args.token  # type: ignore[no-any-return]
+    try:
+        with open(path, encoding="utf-8") as file:
+            token = file.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"token-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not token:
+        raise ValueError(f"token-file {path}: its first line is empty")
+    return token
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a management command; every failure is one ``stations: error: ...`` line."""
     from stations.client.core import check_server
 
     try:
+        args.token = token_of(args)
         check_server(args.url, args.token, args.timeout)
     except ValueError as exc:
         print(f"stations: error: --{exc}", file=sys.stderr)

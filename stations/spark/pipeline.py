@@ -36,6 +36,7 @@ from stations.client.errors import (
     StationsError,
     Unauthorized,
 )
+from stations.commands import token_of
 from stations.commands.base import EXIT_NOT_FOUND
 from stations.spark.launch import PipelineError, failure, run_spark, spark_session
 from stations.spark.progress import progress
@@ -69,7 +70,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             default=os.environ.get("STATIONS_URL", DEFAULT_URL),
             help="Stations server (default: $STATIONS_URL or %(default)s)",
         )
-        q.add_argument("--token", default=os.environ.get("STATIONS_TOKEN"), help="bearer token")
+        token = q.add_mutually_exclusive_group()
+        token.add_argument("--token", default=os.environ.get("STATIONS_TOKEN"), help="bearer token")
+        token.add_argument(
+            "--token-file",
+            metavar="PATH",
+            help="read the bearer token from the first line of this file",
+        )
         q.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
         q.add_argument(
             "--conf",
@@ -175,6 +182,10 @@ def run(
     """Run the job in ``args``; with ``spark`` given, use that session and leave it running."""
     out = out or sys.stdout
     try:
+        try:
+            args.token = token_of(args)
+        except ValueError as exc:
+            raise PipelineError(f"--{exc}") from None
         preflight(args)
         with _session(args, spark) as session:
             summary = _ingest(session, args) if args.job == "ingest" else _export(session, args)
