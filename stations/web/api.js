@@ -3,7 +3,9 @@
 const TOKEN_KEY = 'stations.token';
 
 export const token = {
-  // sessionStorage only: the token lives as long as this tab, never on disk for other tabs.
+  // sessionStorage only: the token lives as long as this tab and no other tab reads it. The
+  // browser may still write it to its profile on disk (to restore the session): Sign out
+  // clears it.
   get: () => sessionStorage.getItem(TOKEN_KEY),
   set: (value) => sessionStorage.setItem(TOKEN_KEY, value),
   clear: () => sessionStorage.removeItem(TOKEN_KEY),
