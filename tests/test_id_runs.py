@@ -301,6 +301,48 @@ def test_a_run_keeps_the_newest_copy_of_an_id_stored_twice(tmp_path: Path) -> No
         engine.dispose()
 
 
+def test_a_move_rolled_back_leaves_its_ids_hot_and_its_filters_unaccounted(
+    tmp_path: Path,
+) -> None:
+    """A run's filters and RAM copy are built before the commit (after it, on the event loop,
+    they held the loop and the writer up for tens of milliseconds per run); a transaction
+    that rolls back after the move leaves the ids hot, the run unpublished, and the filters'
+    budget as it was."""
+    from stations.store import db
+    from stations.store.writer import Batch
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
+    try:
+        db.upgrade(engine)
+        runs = idruns.IdRuns(spill_at=4, chunk=4)
+        station = runs._stations.setdefault(1, idruns.StationRuns())
+        runs._add_block(station, idruns.Block(1, 100, ["a", "b", "c", "d"], [1, 2, 3, 4]))
+        budget = runs._filter_bytes
+        conn = engine.connect()
+        transaction = conn.begin()
+        batch = Batch(conn, 300)
+        runs._move(batch, 1)
+        assert runs._filter_bytes > budget  # built already, published after the commit
+        transaction.rollback()
+        batch.undo_since(0)  # what the writer does when a transaction does not commit
+        conn.close()
+        assert runs._filter_bytes == budget
+        assert station.hot_ids == {"a": 1, "b": 2, "c": 3, "d": 4} and not station.runs
+        # Moved again and committed, the run is published with its filters.
+        with engine.begin() as conn:
+            batch = Batch(conn, 300)
+            runs._move(batch, 1)
+        for hook in batch.after_commit:
+            hook()
+        assert not station.hot_ids and len(station.runs) == 1 and len(station.run_filters) == 1
+        assert [e.ids for e in station.epochs] == [4]
+        with engine.connect() as conn:
+            found = runs.lookup(Batch(conn, 300), _state(1), ["a", "d", "e"])
+        assert found == {"a": (1, 100), "d": (4, 100)}
+    finally:
+        engine.dispose()
+
+
 def test_the_newest_runs_answer_from_ram(tmp_path: Path) -> None:
     """A station's newest runs stay in RAM as written (``WARM_RUNS``): a lookup of an id in one
     reads no database row, older runs are read, and ``cool`` (before a shrinking window
