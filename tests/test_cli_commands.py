@@ -548,6 +548,32 @@ def test_one_ctrl_c_ends_produce_and_says_what_was_stored(srv: Server, http: htt
     assert len(table(proc.stdout.read().decode())) == 601  # the header and every message
 
 
+def test_a_stdin_that_fails_to_read_is_no_end_of_input(srv: Server, http: httpx.Client) -> None:
+    """A read of stdin that failed (EIO, or EAGAIN on a non-blocking pipe) ended the input as
+    if it were its end: what came before was stored, the rest never read, and the command
+    exited 0 after a traceback."""
+    ok(cli(srv, "station", "create", "cli-eagain"))
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)  # the read after the lines written fails with EAGAIN
+    os.write(write_end, b'{"n": 1}\n{"n": 2}\n{"n": 3}\n')
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stations", "produce", "cli-eagain"],
+            env=_environment(srv),
+            stdin=read_end,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    stored = _stored(http, "cli-eagain", 3, 5)
+    line = failed(proc, 1 if stored else 2, "reading stdin failed")
+    if stored:
+        assert f"the first {stored} messages were stored" in line
+
+
 def test_the_token_can_come_from_a_file(srv: Server, tmp_path: Path) -> None:
     """The token could be given only on the command line, which every local user sees (ps),
     or in the environment."""

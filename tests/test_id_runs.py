@@ -275,6 +275,45 @@ def test_a_failed_move_keeps_ids_and_appends(
     asyncio.run(scenario())
 
 
+def test_a_move_that_fails_after_its_work_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move that failed after it had queued its after-commit work (publish the run, drop
+    the blocks it came from) was rolled back in the database only: the hooks still ran, RAM
+    held a run the database did not, the ids left the hot set, and once the run left RAM
+    they were found nowhere: a retry was stored again."""
+    from stations.domain.service import Service
+
+    real_move = idruns.IdRuns._move
+
+    def fails_late(self: idruns.IdRuns, batch: Any, stream_id: int) -> None:
+        real_move(self, batch, stream_id)
+        raise RuntimeError("disk on fire, after the work")
+
+    monkeypatch.setattr(idruns.IdRuns, "_move", fails_late)
+
+    async def scenario() -> None:
+        service = Service(f"sqlite:///{tmp_path / 's.db'}", id_cache_size=1, recent_ids=10)
+        await service.start()
+        try:
+            await service.create_station({"name": "late"})
+            bodies = [
+                {"messages": [{"id": f"m{k}", "data": k} for k in range(start, start + 5)]}
+                for start in range(0, 50, 5)
+            ]
+            for body in bodies:
+                await service.produce("late", body)
+            for runs in service.ids.runs._stations.values():  # what a restart would leave
+                assert not runs.runs and not runs.warm
+            for body in bodies:
+                again, _ = await service.produce("late", body)
+                assert all(duplicate for _, duplicate in again.results)
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_run_keeps_the_newest_copy_of_an_id_stored_twice(tmp_path: Path) -> None:
     """An id stored again after it expired is in two blocks; the run they move into holds
     its newer copy only."""

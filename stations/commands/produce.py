@@ -146,15 +146,22 @@ class _StdinLines:
         self._loop = asyncio.get_running_loop()
         self._lines: queue.Queue[tuple[int, str | bytes] | None] = queue.Queue(bound)
         self._ready = asyncio.Event()
-        self.read = 0  # messages taken from stdin so far (for an interruption's report)
+        self.failed: OSError | None = None  # why reading stdin stopped before its end
         threading.Thread(target=self._run, args=(fd,), daemon=True).start()
 
     def _run(self, fd: int) -> None:
         try:
             for item in _payloads(_read_lines(fd)):
                 self._put(item)
+        except OSError as exc:  # EIO, a non-blocking stdin's EAGAIN: not its end
+            self.failed = exc
         finally:
             self._put(None)
+
+    @property
+    def waiting(self) -> int:
+        """Messages read from stdin and not yet taken for a request."""
+        return sum(1 for item in list(self._lines.queue) if item is not None)
 
     def _put(self, item: tuple[int, str | bytes] | None) -> None:
         self._lines.put(item)  # waits while the requests are behind
@@ -172,15 +179,16 @@ class _StdinLines:
                 except queue.Empty:
                     break
                 if item is None:
-                    self.read += len(chunk)
                     if chunk:
                         yield chunk
+                    if self.failed is not None:
+                        # What came before was sent; the rest is not known: not the end.
+                        raise Usage(f"reading stdin failed: {self.failed}")
                     return
                 chunk.append(item)
             if not self._lines.empty():
                 self._ready.set()  # more than ``size`` had come
             if chunk:
-                self.read += len(chunk)
                 yield chunk
 
 
@@ -287,10 +295,9 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         )
         if batch:
             stored += f"; whether the next {len(batch)} were is not known"
-        read = stdin.read if stdin is not None else len(rows) + len(batch)
-        unsent = read - len(rows) - len(batch)
+        unsent = stdin.waiting if stdin is not None else 0
         if unsent > 0:
-            stored += f"; {unsent} more read were not sent"
+            stored += f"; {unsent} more lines read were not sent"
         print(f"stations: interrupted: {stored}", file=sys.stderr)
         raise
     except (Usage, StationsError) as exc:

@@ -384,11 +384,16 @@ class IdRuns:
         if station is None or station.hot < self.spill_at or not station.blocks:
             return
         # In a savepoint: should moving fail, the ids stay where they are and the batch's
-        # appends still commit.
+        # appends still commit. What the move queued for after the commit (publishing a run
+        # the database no longer holds, dropping the blocks it came from) and did in RAM goes
+        # with it: else the ids were in neither place once the run left RAM.
+        hooks, undone = len(batch.after_commit), len(batch.undo)
         try:
             with batch.conn.begin_nested():
                 self._move(batch, stream_id)
         except Exception:
+            del batch.after_commit[hooks:]
+            batch.undo_since(undone)
             log.exception("moving message ids into a run failed; they stay in id_blocks")
 
     def _move(self, batch: Batch, stream_id: int) -> None:
