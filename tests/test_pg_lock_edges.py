@@ -613,3 +613,43 @@ def test_a_start_waits_for_another_processs_migration_beyond_the_lock_timeout(
     finally:
         holder.close()
         engine.dispose()
+
+
+def test_a_lock_held_elsewhere_fails_only_the_ops_it_holds_up(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    """A lock timeout failed the whole batch: an append to another station, batched with the
+    op that waited, was answered 503 too (the review: "free#2: 503 after 4.0 s"). The batch's
+    ops now run alone, each waiting only briefly for a lock: only the ops the lock holds up
+    fail."""
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 3000)
+
+    async def run() -> None:
+        engine = db.make_engine(pg_url, writer=True)
+        db.upgrade(engine)
+        engine.dispose()
+        holder = await psycopg.AsyncConnection.connect(pg_url)
+        try:
+            await holder.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+            async with _writer(pg_url) as writer:
+
+                def held_up(batch: Batch) -> Any:
+                    return batch.conn.exec_driver_sql("SELECT count(*) FROM deliveries").scalar()
+
+                def free(batch: Batch) -> Any:
+                    return batch.conn.exec_driver_sql("SELECT count(*) FROM streams").scalar()
+
+                started = time.monotonic()
+                answers = await asyncio.gather(
+                    writer.enqueue(held_up), writer.enqueue(free), return_exceptions=True
+                )
+                waited = time.monotonic() - started
+        finally:
+            await holder.rollback()
+            await holder.close()
+        assert db.lock_timed_out(answers[0]), answers[0]  # type: ignore[arg-type]
+        assert answers[1] == 0
+        # One lock timeout, then brief waits: not a lock timeout per op held up.
+        assert waited < 5, f"{waited:.1f} s"
+
+    asyncio.run(run())

@@ -740,6 +740,23 @@ def rows_changed(conn: Connection | None) -> int | None:
     return int(conn.connection.dbapi_connection.total_changes)  # type: ignore[union-attr]
 
 
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL's lock_timeout (55P03): a lock another session holds."""
+    return getattr(getattr(exc, "orig", exc), "sqlstate", None) == "55P03"
+
+
+# What each op of a batch that a lock timeout failed waits for a lock when it runs alone: the
+# batch waited LOCK_TIMEOUT_MS already; this pass only tells the ops the lock holds up (503)
+# from the others (answered), not another LOCK_TIMEOUT_MS each.
+SORTING_LOCK_TIMEOUT_MS = 100
+
+
+def wait_briefly_for_locks(conn: Connection) -> None:
+    """This transaction waits at most SORTING_LOCK_TIMEOUT_MS for a lock (PostgreSQL)."""
+    if _postgresql(conn):
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(SORTING_LOCK_TIMEOUT_MS)}")
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means the database (or the disk under it) failed, so that the request
     was not decided and may be retried, rather than a bug or bad input. Statements run through

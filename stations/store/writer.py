@@ -602,7 +602,10 @@ class Writer:
             failure = caught.__cause__ or caught if isinstance(caught, LostBeforeCommit) else caught
             if isinstance(failure, OutcomeUnknown):
                 raise  # each op may be done: none may run again
-            if len(ops) == 1 or (db.unavailable(failure) and not transient(failure)):
+            timed_out = db.lock_timed_out(failure)
+            if len(ops) == 1 or (
+                db.unavailable(failure) and not transient(failure) and not timed_out
+            ):
                 # The database or its disk is away (or a connection could not be made): each
                 # op alone would wait for the same, a connect timeout each, for nothing. (A
                 # deadlock is the database's too, but one op by one op is its cure.)
@@ -612,13 +615,24 @@ class Writer:
             if transient(failure):  # a deadlock with another process: no fault of the code's
                 state = getattr(getattr(failure, "orig", failure), "sqlstate", None)
                 log.info("batch of %d aborted by the database (%s); one by one", len(ops), state)
+            elif timed_out:
+                log.warning(
+                    "a lock another session holds stopped a batch of %d (%s); one by one",
+                    len(ops),
+                    first_line(failure),
+                )
             else:
                 log.warning("batch of %d failed; retrying one by one", len(ops), exc_info=True)
             outcomes: list[tuple[bool, Any]] = []
             changed: set[str] = set()
+            # A lock another session holds (PostgreSQL's lock_timeout) failed the whole batch:
+            # each op alone, waiting only briefly, so that those the lock does not hold up (an
+            # append to another station) are answered and only the others get 503.
             for op in ops:
                 try:
-                    (outcome,), ch, hooks = self._transaction_again_if_aborted([op], strict)
+                    (outcome,), ch, hooks = self._transaction_again_if_aborted(
+                        [op], strict, brief_lock_waits=timed_out
+                    )
                 except Exception as exc:
                     outcome = (False, exc)
                     ch, hooks = set(), []
@@ -631,11 +645,11 @@ class Writer:
             return outcomes, changed, []
 
     def _transaction_again_if_aborted(
-        self, ops: list[Op], strict: bool
+        self, ops: list[Op], strict: bool, *, brief_lock_waits: bool = False
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         for attempt in range(1, TRANSIENT_TRIES + 1):
             try:
-                return self._transaction(ops, strict)
+                return self._transaction(ops, strict, brief_lock_waits=brief_lock_waits)
             except LostBeforeCommit as lost:
                 if attempt > 1:  # a connection made just now, lost again: the database is away
                     raise lost.__cause__ or lost from None
@@ -650,7 +664,12 @@ class Writer:
         raise AssertionError("unreachable")
 
     def _transaction(
-        self, ops: list[Op], strict: bool = True, locks: list[str] | None = None
+        self,
+        ops: list[Op],
+        strict: bool = True,
+        locks: list[str] | None = None,
+        *,
+        brief_lock_waits: bool = False,
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
@@ -660,6 +679,8 @@ class Writer:
         backend = self.backend_pid  # the server process of this connection (PostgreSQL)
         try:
             with conn.begin() if strict else db.relaxed_transaction(conn):
+                if brief_lock_waits:
+                    db.wait_briefly_for_locks(conn)
                 if locks and len(ops) > 1 and batch.row_locks:
                     # Each op locks its stations in name order, but a batch ran its ops in the
                     # order they came: two processes' batches took the same stations in
