@@ -320,6 +320,11 @@ def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
     assert "hunter2-secret" not in proc.stdout + proc.stderr
     shown = nobody.replace("http://", "http://ops:***@")
     assert line == f"stations: error: cannot reach {shown} (Connection refused)"
+    proc = run_cli(
+        ["station", "ls", "--url", "http://ops:hunter2-secret@127.0.0.1:99999"], tmp_path
+    )
+    line = assert_one_line_error(proc, "is not a valid URL", "http://ops:***@127.0.0.1:99999")
+    assert "hunter2-secret" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("status", [404, 502])

@@ -694,6 +694,39 @@ def test_a_streaming_write_to_a_missing_station_fails_when_it_starts(
     assert "no-such-station" in str(failed.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("StationsError", 6),  # a proxy's 502 page: no status of ours, as the commands say
+        ("ConnectionFailed", 6),
+        ("GroupNotFound", 3),
+        ("Gone", 3),
+        ("SequenceGap", 4),
+        ("Unauthorized", 5),
+        ("BadRequest", 1),
+    ],
+)
+def test_a_failed_spark_task_exits_with_the_commands_code_for_its_error(
+    name: str, code: int
+) -> None:
+    """The pipeline's exit codes for an SDK error in a Spark task came from a hand-written
+    table that missed most classes (a proxy's 502 exited 2, "usage error", where the
+    management commands say 6)."""
+    from stations.spark.launch import PipelineError, run_spark
+
+    text = (
+        "pyspark.errors.exceptions.captured.PythonException:\nTraceback (most recent call "
+        f"last):\n  ...\nstations.client.errors.{name}: GET /api/stations/o: HTTP 502\n"
+    )
+
+    def job() -> None:
+        raise RuntimeError(text)
+
+    with pytest.raises(PipelineError) as failed:
+        run_spark(job, "http://127.0.0.1:4437")
+    assert failed.value.code == code
+
+
 def test_spark_failures_become_one_line_with_the_fix() -> None:
     from stations.spark.launch import one_line
 

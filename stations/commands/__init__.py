@@ -24,6 +24,7 @@ from stations.commands.base import (
     Usage,
     describe_error,
     exit_code,
+    shown_url,
 )
 
 if TYPE_CHECKING:
@@ -102,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
         args.token = token_of(args)
         check_server(args.url, args.token, args.timeout)
     except ValueError as exc:
-        print(f"stations: error: --{exc}", file=sys.stderr)
-        return exit_code(Usage(str(exc)))
+        said = str(exc).replace(args.url, shown_url(args.url))
+        print(f"stations: error: --{said}", file=sys.stderr)
+        return exit_code(Usage(said))
     try:
         return asyncio.run(_run(args))
     except (Usage, Refused) as exc:

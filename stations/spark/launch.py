@@ -20,10 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from stations.commands.base import (
-    EXIT_AUTH,
-    EXIT_CONFLICT,
-    EXIT_NOT_FOUND,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     exit_code,
 )
@@ -49,18 +45,15 @@ def failure(message: str, exc: BaseException) -> PipelineError:
     return PipelineError(message, exit_code(exc))
 
 
-# The SDK errors a Spark task's traceback may end with, by the exit code they mean.
-_CODE_OF_SDK_ERROR = {
-    "ConnectionFailed": EXIT_UNAVAILABLE,
-    "ServerError": EXIT_UNAVAILABLE,
-    "RateLimited": EXIT_UNAVAILABLE,
-    "Unauthorized": EXIT_AUTH,
-    "Forbidden": EXIT_AUTH,
-    "StationNotFound": EXIT_NOT_FOUND,
-    "NotFound": EXIT_NOT_FOUND,
-    "Conflict": EXIT_CONFLICT,
-    "StreamClosed": EXIT_CONFLICT,
-}
+def _code_of(name: str) -> int:
+    """The exit code of the SDK error a Spark task's traceback ended with, by its class name:
+    the management commands' code for that class (its status says it)."""
+    from stations.client import errors
+
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.StationsError)):
+        return EXIT_USAGE
+    return exit_code(cls.__new__(cls))  # the class's status, as an answer would carry it
 
 
 def parse_confs(items: list[str]) -> dict[str, str]:
@@ -183,6 +176,6 @@ def run_spark(job: Callable[[], T], url: str) -> T:
         line = one_line(text, url)
         if line is not None:
             errors = _SDK_ERROR.findall(text)
-            code = _CODE_OF_SDK_ERROR.get(errors[-1][0], EXIT_USAGE) if errors else EXIT_USAGE
+            code = _code_of(errors[-1][0]) if errors else EXIT_USAGE
             raise PipelineError(line, code) from None
         raise
