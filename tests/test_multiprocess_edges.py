@@ -311,6 +311,14 @@ def test_readers_and_fetchers_recover_when_the_listen_connection_is_killed(
         waiter.join(30)
         assert answers["poll"].json() == ["y"]
         assert time.monotonic() - began < 2
+        # Ended again a second later: counted, not another line (at most one a minute).
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'stations listen'"
+            ).fetchall()
+        assert killed == [(True,), (True,)]
+        time.sleep(1.0)
     # One line for a dropped connection replaced at once: it was an ERROR (an outage's
     # words) and a "works again" line for every such drop.
     for server in (a, b):
