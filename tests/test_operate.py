@@ -325,6 +325,10 @@ def test_the_cli_says_why_a_server_cannot_be_reached(tmp_path: Path) -> None:
     )
     line = assert_one_line_error(proc, "is not a valid URL", "http://ops:***@127.0.0.1:99999")
     assert "hunter2-secret" not in proc.stdout + proc.stderr
+    # A URL too broken to parse is shown without its password too (CI caught a traceback).
+    proc = run_cli(["station", "ls", "--url", "http://ops:hunter2-secret@[::1"], tmp_path)
+    assert_one_line_error(proc, "is not a valid URL", "http://ops:***@[::1")
+    assert proc.returncode == 2 and "hunter2-secret" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("status", [404, 502])

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         args.token = token_of(args)
         check_server(args.url, args.token, args.timeout)
     except ValueError as exc:
-        said = str(exc).replace(args.url, shown_url(args.url))
+        said = shown_url(str(exc))
         print(f"stations: error: --{said}", file=sys.stderr)
         return exit_code(Usage(said))
     try:

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the server refused the request (bad input, 400/413/...)
@@ -111,23 +110,20 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def shown_url(url: str) -> str:
-    """``url`` as the CLI prints it: a password (``http://user:secret@host``) is not shown."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+# The password of a URL's user information (``//user:secret@``): by pattern, so that a URL
+# too broken to parse (``http://u:secret@[::1``) is shown without it too.
+_PASSWORD = re.compile(r"//([^/@:\s]*):[^/@\s]*@")
+
+
+def shown_url(text: str) -> str:
+    """``text`` (a URL, or a message holding some) as the CLI prints it: a password
+    (``http://user:secret@host``) is not shown."""
+    return _PASSWORD.sub(r"//\1:***@", text)
 
 
 def describe_error(exc: BaseException, url: str) -> str:
     """An SDK error in one line for stderr, without the password a URL may hold."""
-    text = _describe_error(exc, url)
-    shown = shown_url(url)
-    if shown == url:
-        return text
-    secret = urlsplit(url).netloc.rsplit("@", 1)[0]
-    return text.replace(url, shown).replace(f"{secret}@", f"{urlsplit(shown).username}:***@")
+    return shown_url(_describe_error(exc, url))
 
 
 def _describe_error(exc: BaseException, url: str) -> str:
