@@ -255,16 +255,21 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
 
 
-def _require_driver(url: str | None) -> None:
-    """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line.
-    A database the store cannot use is named before anything is created. An empty one is
-    refused: it meant the default, a SQLite file in the working directory, so a deployment
-    whose ``$STATIONS_DB_URL`` came out empty acknowledged writes into the wrong database."""
+def _refuse_empty_db(url: str | None) -> None:
+    """An empty ``--db`` (or ``$STATIONS_DB_URL``) is refused: it meant the default, a SQLite
+    file in the working directory, so a deployment whose variable came out empty acknowledged
+    writes into the wrong database."""
     if url is not None and not url.strip():
         _fail(
             "--db (or $STATIONS_DB_URL) is empty: give a database URL, or leave both out "
             "for the default sqlite:///stations-data/stations.db"
         )
+
+
+def _require_driver(url: str | None) -> None:
+    """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line.
+    A database the store cannot use is named before anything is created."""
+    _refuse_empty_db(url)
     if not url:
         return
     from stations.store.db import why_not_servable
@@ -625,8 +630,7 @@ def backup_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 def backup(args: argparse.Namespace) -> None:
     from stations.store import db
 
-    if args.db is not None and not args.db.strip():
-        _fail("--db (or $STATIONS_DB_URL) is empty: give the database's URL")
+    _refuse_empty_db(args.db)
     url = args.db or db.default_url()
     try:
         size = db.backup(url, args.dest)

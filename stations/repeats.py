@@ -15,8 +15,16 @@ EVERY_S = 60.0
 
 
 class Repeats:
-    def __init__(self, logger: logging.Logger, what: str, every_s: float = EVERY_S) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        every_s: float = EVERY_S,
+        *,
+        level: int = logging.ERROR,
+    ) -> None:
         self._logger = logger
+        self._level = level  # of the first line of a run of failures
         self._what = what
         self._every_s = every_s
         self._since: float | None = None  # when the current run of failures began
@@ -31,7 +39,8 @@ class Repeats:
         self._last = first_line(exc)
         if self._since is None:
             self._since, self._told, self._count = now, now, 0
-            self._logger.error(
+            self._logger.log(
+                self._level,
                 "%s failed: %s: %s",
                 self._what,
                 type(exc).__name__,

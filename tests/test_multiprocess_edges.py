@@ -324,7 +324,7 @@ def test_readers_and_fetchers_recover_when_the_listen_connection_is_killed(
     for server in (a, b):
         lines = [line for line in server.log().splitlines() if "LISTEN" in line]
         assert len(lines) == 1 and "WARNING" in lines[0], lines
-        assert "LISTEN connection lost (" in lines[0]
+        assert "LISTEN connection (ended; reconnecting at once) failed: " in lines[0]
 
 
 def test_a_process_lets_go_of_the_ids_it_cached_for_a_station_another_deleted(

@@ -116,14 +116,13 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         # The reader of stdout left (`| head`): end quietly, as tools killed by SIGPIPE do.
         # (Network errors reach here wrapped by the SDK, never as a bare BrokenPipeError.)
-        # Python's own flush of stdout at exit would fail again, so it gets /dev/null.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return EXIT_STDOUT_CLOSED
     except OSError as exc:
         # Writing stdout failed otherwise (a full disk: `> out.jsonl`); the SDK wraps its own
         # network errors, so a bare OSError here is the output's. It was a traceback, exit 1.
         print(f"stations: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return EXIT_OUTPUT_FAILED
     except Exception as exc:  # a StationsError from the SDK: its status says the exit code
         from stations.client import StationsError
@@ -132,6 +131,12 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"stations: error: {describe_error(exc, args.url)}", file=sys.stderr)
         return exit_code(exc)
+
+
+def _stdout_to_devnull() -> None:
+    """Python's own flush of stdout at exit would fail again (and print a traceback): it
+    gets /dev/null."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -130,7 +130,7 @@ class Database:
         alone: bool = False,
     ) -> T:
         """Run ``op(batch)`` in the writer's next transaction; answered after the commit.
-        ``locks``, ``alone``: the stations whose rows it locks (see ``Writer.enqueue``)."""
+        ``locks``, ``alone``: how it locks stations (see ``Writer.enqueue``)."""
         result: T = await self.writer.submit(
             op, sort_key, relaxed, small=small, locks=locks, alone=alone
         )

@@ -281,7 +281,12 @@ def _create_private(path: str) -> None:
     SQLite database); one that exists keeps its mode. What fails here fails again, and is told
     better, where the file is opened."""
     with contextlib.suppress(OSError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        _new_private_file(path)
+
+
+def _new_private_file(path: str) -> None:
+    """Create ``path`` empty with mode 0600; raises ``FileExistsError`` if it exists."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _sqlite_engine(url: str, *, durability: str, writer: bool) -> Engine:
@@ -359,7 +364,7 @@ def backup(url: str, dest: str) -> int:
         raise ValueError("only an embedded (SQLite) database is copied this way")
     if not os.path.isfile(path):
         raise FileNotFoundError(errno.ENOENT, "no database file", path)
-    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    _new_private_file(dest)
     try:
         source = sqlite3.connect(path, timeout=30)
         try:
@@ -523,10 +528,9 @@ def _migrate(engine: Engine) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
     with engine.begin() as conn:
-        if _postgresql(conn):
-            # A process starting while another migrates waits for it however long it takes
-            # (LOCK_TIMEOUT_MS is for serving; this start would fail and be restarted).
-            conn.exec_driver_sql("SET LOCAL lock_timeout = 0")
+        # A process starting while another migrates waits for it however long it takes
+        # (LOCK_TIMEOUT_MS is for serving; this start would fail and be restarted).
+        _wait_for_locks_at_most(conn, 0)
         before = MigrationContext.configure(conn).get_current_revision()
         script = ScriptDirectory.from_config(cfg)
         if before is not None and before not in {r.revision for r in script.walk_revisions()}:
@@ -753,8 +757,14 @@ SORTING_LOCK_TIMEOUT_MS = 100
 
 def wait_briefly_for_locks(conn: Connection) -> None:
     """This transaction waits at most SORTING_LOCK_TIMEOUT_MS for a lock (PostgreSQL)."""
+    _wait_for_locks_at_most(conn, SORTING_LOCK_TIMEOUT_MS)
+
+
+def _wait_for_locks_at_most(conn: Connection, ms: int) -> None:
+    """This transaction's lock_timeout on PostgreSQL (0: no limit); SQLite's single writer
+    waits for no row lock."""
     if _postgresql(conn):
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(SORTING_LOCK_TIMEOUT_MS)}")
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(ms)}")
 
 
 def unavailable(exc: BaseException) -> bool:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stations.repeats import EVERY_S, Repeats, first_line
+from stations.repeats import Repeats
 from stations.store import db
 
 if TYPE_CHECKING:
@@ -51,8 +51,12 @@ class Listener:
         self._ready = asyncio.Event()
         # Lost and reconnecting every second while the database is away: logged once.
         self._failures = Repeats(logger, "LISTEN connection (reconnecting)")
-        self._drop_told: float | None = None  # when a lost connection was last logged
-        self._drops = 0  # lost connections since then, not logged
+        # A connection that worked and was ended, replaced at once: a line, then at most one a
+        # minute with a count (a server that ends connections every few seconds, an
+        # idle_session_timeout say). Never "works again": it is no outage.
+        self._drops = Repeats(
+            logger, "LISTEN connection (ended; reconnecting at once)", level=logging.WARNING
+        )
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -63,22 +67,6 @@ class Listener:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-    def _dropped(self, exc: Exception) -> None:
-        """A line per lost connection, at most one a minute (a server that ends connections
-        every few seconds, an ``idle_session_timeout`` say, gets a count)."""
-        now = time.monotonic()
-        if self._drop_told is not None and now - self._drop_told < EVERY_S:
-            self._drops += 1
-            return
-        more = f" ({self._drops} more since the last such line)" if self._drops else ""
-        logger.warning(
-            "LISTEN connection lost (%s)%s; reconnecting, everyone waiting is woken when it "
-            "is back",
-            first_line(exc),
-            more,
-        )
-        self._drop_told, self._drops = now, 0
 
     async def _run(self) -> None:
         up: float | None = None  # when the connection that just ended began to work
@@ -121,7 +109,7 @@ class Listener:
                     # that fails (or a connection ended as soon as made) is an outage: an
                     # ERROR, then a line a minute. Every single drop was an ERROR and a
                     # "works again" line.
-                    self._dropped(exc)
+                    self._drops.failed(exc, traceback=False)
                     continue
                 self._failures.failed(exc, traceback=not db.unavailable(exc))
                 await asyncio.sleep(1)
