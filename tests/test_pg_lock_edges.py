@@ -653,3 +653,36 @@ def test_a_lock_held_elsewhere_fails_only_the_ops_it_holds_up(
         assert waited < 5, f"{waited:.1f} s"
 
     asyncio.run(run())
+
+
+def test_every_housekeeping_job_asks_for_a_transaction_of_its_own(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    """The jobs that find the stations they lock as they run (retention, the id sweep, stream
+    expiry, lease expiry) each ask the writer to run them alone: batched with requests, they
+    deadlocked with another process's batches (see the test above for what ``alone`` does)."""
+
+    async def run() -> None:
+        svc = Service(pg_url)
+        await svc.start()
+        try:
+            asked: list[bool] = []
+            enqueue = svc.db.writer.enqueue
+
+            def recording(*args: Any, alone: bool = False, **kwargs: Any) -> Any:
+                asked.append(alone)
+                return enqueue(*args, alone=alone, **kwargs)
+
+            monkeypatch.setattr(svc.db.writer, "enqueue", recording)
+            jobs = svc.scheduler
+            for job in (jobs.sweep_ids, jobs.expire_streams, jobs.enforce_retention):
+                asked.clear()
+                await job()
+                assert asked and all(asked), (job.__name__, asked)
+            asked.clear()
+            await svc.leases.tick()
+            assert asked == [True]
+        finally:
+            await svc.close()
+
+    asyncio.run(run())
