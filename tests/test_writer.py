@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,58 @@ def test_a_write_handed_over_while_the_writer_stops_is_refused(tmp_path: Path) -
             engine.dispose()
 
     asyncio.run(run())
+
+
+def _notice_then_next(tmp_path: Path, hook_kind: str) -> bool:
+    """Whether the writer ran a second op while the event loop, blocked, had not yet run the
+    first op's after-commit hook (of ``hook_kind``: a Notice, or a plain RAM hook)."""
+    from stations.store.writer import Notice
+
+    first_running, release = threading.Event(), threading.Event()
+    second_ran = threading.Event()
+
+    def first(batch: Any) -> str:
+        first_running.set()
+        release.wait(10)
+        hook = (lambda: None) if hook_kind == "ram" else Notice(lambda: None)
+        batch.after_commit.append(hook)
+        return "first"
+
+    def second(batch: Any) -> str:
+        second_ran.set()
+        return "second"
+
+    async def run() -> bool:
+        engine = db.make_engine(f"sqlite:///{tmp_path / 'w.db'}", writer=True)
+        writer = Writer(engine, lambda changed: None, fsync=True)
+        writer.start()
+        try:
+            one = asyncio.ensure_future(writer.submit(first))
+            await asyncio.sleep(0)  # handed over: the thread runs it
+            assert await asyncio.to_thread(first_running.wait, 10)
+            two = asyncio.ensure_future(writer.submit(second))
+            await asyncio.sleep(0.05)  # handed over while the first op still runs
+            release.set()
+            # The event loop is blocked here: the first batch's hook cannot run meanwhile.
+            ran = second_ran.wait(3)
+            assert await asyncio.wait_for(one, 10) == "first"
+            assert await asyncio.wait_for(two, 10) == "second"
+            return ran
+        finally:
+            await writer.stop()
+            engine.dispose()
+
+    return asyncio.run(run())
+
+
+def test_the_next_transaction_does_not_wait_for_a_notice_hook(tmp_path: Path) -> None:
+    """A count or a timer after a commit (``Notice``) does not hold the writer: it waited for
+    the event loop to run every append's count before it took the next batch, idle a third
+    of its time under single appends."""
+    assert _notice_then_next(tmp_path, "notice")
+
+
+def test_the_next_transaction_waits_for_a_ram_hook(tmp_path: Path) -> None:
+    """A hook that puts in RAM what the next transaction must see (ids just stored) is run
+    before that transaction starts."""
+    assert not _notice_then_next(tmp_path, "ram")

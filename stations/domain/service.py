@@ -46,7 +46,7 @@ from stations.store.clock import now_ms
 from stations.store.database import Database
 from stations.store.db import Tx
 from stations.store.idruns import SPILL_AT, IdRuns
-from stations.store.writer import Batch
+from stations.store.writer import Batch, Notice
 
 logger = logging.getLogger("stations")
 T = TypeVar("T")
@@ -55,11 +55,13 @@ T = TypeVar("T")
 def _then(fn: Callable[..., T], then: Callable[[T], None]) -> Callable[..., T]:
     """``fn`` as a writer op that has ``then(result)`` run after its transaction commits: the
     writer runs it, on the event loop, whether or not anyone still awaits the op (aiohttp
-    cancels the handler of a client that left, and what follows its ``await`` never runs)."""
+    cancels the handler of a client that left, and what follows its ``await`` never runs).
+    Every ``then`` is a count or a timer armed: a ``Notice``, which the next transaction does
+    not wait for."""
 
     def op(batch: Batch, *args: Any, **kwargs: Any) -> T:
         result = fn(batch, *args, **kwargs)
-        batch.after_commit.append(lambda: then(result))
+        batch.after_commit.append(Notice(lambda: then(result)))
         return result
 
     return op

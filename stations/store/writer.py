@@ -68,6 +68,26 @@ def transient(exc: BaseException) -> bool:
     return getattr(getattr(exc, "orig", exc), "sqlstate", None) in TRANSIENT_SQLSTATES
 
 
+class Notice:
+    """An after-commit hook that nothing the next transaction reads depends on (a count, a
+    timer armed, an answer): the writer starts that transaction without waiting for the event
+    loop to have run it. Other hooks put in RAM what the next transaction must see (the ids
+    just stored), and it waits for them. Waiting for every append's count kept the writer
+    idle while the event loop read the next requests."""
+
+    __slots__ = ("hook",)
+
+    def __init__(self, hook: Callable[[], None]) -> None:
+        self.hook = hook
+
+    def __call__(self) -> None:
+        self.hook()
+
+
+def _must_wait_for(hooks: list[Callable[[], None]]) -> bool:
+    return not all(isinstance(h, Notice) for h in hooks)
+
+
 @dataclass
 class Batch:
     """The unit of work of one transaction: loaded state plus the rows to write at commit."""
@@ -497,8 +517,12 @@ class Writer:
                 self._running_since = None
             seconds = time.perf_counter() - started
             # Hooks put in memory what the next transaction must see (the ids just stored):
-            # it waits until the event loop has run them.
-            settled = threading.Event() if isinstance(outcome, tuple) and outcome[2] else None
+            # it waits until the event loop has run them (not for a ``Notice``).
+            settled = (
+                threading.Event()
+                if isinstance(outcome, tuple) and _must_wait_for(outcome[2])
+                else None
+            )
             try:
                 loop.call_soon_threadsafe(
                     self._settle, batch, len(taken), outcome, seconds, settled
