@@ -118,6 +118,7 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("consume", "POST", "/api/stations/{s}/groups/g/fetch", {"max": 1}),
     ("consume", "POST", "/api/stations/{s}/groups/g/ack", {"offsets": [OFFSET0]}),
     ("consume", "POST", "/api/stations/{s}/groups/g/nack", {"offsets": [OFFSET0]}),
+    ("consume", "POST", "/api/stations/{s}/groups/g/extend", {"offsets": [OFFSET0]}),
     ("consume", "POST", "/api/stations/{s}/groups/g/dead-letter", {"offsets": [OFFSET0]}),
     ("consume", "GET", "/api/stations/{s}/groups", None),
     ("consume", "GET", "/api/stations/{s}/dls", None),

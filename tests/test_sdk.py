@@ -947,3 +947,36 @@ async def test_a_nack_whose_answer_was_lost_is_not_sent_again(client: Client) ->
         assert len(sent) == len(nacks) + 1
     (group,) = await station.groups()
     assert group.pending == 1 and group.in_flight == 0  # the nack took: it waits again
+
+
+async def test_a_message_whose_work_takes_long_extends_its_lease(client: Client) -> None:
+    """``Message.extend()`` keeps a message past ``max_ack_time_ms`` (it was delivered again to
+    another consumer meanwhile, so processed twice); its ``ack_deadline`` moves, a transaction
+    settles it by the new one, and an expired lease is not extended."""
+    name = unique("extend")
+    await client.create_station(name)
+    station = client.station(name)
+    await station.produce_many([{"n": 1}, {"n": 2}, {"n": 3}])
+    async with (
+        station.consumer("g", consumer="a", batch_size=3, max_ack_time_ms=500) as a,
+        station.consumer("g", consumer="b", batch_size=3, max_ack_time_ms=500) as b,
+    ):
+        first, second, third = [await anext(a) for _ in range(3)]
+        before = first.ack_deadline
+        assert await first.extend(3000)
+        assert await a.extend([second], 1500) == 1
+        assert first.ack_deadline is not None and before is not None
+        assert first.ack_deadline > before
+        # The unextended third expires and goes to b; the first does not.
+        again = await asyncio.wait_for(anext(b), 10)
+        assert (again.offset, again.delivery_count) == (third.offset, 2)
+        assert not await third.extend()  # a's lease of it expired
+        async with a.transaction() as tx:  # by the lease's new deadline
+            tx.ack(first)
+        await again.ack(wait=True)
+        # The second's extended lease runs out: it goes to b.
+        late = await asyncio.wait_for(anext(b), 10)
+        assert (late.offset, late.delivery_count) == (second.offset, 2)
+        await late.ack(wait=True)
+    (group,) = await station.groups()
+    assert (group.pending, group.in_flight) == (0, 0)

@@ -19,6 +19,7 @@ from stations.api.stations import (
 from stations.domain import dls, messages, text
 from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
 from stations.domain.offsets import encode
+from stations.domain.station import MAX_ACK_MS, MIN_ACK_MS
 from stations.errors import BadRequest
 
 MAX_WAIT_MS = 300_000
@@ -132,6 +133,23 @@ async def ack(request: web.Request) -> web.Response:
 
 
 @needs("consume")
+async def extend(request: web.Request) -> web.Response:
+    body, seqs = await _settle(request, {"leaseMs", "consumer"})
+    lease_ms = None
+    if "leaseMs" in body:
+        lease_ms = _body_int(body, "leaseMs", 0, MIN_ACK_MS, MAX_ACK_MS)
+    consumer = body.get("consumer")
+    if consumer is not None:
+        text.check(consumer, "consumer", text.NAME)
+    n, deadline, unknown = await service(request).extend(
+        station_name(request), _group(request), seqs, lease_ms, consumer
+    )
+    return web.json_response(
+        {"extended": n, "ackDeadline": messages.iso(deadline), "unknown": unknown}
+    )
+
+
+@needs("consume")
 async def nack(request: web.Request) -> web.Response:
     body, seqs = await _settle(request, {"delayMs"})
     delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
@@ -200,6 +218,7 @@ def routes() -> list[web.RouteDef]:
         web.delete(group, delete_group),
         web.post(group + "/fetch", fetch),
         web.post(group + "/ack", ack),
+        web.post(group + "/extend", extend),
         web.post(group + "/nack", nack),
         web.post(group + "/dead-letter", dead_letter),
         web.post(group + "/seek", seek),

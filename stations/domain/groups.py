@@ -379,6 +379,30 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
     return len(settled), [encode(s - 1) for s in seqs if s not in settled]
 
 
+def extend(
+    batch: Batch,
+    station: str,
+    name: str,
+    seqs: list[int],
+    lease_ms: int | None,
+    consumer: str | None,
+) -> tuple[int, int, list[str]]:
+    """A consumer still working on messages keeps their leases: each held lease (not expired;
+    ``consumer``'s if given) runs until ``lease_ms`` (default the group's ``maxAckTimeMs``)
+    from now: one deadline, exactly the one answered, which a transaction naming the lease
+    must give. An expired lease is not taken back: its message may be on its way to another
+    consumer. Returns (how many, the new deadline, unknown offsets)."""
+    state = in_use(batch.stream(station), station, batch)
+    group = _load(batch, state, name, lock=True)
+    deadline = batch.now + (lease_ms if lease_ms is not None else group.max_ack_time_ms)
+    # Above every deadline a seek revoked, as a fetch's (see ``seek``).
+    deadline = max(deadline, group.lease_floor + 1)
+    extended = set(store.extend(batch.conn, group.id, seqs, deadline, batch.now, consumer))
+    head = dropped_through(batch.conn, state)
+    extended = {seq for seq in extended if seq > head}  # retention dropped the rest: unknown
+    return len(extended), deadline, [encode(s - 1) for s in seqs if s not in extended]
+
+
 def nack(
     batch: Batch, station: str, name: str, seqs: list[int], delay_ms: int
 ) -> tuple[int, list[str]]:

@@ -782,6 +782,27 @@ class Service:
             groups.ack, station, group, seqs, small=len(seqs) <= SMALL_ACK, locks=(station,)
         )
 
+    async def extend(
+        self, station: str, group: str, seqs: list[int], lease_ms: int | None, consumer: str | None
+    ) -> tuple[int, int, list[str]]:
+        # A deadline moved sooner (a leaseMs shorter than what was left) needs the lease
+        # timer then; one moved later finds the timer early, and it arms itself for the next.
+        def arm(out: tuple[int, int, list[str]]) -> None:
+            if out[0]:
+                self.leases.arm(out[1])
+
+        return await self.write(
+            groups.extend,
+            station,
+            group,
+            seqs,
+            lease_ms,
+            consumer,
+            small=len(seqs) <= SMALL_ACK,
+            then=arm,
+            locks=(station,),
+        )
+
     async def nack(
         self, station: str, group: str, seqs: list[int], delay_ms: int
     ) -> tuple[int, list[str]]:

@@ -305,6 +305,38 @@ def settle(conn: Connection, group_id: int, seqs: list[int]) -> list[int]:
     return settled + [int(r[0]) for r in rows]
 
 
+def extend(
+    conn: Connection,
+    group_id: int,
+    seqs: list[int],
+    deadline: int,
+    now: int,
+    consumer: str | None,
+) -> list[int]:
+    """Leases at ``seqs`` that are held (not past their deadline, by ``consumer`` if given)
+    run until ``deadline``; returns the positions extended.
+    An extended position leaves its lease range for a ``deliveries`` row, as a nack's does."""
+    if not seqs:
+        return []
+    _insert_leases(conn, group_id, _cut(conn, group_id, seqs))
+    m = db.mark(conn)
+    by_consumer = f" AND consumer = {m}" if consumer is not None else ""
+    rows = sql.query(
+        conn,
+        f"UPDATE deliveries SET due = {m} "
+        f"WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')} AND consumer IS NOT NULL "
+        f"AND delivery_count > 0 AND due > {m}{by_consumer} RETURNING seq",
+        (
+            deadline,
+            group_id,
+            db.int_list(conn, sorted(set(seqs))),
+            now,
+            *([consumer] if consumer is not None else []),
+        ),
+    )
+    return [int(r[0]) for r in rows]
+
+
 def open_deliveries(conn: Connection, group_id: int, seqs: list[int]) -> dict[int, int]:
     """Delivered and not yet settled (leased, or its lease expired): seq → delivery count.
     The positions asked for leave their lease ranges for ``deliveries`` rows, which a nack,
