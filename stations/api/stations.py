@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -13,6 +14,7 @@ from stations.api import keys
 from stations.api.auth import needs, require_station
 from stations.api.limits import LIMITS
 from stations.domain import messages
+from stations.domain.catalog import Page
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
 from stations.domain.station import validate_name
 from stations.errors import BadRequest
@@ -103,16 +105,44 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
     return int(raw)
 
 
+MAX_PAGE = 1000
+
+
+def _page(request: web.Request, shown: Callable[[str], bool] | None) -> Page | None:
+    """The page a list asks for (``limit``, ``after``, ``prefix``, ``contains``), or None for
+    the whole list as the contract has it. A console at 10,000 stations downloaded 4.5 MB
+    every two seconds to show a hundred rows."""
+    asked = {key: query_once(request, key) for key in ("limit", "after", "prefix", "contains")}
+    if all(value is None for value in asked.values()):
+        return None
+    return Page(
+        limit=_int_param(request, "limit", 100, 1, MAX_PAGE),
+        after=asked["after"],
+        prefix=asked["prefix"] or "",
+        contains=asked["contains"] or "",
+        shown=shown or (lambda name: True),
+    )
+
+
 @needs("read")
 async def list_stations(request: web.Request) -> web.Response:
-    views = await service(request).stations()
     token = request.get("token")
-    if token is not None:  # a token limited to some stations lists only those
-        views = [v for v in views if token.covers(v["name"])]
+    page = _page(request, token.covers if token is not None else None)
+    answer: dict[str, Any]
+    if page is None:
+        views = await service(request).stations()
+        if token is not None:  # a token limited to some stations lists only those
+            views = [v for v in views if token.covers(v["name"])]
+        answer = {"stations": views}
+    else:
+        views = await service(request).stations(page)
+        more = len(views) > page.limit
+        views = views[: page.limit]
+        answer = {"stations": views, "next": views[-1]["name"] if more else None}
     try:  # orjson: the standard library's encoder took most of the time at 10,000 stations
-        body = orjson.dumps({"stations": views})
+        body = orjson.dumps(answer)
     except TypeError:  # an integer beyond 64 bits, which a config of an old version may hold
-        body = json.dumps({"stations": views}).encode()
+        body = json.dumps(answer).encode()
     return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 

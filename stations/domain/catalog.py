@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stations.domain import idwindow
@@ -73,17 +74,44 @@ def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> Stream
     return state
 
 
-def views(tx: Tx, now: int, name: str | None = None) -> list[dict[str, Any]]:
-    """StationViews: the config plus live stats, for one station or all."""
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Which stations a list shows: those ``shown`` (a scoped token's), by name, after
+    ``after``, holding ``contains`` and starting with ``prefix``, at most ``limit``."""
+
+    limit: int
+    after: str | None = None
+    prefix: str = ""
+    contains: str = ""
+    shown: Callable[[str], bool] = lambda name: True
+
+
+def views(
+    tx: Tx, now: int, name: str | None = None, page: Page | None = None
+) -> list[dict[str, Any]]:
+    """StationViews: the config plus live stats, for one station, all, or a ``page`` of them
+    in name order (one more than its limit: the caller tells whether a next page exists)."""
     if name is not None:
         states = [live_stream(rows.load(tx, name), name, now)]
     else:
         states = [s for s in rows.every(tx) if not s.deleted and not s.expired(now)]
+    if page is not None:
+        states = sorted(
+            (
+                s
+                for s in states
+                if (page.after is None or s.name > page.after)
+                and s.name.startswith(page.prefix)
+                and page.contains in s.name
+                and page.shown(s.name)
+            ),
+            key=lambda s: s.name,
+        )[: page.limit + 1]
     if not states:
         return []
     ids = [s.id for s in states]
     # Each figure for all stations at once: a fixed number of statements, not some per station.
-    in_window = idwindow.counts(tx, now, states[0].id if name is not None else None)
+    in_window = idwindow.counts(tx, now, states[0].id if len(states) == 1 else None)
     extra: dict[int, dict[str, int]] = {}
     for provider in stats_providers:
         for sid, values in provider(tx, ids).items():

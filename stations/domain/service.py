@@ -507,8 +507,9 @@ class Service:
     async def station(self, name: str) -> dict[str, Any]:
         return await self.read_db(catalog.view_of, now_ms(), name)
 
-    async def stations(self) -> list[dict[str, Any]]:
-        return await self.read_db(catalog.views, now_ms())
+    async def stations(self, page: catalog.Page | None = None) -> list[dict[str, Any]]:
+        """Every station's view, or a ``page`` of them (one more than its limit)."""
+        return await self.read_db(catalog.views, now_ms(), None, page)
 
     async def produce(
         self, name: str, body: Any, max_messages: int = messages.MAX_BATCH
