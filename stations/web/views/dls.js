@@ -1,10 +1,11 @@
 // The dead-letter store of a station: entries with reason, deliveries, redrives and error; the
 // station's redrive policy; replay (optionally after a delay) or drop the selected ones, or
-// replay them all, each after an in-page confirmation.
+// replay them all, each after an in-page confirmation. It follows the store on a poll: the count
+// (one small request) every DLS_POLL_MS, the entries again only when the count moved.
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, duration, h, isJsonType, num, parseDuration, payload, when } from '../dom.js';
+import { alertBox, duration, h, isJsonType, num, parseDuration, payload, staleBox, when } from '../dom.js';
 
 const REASONS = {
   max_deliveries: 'Max deliveries reached',
@@ -22,8 +23,17 @@ export function redrivePolicyText(policy) {
 
 const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
-/** `changed()`: entries were replayed or dropped (the station page updates its DLS count). */
-export async function renderDls(panel, ctx, station, params = {}, changed = () => {}) {
+const DLS_POLL_MS = 2000;
+const PAGE_LIMIT = 100;
+const MAX_LIMIT = 1000;
+// What a row shows that may change while its entry stays in the store.
+const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryCount, e.redrives, e.redriveAt]);
+
+/**
+ * `changed()`: entries were replayed or dropped (the station page updates its DLS count).
+ * `seen(view)`: the station was read again (by the poll), for the page's DLS badge.
+ */
+export async function renderDls(panel, ctx, station, params = {}, changed = () => {}, seen = () => {}) {
   const name = station.name;
   const json = isJsonType(station.contentType);
   const groupSelect = h('select', { id: 'dls-group' }, h('option', { value: '' }, 'All groups'));
@@ -53,6 +63,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   // why fewer entries were handled than were selected.
   const outcome = h('p', { class: 'result', role: 'status', hidden: true });
   const problem = h('div');
+  // Where a failed poll says how old the entries shown are (apart from `problem`, which holds
+  // what a replay or drop ran into until the next action).
+  const stale = h('div');
   const body = h('tbody');
   const table = h(
     'table',
@@ -75,6 +88,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   const empty = h('p', { class: 'empty', hidden: true }, 'The dead-letter store is empty.');
   let entries = [];
   let next = null;
+  // The rows shown, by entry id: a reload keeps the row (its checkbox, and focus) of an entry
+  // that did not change, so a poll does not undo a selection under way.
+  let rows = new Map();
 
   const boxes = () => [...body.querySelectorAll('input[type=checkbox]')];
   const selected = () => boxes().filter((b) => b.checked).map((b) => b.value);
@@ -141,14 +157,56 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   let loads = 0;
   async function load(append = false) {
     const mine = ++loads;
-    const page = await api.dls(name, { group: groupSelect.value, after: append ? next : undefined }, { signal: ctx.signal });
+    // Read again, as many entries as are shown (after "Load more"), up to the API's limit.
+    const limit = append ? PAGE_LIMIT : Math.min(MAX_LIMIT, Math.max(PAGE_LIMIT, entries.length));
+    const page = await api.dls(
+      name,
+      { group: groupSelect.value, after: append ? next : undefined, limit },
+      { signal: ctx.signal },
+    );
     if (mine !== loads) return;
-    entries = append ? entries.concat(page.entries) : page.entries;
+    const fresh = append ? page.entries.filter((e) => !rows.has(String(e.id))) : page.entries;
+    entries = append ? entries.concat(fresh) : fresh;
     next = page.next;
-    if (append) body.append(...page.entries.map(row));
-    else body.replaceChildren(...page.entries.map(row));
+    place(fresh, append);
     problem.replaceChildren();
     update();
+  }
+
+  /** Show `list` (after the rows shown, with `append`), moving only what is out of place. */
+  function place(list, append) {
+    const old = rows;
+    const kept = append ? rows : new Map();
+    const focused = document.activeElement;
+    let refocus = null;
+    const trs = list.map((e) => {
+      const id = String(e.id);
+      const sig = signature(e);
+      const had = old.get(id);
+      if (had && had.sig === sig) {
+        kept.set(id, had);
+        return had.tr;
+      }
+      const tr = row(e);
+      if (had) {
+        // Changed (a redrive, say): a new row, still selected if it was.
+        const box = tr.querySelector('input[type=checkbox]');
+        box.checked = had.tr.querySelector('input[type=checkbox]').checked;
+        if (had.tr.contains(focused)) refocus = box;
+      }
+      kept.set(id, { tr, sig });
+      return tr;
+    });
+    if (append) {
+      body.append(...trs);
+      return;
+    }
+    for (const [id, r] of old) if (kept.get(id) !== r) r.tr.remove();
+    trs.forEach((tr, i) => {
+      if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
+    });
+    rows = kept;
+    refocus?.focus();
   }
 
   /** The replay delay in ms, or undefined after showing why it is not one. */
@@ -193,13 +251,48 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     outcome.hidden = false;
   }
 
+  /** How many dead letters the store holds (of `group`, if given), or null if unsaid. */
+  async function count(group) {
+    if (group) return (await api.groups(name, { signal: ctx.signal })).groups.find((g) => g.name === group)?.deadLettered ?? null;
+    const s = await api.station(name, { signal: ctx.signal });
+    seen(s);
+    return s.stats?.deadLettered ?? null;
+  }
+
   /** How many dead letters "Replay all" concerns now (the page shows at most 100), or null. */
   async function total(group) {
     try {
-      if (group) return (await api.groups(name, { signal: ctx.signal })).groups.find((g) => g.name === group)?.deadLettered ?? null;
-      return (await api.station(name, { signal: ctx.signal })).stats?.deadLettered ?? null;
+      return await count(group);
     } catch {
       return null;
+    }
+  }
+
+  // The count read just before the entries shown were (a dead letter between the two is
+  // caught by the next poll), and when the last poll got an answer.
+  let known = null;
+  let polled = new Date();
+  async function poll() {
+    const group = groupSelect.value;
+    let n;
+    try {
+      n = await count(group);
+      // The badge counts the whole station's store, whichever group is shown.
+      if (group) seen(await api.station(name, { signal: ctx.signal }));
+    } catch (err) {
+      if (err?.status !== 401 && !ctx.signal.aborted) stale.replaceChildren(staleBox(err, polled));
+      return;
+    }
+    stale.replaceChildren();
+    polled = new Date();
+    // A "Load more" under way would have its page dropped by a reload: the next poll does it.
+    if (group !== groupSelect.value || n === known || loadingMore) return;
+    known = n;
+    try {
+      await load();
+    } catch (err) {
+      known = null;
+      if (err?.status !== 401 && !ctx.signal.aborted) stale.replaceChildren(staleBox(err, polled));
     }
   }
 
@@ -315,6 +408,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     ),
     outcome,
     problem,
+    stale,
     table,
     empty,
     more,
@@ -324,6 +418,8 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     const { groups } = await api.groups(name, { signal: ctx.signal });
     for (const g of groups) groupSelect.append(h('option', { value: g.name }, g.name));
     if (params.group && groups.some((g) => g.name === params.group)) groupSelect.value = params.group;
+    known = await total(groupSelect.value);
     await load();
   });
+  ctx.every(DLS_POLL_MS, poll);
 }

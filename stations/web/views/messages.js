@@ -4,6 +4,7 @@ import { api, follow } from '../api.js';
 import {
   alertBox,
   clearFieldErrors,
+  duration,
   errorText,
   field,
   h,
@@ -45,6 +46,15 @@ function base64Utf8(text) {
   let binary = '';
   for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
   return btoa(binary);
+}
+
+/**
+ * A fresh message id for a message sent with the id field left empty. From getRandomValues, not
+ * randomUUID: the console may be served over plain HTTP, where randomUUID does not exist.
+ */
+function newMessageId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return 'console-' + Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 /** A message as a list item, and the length of its payload text (`length`). */
@@ -96,7 +106,10 @@ export async function renderMessages(panel, ctx, station) {
       id: 'msgId',
       label: 'Message id',
       control: msgId,
-      hint: 'Optional. The same id again within the idempotency window is a duplicate and is not stored.',
+      hint:
+        'Optional. The same id again within the idempotency window is a duplicate and is not stored. ' +
+        'Left empty, the console gives the message an id, kept while the same message is sent again ' +
+        'after a failure, so it is stored at most once.',
     }),
     field({
       id: 'payload',
@@ -108,12 +121,25 @@ export async function renderMessages(panel, ctx, station) {
     h('div', { class: 'actions' }, produceButton),
     result,
   );
+  // The id given to a message sent with the id field empty: one per distinct form content, kept
+  // while that content is sent again after a failure. A failed send (above all "not answering")
+  // may have been stored all the same, and without an id the resend stored it a second time;
+  // with the same id, it is answered as a duplicate. A stored message or a changed form gets a
+  // fresh id: sending the same content again on purpose stores it again.
+  let given = null; // { content, id, failed }
   produceForm.addEventListener('submit', async (event) => {
     event.preventDefault();
     clearFieldErrors(produceForm);
     result.textContent = '';
     const message = {};
+    let mine = null;
     if (msgId.value !== '') message.id = msgId.value;
+    else {
+      const content = JSON.stringify([data.value, headers.value]);
+      if (given?.content !== content) given = { content, id: newMessageId(), failed: false };
+      mine = given;
+      message.id = mine.id;
+    }
     if (json) {
       try {
         JSON.parse(data.value);
@@ -145,21 +171,32 @@ export async function renderMessages(panel, ctx, station) {
     try {
       const answer = await api.produce(name, message);
       const r = answer.results[0];
+      if (mine && given === mine) given = null;
       result.className = r.duplicate ? 'result duplicate' : 'result stored';
+      let text;
+      if (!r.duplicate) text = ['Offset ', h('code', {}, r.offset)];
+      else if (mine?.failed) {
+        text = ['An earlier attempt whose answer was lost had stored it, at offset ', h('code', {}, r.offset)];
+      } else text = ['The first message with this id is at offset ', h('code', {}, r.offset)];
       result.replaceChildren(
-        r.duplicate
-          ? h('strong', {}, 'Duplicate: not stored. ')
-          : h('strong', {}, 'Stored. '),
-        r.duplicate ? 'The first message with this id is at offset ' : 'Offset ',
-        h('code', {}, r.offset),
+        h('strong', {}, r.duplicate ? 'Duplicate: not stored. ' : 'Stored. '),
+        ...text,
+        ...(mine ? [', message id ', h('code', {}, mine.id)] : []),
         '.',
       );
       if (!live.checked && upToDate) await load(current, false);
     } catch (err) {
+      if (mine) mine.failed = true;
+      // Said with the error: the resend is safe (a duplicate, not a second copy) as long as it
+      // comes within the station's idempotency window.
+      const resend = mine
+        ? ` Sending it again unchanged reuses message id ${mine.id}: stored at most once within the ` +
+          `idempotency window (${duration(station.idempotencyWindowMs)}).`
+        : '';
       if (err?.status === 401) {
         // The token was revoked: the sign-in comes over the page, and the form keeps its input.
         result.className = 'result error';
-        result.textContent = `Not stored: ${errorText(err)}`;
+        result.textContent = `Not stored: ${errorText(err)}${resend}`;
         return;
       }
       const where = {
@@ -171,7 +208,7 @@ export async function renderMessages(panel, ctx, station) {
       if (where) setFieldError(produceForm, where, err.message);
       else {
         result.className = 'result error';
-        result.textContent = errorText(err);
+        result.textContent = errorText(err) + resend;
       }
     } finally {
       produceButton.disabled = false;

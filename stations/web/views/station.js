@@ -10,6 +10,8 @@ import { renderGroups } from './groups.js';
 import { redrivePolicyText, renderDls } from './dls.js';
 import { TABS, stationHref } from '../routes.js';
 
+const BADGE_POLL_MS = 5000;
+
 /** The DLS tab's count of entries: shown while there are any, updated in place. */
 function setBadge(tab, count) {
   const old = tab.querySelector('.badge');
@@ -114,10 +116,13 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
       .station(name, { signal: ctx.signal })
       .then((s) => marks.update(s))
       .catch(() => {});
+  // Dead letters come from consumers at any time, so the badge follows on a poll: the Overview
+  // reads the station every 2 s anyway and the DLS tab with its own poll; the others read it here.
+  if (tab !== 'overview' && tab !== 'dls') ctx.every(BADGE_POLL_MS, recount);
   if (tab === 'overview') renderOverview(panel, ctx, station, marks);
   else if (tab === 'messages') await renderMessages(panel, ctx, station);
   else if (tab === 'groups') await renderGroups(panel, ctx, station);
-  else if (tab === 'dls') await renderDls(panel, ctx, station, params, recount);
+  else if (tab === 'dls') await renderDls(panel, ctx, station, params, recount, (s) => marks.update(s));
   else if (tab === 'settings') await renderForm(panel, ctx, station);
 }
 
