@@ -89,6 +89,26 @@ def test_ack_wait_sends_at_once_on_the_sync_client(stations: Server) -> None:  #
             assert group.in_flight == 0 and group.pending == 0
 
 
+def test_extend_on_the_sync_client_takes_its_messages(stations: Server) -> None:  # noqa: F811
+    """``consumer.extend([msg])`` with the sync client's messages: the SDK called a method of
+    the blocking view from its own event loop, which raised (it would wait for itself)."""
+    name = unique("extend-sync")
+    with SyncClient(stations.url) as sync:
+        sync.create_station(name)
+        station = sync.station(name)
+        station.produce({"n": 1})
+        with station.consumer("g", consumer="c", wait_ms=0, max_ack_time_ms=1000) as consumer:
+            (msg,) = consumer.fetch()
+            before = msg.ack_deadline
+            assert consumer.extend([msg], 5000) == 1
+            assert msg.ack_deadline > before
+            assert msg.extend(6000) is True
+            with consumer.transaction() as tx:  # by the lease's new deadline
+                tx.ack(msg)
+            (group,) = station.groups()
+            assert group.in_flight == 0 and group.pending == 0
+
+
 # -- Client.close() and objects made directly ----------------------------------------------
 
 

@@ -116,6 +116,17 @@ def _wrap(loop: _Loop, value: Any) -> Any:
     return value
 
 
+def _unwrap(value: Any) -> Any:
+    """An argument as the SDK takes it: a blocking view passed back (a message given to
+    ``consumer.extend([msg])``) is its SDK object again, whose methods the SDK calls on its
+    own event loop (through the view they would wait for themselves)."""
+    if isinstance(value, Blocking):
+        return value._target
+    if isinstance(value, list):
+        return [_unwrap(item) for item in value]
+    return value
+
+
 class Blocking:
     """A blocking view of one SDK object."""
 
@@ -132,6 +143,8 @@ class Blocking:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            args = tuple(_unwrap(a) for a in args)
+            kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
             return _wrap(self._loop, self._loop.run(lambda: attr(*args, **kwargs)))
 
         return call
