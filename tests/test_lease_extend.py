@@ -14,16 +14,24 @@ from tests.groupkit import (
     EXPIRY_SLACK_S,
     Api,
     api_fixture,  # noqa: F401 - the fixture api
+    eventually,
     field_of,
     ms,
     shared_fixture,  # noqa: F401 - the fixture shared
 )
 
+_LEASE = {
+    "offset": "0000000000000000_0000000000000000",
+    "deliveryCount": 1,
+    "ackDeadline": "2026-11-28T04:00:00.000Z",
+}
 
-async def _extend(api: Api, station: str, group: str, offsets: list[str], **extra: Any) -> Any:
-    r = await api.c.post(
-        api.path(station, "groups", group, "extend"), json={"offsets": offsets, **extra}
-    )
+
+async def _extend(
+    api: Api, station: str, group: str, offsets: list[str] | None, **extra: Any
+) -> Any:
+    body = extra if offsets is None else {"offsets": offsets, **extra}
+    r = await api.c.post(api.path(station, "groups", group, "extend"), json=body)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -103,9 +111,10 @@ async def _past(delivered: dict[str, Any]) -> None:
     await asyncio.sleep(max(0.0, ms(delivered["ackDeadline"]) - time.time()) + 0.05)
 
 
-async def test_extended_lease_settles_in_a_transaction_by_its_new_deadline(api: Api) -> None:
-    """A transaction names a lease by its ``ackDeadline``: after an extension that is the one
-    the extension answered (the fetch's is refused, 409)."""
+async def test_an_extended_lease_keeps_its_name_in_a_transaction(api: Api) -> None:
+    """A transaction names a lease by the ``ackDeadline`` its fetch answered, and an extension
+    does not change that (a transaction built before a heartbeat extension was refused); the
+    extension's own deadline names nothing."""
     st = await api.station(consumerDefaults={"maxAckTimeMs": 5000, "maxMsgDeliveries": 5})
     [off] = await api.produce(st, ["x"])
     await api.put_group(st, "g")
@@ -115,24 +124,77 @@ async def test_extended_lease_settles_in_a_transaction_by_its_new_deadline(api: 
     assert answer["ackDeadline"] != m["ackDeadline"]
 
     def tx(deadline: str) -> dict[str, Any]:
-        return {
-            "consumer": "w1",
-            "ack": [
-                {
-                    "station": st,
-                    "group": "g",
-                    "offset": off,
-                    "deliveryCount": 1,
-                    "ackDeadline": deadline,
-                }
-            ],
-        }
+        lease = {"station": st, "group": "g", "offset": off, "deliveryCount": 1}
+        return {"consumer": "w1", "ack": [lease | {"ackDeadline": deadline}]}
 
-    stale = await api.c.post("/api/transactions", json=tx(m["ackDeadline"]))
-    assert stale.status_code == 409, stale.text
-    fresh = await api.c.post("/api/transactions", json=tx(answer["ackDeadline"]))
-    assert fresh.status_code == 200, fresh.text
-    assert fresh.json()["acked"] == 1
+    wrong = await api.c.post("/api/transactions", json=tx(answer["ackDeadline"]))
+    assert wrong.status_code == 409, wrong.text
+    right = await api.c.post("/api/transactions", json=tx(m["ackDeadline"]))
+    assert right.status_code == 200, right.text
+    assert right.json()["acked"] == 1
+
+
+async def test_a_named_lease_extends_that_delivery_only(api: Api) -> None:
+    """``leases`` name deliveries as the fetch answered them: a worker whose lease expired
+    (delivery 1) does not extend the message's next delivery, even under the same consumer
+    name; the live one does."""
+    st = await api.station(consumerDefaults={"maxAckTimeMs": 300, "maxMsgDeliveries": 5})
+    [off] = await api.produce(st, ["x"])
+    await api.put_group(st, "g")
+    [first] = await api.fetch(st, "g", consumer="w")
+    await _past(first)
+    [second] = await api.fetch(st, "g", consumer="w")
+    assert second["deliveryCount"] == 2
+
+    def named(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
+
+    stale = await _extend(api, st, "g", None, leases=[named(first)], consumer="w")
+    assert stale == {"extended": 0, "ackDeadline": None, "unknown": [off]}
+    # The same count with another deadline (a seek or replay's delivery) is not it either.
+    other = named(second) | {"ackDeadline": first["ackDeadline"]}
+    assert (await _extend(api, st, "g", None, leases=[other]))["extended"] == 0
+    live = await _extend(api, st, "g", None, leases=[named(second)], leaseMs=5000)
+    assert (live["extended"], live["unknown"]) == (1, [])
+    assert ms(live["ackDeadline"]) > ms(second["ackDeadline"]) + 4
+
+
+async def test_a_seek_after_a_long_extension_keeps_new_leases_short(api: Api) -> None:
+    """A seek keeps new leases above the deadlines of the leases it revoked (their names); an
+    extension's later deadline is no name, and must not make every later lease as long."""
+    st = await api.station(consumerDefaults={"maxAckTimeMs": 500, "maxMsgDeliveries": 5})
+    offs = await api.produce(st, [1, 2])
+    await api.put_group(st, "g")
+    await api.fetch(st, "g", max=2, consumer="w")
+    assert (await _extend(api, st, "g", offs, leaseMs=3_600_000))["extended"] == 2
+    r = await api.c.post(api.path(st, "groups", "g", "seek"), json={"to": "earliest"})
+    assert r.status_code == 200, r.text
+    again = await api.fetch(st, "g", max=2, consumer="w")
+    assert [m["offset"] for m in again] == offs
+    assert ms(again[0]["ackDeadline"]) < time.time() + 5
+
+
+async def test_extend_leaves_messages_retention_dropped(api: Api) -> None:
+    """A leased message retention dropped is unknown to an extension, and its lease is not
+    kept: it settles at its own deadline (it stayed in flight for the extension's hours)."""
+    st = await api.station(
+        consumerDefaults={"maxAckTimeMs": 400, "maxMsgDeliveries": 5},
+        retention={"maxMessages": 1},
+    )
+    await api.put_group(st, "g")
+    [old] = await api.produce(st, ["old"])
+    [m] = await api.fetch(st, "g", consumer="w")
+    await api.produce(st, ["new"])  # retention drops the leased one
+
+    async def dropped() -> bool:
+        return [m["data"] for m in await api.browse(st)] == ["new"]
+
+    await eventually(dropped)
+    answer = await _extend(api, st, "g", [old], leaseMs=3_600_000)
+    assert answer == {"extended": 0, "ackDeadline": None, "unknown": [old]}
+    await _past(m)
+    await asyncio.sleep(EXPIRY_SLACK_S)
+    assert (await api.groups(st))["g"]["inFlight"] == 0
 
 
 @pytest.mark.parametrize(
@@ -146,6 +208,18 @@ async def test_extended_lease_settles_in_a_transaction_by_its_new_deadline(api: 
         ({"offsets": ["0000000000000000_0000000000000000"], "consumer": ""}, "consumer"),
         ({"offsets": ["0000000000000000_0000000000000000"], "consumer": 7}, "consumer"),
         ({"offsets": ["0000000000000000_0000000000000000"], "delayMs": 1}, "delayMs"),
+        ({"offsets": ["0000000000000000_0000000000000000"], "consumer": None}, "consumer"),
+        ({}, "offsets"),
+        ({"offsets": ["0000000000000000_0000000000000000"], "leases": []}, "offsets"),
+        ({"leases": []}, "leases"),
+        ({"leases": [7]}, "leases.0"),
+        ({"leases": [{"offset": "0000000000000000_0000000000000000"}]}, "leases.0.deliveryCount"),
+        ({"leases": [dict(_LEASE, offset="x")]}, "leases.0.offset"),
+        ({"leases": [dict(_LEASE, deliveryCount=0)]}, "leases.0.deliveryCount"),
+        ({"leases": [dict(_LEASE, deliveryCount=True)]}, "leases.0.deliveryCount"),
+        ({"leases": [dict(_LEASE, ackDeadline="soon")]}, "leases.0.ackDeadline"),
+        ({"leases": [dict(_LEASE, ackDeadline="2026-11-28T04:00:00")]}, "leases.0.ackDeadline"),
+        ({"leases": [dict(_LEASE, extra=1)]}, "leases.0.extra"),
     ],
 )
 async def test_bad_extend_bodies_name_their_field(api: Api, body: Any, field: str) -> None:

@@ -980,3 +980,32 @@ async def test_a_message_whose_work_takes_long_extends_its_lease(client: Client)
         await late.ack(wait=True)
     (group,) = await station.groups()
     assert (group.pending, group.in_flight) == (0, 0)
+
+
+async def test_extend_names_its_delivery_and_a_transaction_outlives_heartbeats(
+    client: Client,
+) -> None:
+    """A worker whose lease expired does not extend the message's next delivery, though both
+    consumers have one name (it answered True and moved the live lease's deadline, whose
+    transaction was then refused); extensions while a transaction is built (a heartbeat)
+    leave it valid (it was refused with 409, the lease still held)."""
+    name = unique("extend-name")
+    await client.create_station(name)
+    station = client.station(name)
+    await station.produce({"n": 1})
+    async with (
+        station.consumer("g", consumer="same", batch_size=1, max_ack_time_ms=300) as a,
+        station.consumer("g", consumer="same", batch_size=1, max_ack_time_ms=300) as b,
+    ):
+        stale = await anext(a)
+        live = await asyncio.wait_for(anext(b), 10)  # after stale's lease expired
+        assert (live.offset, live.delivery_count) == (stale.offset, 2)
+        assert not await stale.extend(5000)
+        async with b.transaction() as tx:
+            tx.ack(live)
+            for _ in range(3):  # heartbeats while the work goes on, past the 300 ms
+                assert await live.extend(1000)
+                await asyncio.sleep(0.2)
+            tx.produce(name, {"done": 1})
+    (group,) = await station.groups()
+    assert (group.pending, group.in_flight) == (1, 0)  # the produced message waits

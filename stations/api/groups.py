@@ -17,7 +17,14 @@ from stations.api.stations import (
     station_name,
 )
 from stations.domain import dls, messages, text
-from stations.domain.groups import MAX_FETCH, Delivered, parse_offsets, parse_seek, validate_name
+from stations.domain.groups import (
+    MAX_FETCH,
+    Delivered,
+    parse_deadline,
+    parse_offsets,
+    parse_seek,
+    validate_name,
+)
 from stations.domain.offsets import encode
 from stations.domain.station import MAX_ACK_MS, MIN_ACK_MS
 from stations.errors import BadRequest
@@ -134,19 +141,52 @@ async def ack(request: web.Request) -> web.Response:
 
 @needs("consume")
 async def extend(request: web.Request) -> web.Response:
-    body, seqs = await _settle(request, {"leaseMs", "consumer"})
+    body = _object(await json_body(request), {"offsets", "leases", "leaseMs", "consumer"})
+    if ("offsets" in body) == ("leases" in body):
+        raise BadRequest("give offsets or leases (one of them)", "offsets")
+    named = None
+    if "leases" in body:
+        seqs, named = _named_leases(body["leases"])
+    else:
+        seqs = parse_offsets(body["offsets"])
     lease_ms = None
     if "leaseMs" in body:
         lease_ms = _body_int(body, "leaseMs", 0, MIN_ACK_MS, MAX_ACK_MS)
-    consumer = body.get("consumer")
-    if consumer is not None:
-        text.check(consumer, "consumer", text.NAME)
+    consumer = None
+    if "consumer" in body:
+        consumer = text.check(body["consumer"], "consumer", text.NAME)
     n, deadline, unknown = await service(request).extend(
-        station_name(request), _group(request), seqs, lease_ms, consumer
+        station_name(request), _group(request), seqs, lease_ms, consumer, named
     )
     return web.json_response(
-        {"extended": n, "ackDeadline": messages.iso(deadline), "unknown": unknown}
+        {"extended": n, "ackDeadline": messages.iso(deadline) if n else None, "unknown": unknown}
     )
+
+
+def _named_leases(raw: Any) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """``leases``: [{"offset", "deliveryCount", "ackDeadline"}] as a fetch answered them,
+    which name one delivery each (a later one of the same message is left alone)."""
+    if not isinstance(raw, list) or not raw or len(raw) > 10_000:
+        raise BadRequest("leases must be a non-empty array of at most 10000 leases", "leases")
+    named: dict[int, tuple[int, int]] = {}
+    for i, lease in enumerate(raw):
+        where = f"leases.{i}"
+        if not isinstance(lease, dict):
+            raise BadRequest(f"{where} must be an object", where)
+        unknown = sorted(set(lease) - {"offset", "deliveryCount", "ackDeadline"})
+        if unknown:
+            raise BadRequest(f"unknown field {where}.{unknown[0]}", f"{where}.{unknown[0]}")
+        missing = [k for k in ("offset", "deliveryCount", "ackDeadline") if k not in lease]
+        if missing:
+            raise BadRequest(f"{where}.{missing[0]} is required", f"{where}.{missing[0]}")
+        [seq] = parse_offsets([lease["offset"]], field=f"{where}.offset")
+        count = lease["deliveryCount"]
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1_000_000:
+            raise BadRequest(
+                f"{where}.deliveryCount must be a delivery count", f"{where}.deliveryCount"
+            )
+        named[seq] = (count, parse_deadline(lease["ackDeadline"], f"{where}.ackDeadline"))
+    return list(named), named
 
 
 @needs("consume")

@@ -68,21 +68,17 @@ class Message:
     async def extend(self, lease_ms: int | None = None) -> bool:
         """Keep working on the message: its lease runs ``lease_ms`` from now (default the
         group's ``max_ack_time_ms``) and ``ack_deadline`` says until when. False, doing
-        nothing, when the lease is no longer held (it expired: the message may be another
+        nothing, when this lease is no longer held (it expired: the message may be another
         consumer's delivery by now, and it is processed twice if this one goes on)."""
-        body: dict[str, Any] = {"offsets": [self.offset], "consumer": self._consumer.name}
-        if lease_ms is not None:
-            body["leaseMs"] = lease_ms
-        answer = await self._consumer._call("extend", body)
-        if not answer.get("extended"):
-            return False
-        self._extended(answer.get("ackDeadline"))
-        return True
+        return await self._consumer.extend([self], lease_ms) == 1
 
-    def _extended(self, deadline: str | None) -> None:
-        # The new deadline names the lease from now on (a transaction gives it).
-        self.lease = deadline
-        self.ack_deadline = _time(deadline)
+    def _lease_item(self) -> dict[str, Any]:
+        """This delivery as the server names it (a later delivery of the message is not it)."""
+        return {
+            "offset": self.offset,
+            "deliveryCount": self.delivery_count,
+            "ackDeadline": self.lease,
+        }
 
     async def nack(self, delay_ms: int = 0) -> bool:
         """Give the message back; it is delivered again after ``delay_ms``. False, doing
@@ -378,18 +374,25 @@ class Consumer:
 
     async def extend(self, messages: list[Message], lease_ms: int | None = None) -> int:
         """Extend the leases of ``messages`` this consumer still holds (see
-        ``Message.extend``), in one request per 10,000; returns how many it held."""
+        ``Message.extend``), in one request per 10,000; returns how many it held. Each names
+        its delivery (offset, delivery count, the deadline its fetch answered, which stays its
+        name in a transaction): a later delivery of the same message is left alone."""
         extended = 0
         for k in range(0, len(messages), MAX_SETTLE_OFFSETS):
             chunk = messages[k : k + MAX_SETTLE_OFFSETS]
-            body: dict[str, Any] = {"offsets": [m.offset for m in chunk], "consumer": self.name}
+            body: dict[str, Any] = {"consumer": self.name}
+            if all(m.lease is not None for m in chunk):
+                body["leases"] = [m._lease_item() for m in chunk]
+            else:  # a server that answers no deadline: by offset
+                body["offsets"] = [m.offset for m in chunk]
             if lease_ms is not None:
                 body["leaseMs"] = lease_ms
             answer = await self._call("extend", body)
             unknown = set(answer.get("unknown") or ())
+            deadline = _time(answer.get("ackDeadline"))
             for m in chunk:
-                if m.offset not in unknown:
-                    m._extended(answer.get("ackDeadline"))
+                if m.offset not in unknown and deadline is not None:
+                    m.ack_deadline = deadline
             extended += int(answer.get("extended", 0))
         return extended
 

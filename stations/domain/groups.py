@@ -332,7 +332,8 @@ def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     return store.open_deliveries(batch.conn, group.id, seqs)
 
 
-def parse_offsets(raw: Any) -> list[int]:
+def parse_offsets(raw: Any, field: str | None = None) -> list[int]:
+    """Offsets as positions; ``field``: the name of a lone offset's field, else ``offsets``."""
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise BadRequest("offsets must be a non-empty array of at most 10000 offsets", "offsets")
     out = []
@@ -340,7 +341,8 @@ def parse_offsets(raw: Any) -> list[int]:
         try:
             out.append(decode(token) + 1)
         except BadOffset:
-            raise BadRequest(f"offsets.{i} is not an offset", f"offsets.{i}") from None
+            where = field or f"offsets.{i}"
+            raise BadRequest(f"{where} is not an offset", where) from None
     return out
 
 
@@ -386,21 +388,35 @@ def extend(
     seqs: list[int],
     lease_ms: int | None,
     consumer: str | None,
+    named: dict[int, tuple[int, int]] | None = None,
 ) -> tuple[int, int, list[str]]:
     """A consumer still working on messages keeps their leases: each held lease (not expired;
-    ``consumer``'s if given) runs until ``lease_ms`` (default the group's ``maxAckTimeMs``)
-    from now: one deadline, exactly the one answered, which a transaction naming the lease
-    must give. An expired lease is not taken back: its message may be on its way to another
-    consumer. Returns (how many, the new deadline, unknown offsets)."""
+    ``consumer``'s if given; with ``named``, seq → (delivery count, the ackDeadline its fetch
+    answered), only that delivery) runs until ``lease_ms`` (default the group's
+    ``maxAckTimeMs``) from now. The lease keeps its name: a transaction still gives the
+    deadline its fetch answered. An expired lease is not taken back (its message may be on
+    its way to another consumer), nor one whose message retention dropped. Returns (how many,
+    the new deadline, unknown offsets)."""
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
     deadline = batch.now + (lease_ms if lease_ms is not None else group.max_ack_time_ms)
-    # Above every deadline a seek revoked, as a fetch's (see ``seek``).
-    deadline = max(deadline, group.lease_floor + 1)
-    extended = set(store.extend(batch.conn, group.id, seqs, deadline, batch.now, consumer))
     head = dropped_through(batch.conn, state)
-    extended = {seq for seq in extended if seq > head}  # retention dropped the rest: unknown
+    live = [seq for seq in seqs if seq > head]  # the rest lost their message: unknown
+    extended = set(store.extend(batch.conn, group.id, live, deadline, batch.now, consumer, named))
     return len(extended), deadline, [encode(s - 1) for s in seqs if s not in extended]
+
+
+def parse_deadline(value: Any, field: str) -> int:
+    """An ``ackDeadline`` as a fetch answers it (ISO 8601, UTC, milliseconds): epoch ms."""
+    if not isinstance(value, str) or not value.isascii():
+        raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            raise BadRequest(f"{field} needs a time zone (the fetch answers one)", field)
+        return round(when.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field) from None
 
 
 def nack(

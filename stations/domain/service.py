@@ -784,7 +784,13 @@ class Service:
         )
 
     async def extend(
-        self, station: str, group: str, seqs: list[int], lease_ms: int | None, consumer: str | None
+        self,
+        station: str,
+        group: str,
+        seqs: list[int],
+        lease_ms: int | None,
+        consumer: str | None,
+        named: dict[int, tuple[int, int]] | None = None,
     ) -> tuple[int, int, list[str]]:
         # A deadline moved sooner (a leaseMs shorter than what was left) needs the lease
         # timer then; one moved later finds the timer early, and it arms itself for the next.
@@ -799,6 +805,7 @@ class Service:
             seqs,
             lease_ms,
             consumer,
+            named,
             small=len(seqs) <= SMALL_ACK,
             then=arm,
             locks=(station,),

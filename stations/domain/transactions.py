@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from stations.domain import dls, groups, messages, text
@@ -192,7 +191,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
                     item["deliveryCount"], f"{name}.deliveryCount", 1, 10**6
                 )
             if "ackDeadline" in item:
-                settle.deadline = _deadline(item["ackDeadline"], f"{name}.ackDeadline")
+                settle.deadline = groups.parse_deadline(item["ackDeadline"], f"{name}.ackDeadline")
             if verb == "nack":
                 settle.delay_ms = _int(item.get("delayMs", 0), f"{name}.delayMs", 0, MAX_DELAY_MS)
             if verb == "deadLetter":
@@ -269,33 +268,21 @@ def _check_leases(
             lease = held.get(s.seq)
             if lease is None or lease[0] <= 0:
                 raise _stale(s, "is not held: it was settled, or never delivered")
-            count, consumer, due = lease
+            count, consumer, due, named = lease
             if consumer is None or due <= batch.now:
                 raise _stale(s, "has expired")
             if s.delivery_count is not None and s.delivery_count != count:
                 raise _stale(s, f"moved on: it is now delivery {count}")
             if s.verb != "ack" and s.seq <= dropped:
                 raise _stale(s, "has lost its message to the station's retention")
-            # A seek or a DLS replay delivers a message again from count 1: the deadline is
-            # what tells that lease from the one the request was given.
-            if s.deadline is not None and s.deadline != due:
+            # A seek or a DLS replay delivers a message again from count 1: the deadline its
+            # fetch answered (an extension moves the lease's, not that) is what tells that
+            # lease from the one the request was given.
+            if s.deadline is not None and s.deadline != named:
                 raise _stale(s, "is another delivery of this message (a seek or replay)")
             if req.consumer is not None and consumer != req.consumer:
                 raise _stale(s, f"is held by consumer {consumer}, not by {req.consumer}")
     return ids
-
-
-def _deadline(value: Any, field: str) -> int:
-    """An ``ackDeadline`` as a fetch answers it (ISO 8601, UTC, milliseconds): epoch ms."""
-    if not isinstance(value, str) or not value.isascii():
-        raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field)
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        if when.tzinfo is None:
-            raise BadRequest(f"{field} needs a time zone (the fetch answers one)", field)
-        return round(when.timestamp() * 1000)
-    except (ValueError, OverflowError):
-        raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field) from None
 
 
 def _appends(

@@ -227,7 +227,8 @@ def release(conn: Connection, group_id: int, seqs: list[int]) -> None:
     # consumer that died may hold more leases than that.
     sql.execute(
         conn,
-        f"UPDATE deliveries SET consumer = NULL WHERE group_id = {db.mark(conn)} AND "
+        f"UPDATE deliveries SET consumer = NULL, fetched_due = NULL WHERE group_id = "
+        f"{db.mark(conn)} AND "
         f"{db.int_list_match(conn, 'seq')}",
         (group_id, db.int_list(conn, seqs)),
     )
@@ -256,7 +257,8 @@ def lease_again(
     sql.execute(
         conn,
         f"UPDATE deliveries SET delivery_count = abs(delivery_count) + 1, consumer = {m}, "
-        f"due = {m} WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')}",
+        f"due = {m}, fetched_due = NULL WHERE group_id = {m} AND "
+        f"{db.int_list_match(conn, 'seq')}",
         (consumer, deadline, group_id, db.int_list(conn, seqs)),
     )
 
@@ -312,18 +314,30 @@ def extend(
     deadline: int,
     now: int,
     consumer: str | None,
+    named: dict[int, tuple[int, int]] | None = None,
 ) -> list[int]:
-    """Leases at ``seqs`` that are held (not past their deadline, by ``consumer`` if given)
-    run until ``deadline``; returns the positions extended.
-    An extended position leaves its lease range for a ``deliveries`` row, as a nack's does."""
+    """Leases at ``seqs`` that are held (not past their deadline, by ``consumer`` if given;
+    with ``named``, seq → (delivery count, fetched deadline), only that very delivery) run
+    until ``deadline``; returns the positions extended. The lease keeps its name: the deadline
+    it was fetched with stays in ``fetched_due``. An extended position leaves its lease range
+    for a ``deliveries`` row, as a nack's does."""
     if not seqs:
         return []
     _insert_leases(conn, group_id, _cut(conn, group_id, seqs))
+    if named is not None:
+        held = leases(conn, group_id, seqs)
+        seqs = [
+            seq
+            for seq in seqs
+            if seq in held and (held[seq][0], held[seq][3]) == named.get(seq, (None, None))
+        ]
+        if not seqs:
+            return []
     m = db.mark(conn)
     by_consumer = f" AND consumer = {m}" if consumer is not None else ""
     rows = sql.query(
         conn,
-        f"UPDATE deliveries SET due = {m} "
+        f"UPDATE deliveries SET fetched_due = COALESCE(fetched_due, due), due = {m} "
         f"WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')} AND consumer IS NOT NULL "
         f"AND delivery_count > 0 AND due > {m}{by_consumer} RETURNING seq",
         (
@@ -354,8 +368,9 @@ def open_deliveries(conn: Connection, group_id: int, seqs: list[int]) -> dict[in
 
 def leases(
     conn: Connection, group_id: int, seqs: list[int]
-) -> dict[int, tuple[int, str | None, int]]:
-    """seq → (delivery count, consumer, due) of the group's deliveries at ``seqs``."""
+) -> dict[int, tuple[int, str | None, int, int]]:
+    """seq → (delivery count, consumer, due, the deadline it was fetched with: the lease's
+    name) of the group's deliveries at ``seqs``."""
     if not seqs:
         return {}
     wanted = set(seqs)
@@ -363,17 +378,17 @@ def leases(
     # an IN of a transaction's hundred positions cost more than the query.
     rows = sql.query(
         conn,
-        "SELECT seq, delivery_count, consumer, due FROM deliveries "
+        "SELECT seq, delivery_count, consumer, due, COALESCE(fetched_due, due) FROM deliveries "
         f"WHERE group_id = {db.mark(conn)} AND {db.int_list_match(conn, 'seq')}",
         (group_id, db.int_list(conn, sorted(wanted))),
     )
-    found: dict[int, tuple[int, str | None, int]] = {
-        seq: (count, consumer, due) for seq, count, consumer, due in rows
+    found: dict[int, tuple[int, str | None, int, int]] = {
+        seq: (count, consumer, due, fetched) for seq, count, consumer, due, fetched in rows
     }
     ranges = sql.query(conn, _statement(conn, "ranges_over"), (group_id, max(wanted), min(wanted)))
     for first, last, consumer, due in ranges:
         for seq in wanted.intersection(range(first, last + 1)):
-            found[seq] = (1, consumer, due)
+            found[seq] = (1, consumer, due, due)
     return found
 
 
@@ -382,7 +397,8 @@ def postpone(conn: Connection, group_id: int, seqs: list[int], due: int) -> None
     m = db.mark(conn)
     sql.execute(
         conn,
-        f"UPDATE deliveries SET consumer = NULL, due = {m}, delivery_count = -delivery_count "
+        f"UPDATE deliveries SET consumer = NULL, due = {m}, fetched_due = NULL, "
+        "delivery_count = -delivery_count "
         f"WHERE group_id = {m} AND {db.int_list_match(conn, 'seq')}",
         (due, group_id, db.int_list(conn, sorted(set(seqs)))),
     )
@@ -445,11 +461,12 @@ def take(conn: Connection, group_id: int, seqs: list[int]) -> dict[int, int]:
 
 def clear(conn: Connection, group_id: int) -> tuple[int, int, int]:
     """Drop every delivery of a group (a seek); returns (leases revoked, waiting dropped, the
-    latest deadline of the revoked leases or 0)."""
+    latest deadline the revoked leases were fetched with, or 0: their names, which new leases
+    must not take; an extension's later deadline is no name)."""
     revoked, dropped = queue_sizes(conn, group_id)[::-1]
     latest = max(
         conn.execute(
-            select(func.max(deliveries.c.due)).where(
+            select(func.max(func.coalesce(deliveries.c.fetched_due, deliveries.c.due))).where(
                 deliveries.c.group_id == group_id, deliveries.c.consumer.is_not(None)
             )
         ).scalar_one()

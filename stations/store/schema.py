@@ -176,6 +176,9 @@ deliveries = Table(
     Column("due", BigInteger, nullable=False),
     # Times this message came back from the DLS by redrive (it carries over to a new entry).
     Column("redrives", Integer, nullable=False, server_default="0"),
+    # The deadline the lease was fetched with, once an extension moved ``due``: still the
+    # lease's name in a transaction (null: ``due`` is).
+    Column("fetched_due", BigInteger),
 )
 Index("ix_deliveries_due", deliveries.c.group_id, deliveries.c.due)
 
