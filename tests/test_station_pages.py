@@ -62,6 +62,26 @@ def test_pages_walk_the_list_by_name(http: httpx.Client) -> None:
     assert "next" not in whole
     assert set(names) <= {s["name"] for s in whole["stations"]}
     assert _names(http, run, after=names[-1]) == ([], None)
+    # contains ignores ASCII case (a console's search box); prefix is exact; a % or _ in
+    # either is a character, not a pattern.
+    assert _names(http, run, contains="-X") == ([n for n in names if n.endswith("-x")], None)
+    assert _names(http, run.upper()) == ([], None)
+    assert _names(http, run, contains="%") == ([], None)
+    assert _names(http, run, contains="0_1") == ([], None)
+
+
+def test_pages_order_by_code_point_on_both_engines(http: httpx.Client) -> None:
+    """One order for pages and ``after`` on both engines, whatever a PostgreSQL database's
+    collation: by code point (Z before _ before a, ~ last)."""
+    run = f"cp{uuid.uuid4().hex[:6]}-"
+    names = [f"{run}{tail}" for tail in ("a", "Z", "b", "_", "~", "B1", "-")]
+    for name in names:
+        assert http.post("/api/stations", json={"name": name}).status_code == 201
+    expected = sorted(names)
+    assert _names(http, run, limit=100) == (expected, None)
+    first, after = _names(http, run, limit=4)
+    rest, last = _names(http, run, limit=4, after=after)
+    assert (first + rest, last) == (expected, None)
 
 
 @pytest.mark.parametrize(

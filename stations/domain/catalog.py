@@ -77,7 +77,8 @@ def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> Stream
 @dataclass(frozen=True, slots=True)
 class Page:
     """Which stations a list shows: those ``shown`` (a scoped token's), by name, after
-    ``after``, holding ``contains`` and starting with ``prefix``, at most ``limit``."""
+    ``after``, starting with ``prefix`` and holding ``contains`` (ignoring ASCII case), at
+    most ``limit``."""
 
     limit: int
     after: str | None = None
@@ -93,20 +94,10 @@ def views(
     in name order (one more than its limit: the caller tells whether a next page exists)."""
     if name is not None:
         states = [live_stream(rows.load(tx, name), name, now)]
+    elif page is not None:
+        states = _page(tx, now, page)
     else:
         states = [s for s in rows.every(tx) if not s.deleted and not s.expired(now)]
-    if page is not None:
-        states = sorted(
-            (
-                s
-                for s in states
-                if (page.after is None or s.name > page.after)
-                and s.name.startswith(page.prefix)
-                and page.contains in s.name
-                and page.shown(s.name)
-            ),
-            key=lambda s: s.name,
-        )[: page.limit + 1]
     if not states:
         return []
     ids = [s.id for s in states]
@@ -117,6 +108,20 @@ def views(
         for sid, values in provider(tx, ids).items():
             extra.setdefault(sid, {}).update(values)
     return [_view(s, in_window.get(s.id, 0), extra.get(s.id, {})) for s in states]
+
+
+def _page(tx: Tx, now: int, page: Page) -> list[StreamState]:
+    """The page's stations, one more than its limit if there are: read from the database a
+    page at a time, as expired ones and those a token does not cover are left out."""
+    out: list[StreamState] = []
+    after = page.after
+    while len(out) <= page.limit:
+        chunk = rows.page(tx, after, page.prefix, page.contains, page.limit + 1)
+        out += [s for s in chunk if not s.expired(now) and page.shown(s.name)]
+        if len(chunk) <= page.limit:
+            break
+        after = chunk[-1].name
+    return out[: page.limit + 1]
 
 
 def _view(state: StreamState, ids_in_window: int, extra: dict[str, int]) -> dict[str, Any]:

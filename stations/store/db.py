@@ -161,6 +161,12 @@ def _postgresql(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
+def by_code_point(conn: Connection, column: Any) -> Any:
+    """``column`` compared and ordered by code point on both engines: SQLite's BINARY
+    collation does, a PostgreSQL database's linguistic one (ICU, en_US) does not."""
+    return column.collate("C") if _postgresql(conn) else column
+
+
 def lock_name(conn: Connection, name: str) -> None:
     """Serialize, until the commit, every process's transactions that take this name (a create
     of one stream name). One process alone (SQLite's single writer) needs no lock."""

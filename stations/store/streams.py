@@ -39,10 +39,32 @@ def live_of(tx: Tx, stream_ids: list[int]) -> set[int]:
     return {int(r[0]) for r in found}
 
 
+def _by_name(tx: Tx) -> Any:
+    """The name as lists order and compare it: by code point on both engines (a paged list's
+    ``after`` must agree with the order of the pages)."""
+    return db.by_code_point(db.conn_of(tx), streams.c.name)
+
+
 def every(tx: Tx) -> list[StreamState]:
     """Every stream row, deleted and expired ones too, by name."""
-    rows = db.conn_of(tx).execute(select(streams).order_by(streams.c.name)).all()
+    rows = db.conn_of(tx).execute(select(streams).order_by(_by_name(tx))).all()
     # By position, in table order: a dict per row cost twice as much at thousands of stations.
+    return [StreamState.from_tuple(tuple(r)) for r in rows]
+
+
+def page(tx: Tx, after: str | None, prefix: str, contains: str, limit: int) -> list[StreamState]:
+    """Up to ``limit`` rows not deleted, by name, after ``after``, starting with ``prefix``
+    (exactly) and holding ``contains`` (ignoring ASCII case): one page of a list, without
+    reading every row (at 10,000 stations that took 100 ms of the 120 a page cost)."""
+    name = _by_name(tx)
+    query = select(streams).where(streams.c.deleted.is_(False))
+    if after is not None:
+        query = query.where(name > after)
+    if prefix:
+        query = query.where(func.substr(streams.c.name, 1, len(prefix)) == prefix)
+    if contains:
+        query = query.where(streams.c.name.icontains(contains, autoescape=True))
+    rows = db.conn_of(tx).execute(query.order_by(name).limit(limit)).all()
     return [StreamState.from_tuple(tuple(r)) for r in rows]
 
 
