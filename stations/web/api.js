@@ -144,7 +144,9 @@ const query = (params) => {
 };
 
 export const api = {
-  stations: (opts) => request('GET', '/api/stations', undefined, opts),
+  // One page of stations by name ({ limit, after, contains }: answers `next`), or without
+  // them every station.
+  stations: (page = {}, opts) => request('GET', '/api/stations' + query(page), undefined, opts),
   station: (name, opts) => request('GET', one(name), undefined, opts),
   create: (config) => request('POST', '/api/stations', config),
   patch: (name, changes) => request('PATCH', one(name), changes),

@@ -1,13 +1,12 @@
 // All stations with live stats, a search box and the way to create one.
 //
-// GET /api/stations answers every station at once (no paging, about 450 bytes a station), and
-// reading it every 2 s cost 4.5 MB a refresh at 10,000 stations. So the list shows a page at a
-// time; the whole list is read again at a pace that slows with its size (new and deleted
-// stations show then), and in between only the stations whose rows are on screen are read,
-// one small request each.
+// The server pages the list (GET /api/stations?limit&after&contains, by name): each refresh
+// reads the page on screen, and only it, so a refresh costs the same at 10 or 10,000 stations
+// (the whole list was about 450 bytes a station, 4.5 MB every 2 s at 10,000). The search is the
+// server's too, so it finds stations on any page, those created since included.
 
-import { api } from '../api.js';
-import { alertBox, duration, h, num, staleBox } from '../dom.js';
+import { api, signInPending } from '../api.js';
+import { alertBox, h, num, staleBox } from '../dom.js';
 import { stationHref } from '../routes.js';
 
 const COLUMNS = [
@@ -19,22 +18,18 @@ const COLUMNS = [
 
 const PAGE_ROWS = 100;
 const TICK_MS = 2000;
-// The whole list is read at most once per 20 ms per station it holds (every 2 s up to 100
-// stations, every minute at 3,000): about 20 KB/s on average whatever its size.
-const LIST_MS_PER_STATION = 20;
-const LIST_MAX_MS = 300_000;
-// The rows on screen, between two reads of the whole list.
-const ROWS_MS = 4000;
+// Typing a search asks once it pauses, not at every key.
+const SEARCH_MS = 300;
 
-const listMs = (count) => Math.min(Math.max(TICK_MS, count * LIST_MS_PER_STATION), LIST_MAX_MS);
-const byName = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
 const stationsText = (n) => (n === 1 ? '1 station' : `${num(n)} stations`);
+const matchText = (n) => (n === 1 ? '1 station matches' : `${num(n)} stations match`);
 
 export async function renderList(main, ctx) {
   const search = h('input', {
     type: 'search',
     id: 'search',
     autocomplete: 'off',
+    // The search is the server's (contains, ignoring ASCII case).
     placeholder: 'Filter by name',
   });
   const body = h('tbody');
@@ -62,28 +57,25 @@ export async function renderList(main, ctx) {
   const next = h('button', { type: 'button' }, 'Next page');
   const range = h('p', { class: 'hint' });
   const pager = h('nav', { class: 'toolbar pager', 'aria-label': 'Pages of stations', hidden: true }, previous, next, range);
-  // Every station's latest view, by name, and the names in order.
-  let views = new Map();
-  let names = [];
-  let page = 0;
-  // The rows of the page shown, by name (only those are built), and those now on screen.
+
+  // The page asked for: the name it starts after (null: the first page), the starts of the
+  // pages before it (Previous goes back through them: the server knows no page numbers) and
+  // the search. `nextStart` is the start of the page after it (null: none, or not known yet).
+  let start = null;
+  let starts = [];
+  let contains = '';
+  let nextStart = null;
+  // The page on screen: the last answer (the page asked for once it has answered).
+  let shown = { stations: [], index: 0, contains: '', next: null };
   const rows = new Map();
-  const onScreen = new Set();
-  const rowName = new WeakMap();
-  // When the whole list, and the rows on screen, are next read (ms since the epoch).
-  let listDue = 0;
-  let rowsDue = 0;
+  // Numbers the requests: only the latest one's answer is shown (a page turn or a search
+  // overtakes a refresh under way).
+  let asked = 0;
+  let inflight = null;
+  let askedAt = -Infinity;
+  let searchTimer = null;
   // When the figures on screen were last refreshed (said when a refresh fails).
   let updated = null;
-
-  const observer = new IntersectionObserver((seen) => {
-    for (const e of seen) {
-      const name = rowName.get(e.target);
-      if (e.isIntersecting) onScreen.add(name);
-      else onScreen.delete(name);
-    }
-  });
-  ctx.signal.addEventListener('abort', () => observer.disconnect());
 
   function row(view) {
     const cells = {};
@@ -94,7 +86,6 @@ export async function renderList(main, ctx) {
       h('td', { 'data-label': 'Content type' }, view.contentType),
       COLUMNS.map(([key, label]) => (cells[key] = h('td', { class: 'n', 'data-label': label }))),
     );
-    rowName.set(tr, view.name);
     return { tr, cells };
   }
 
@@ -106,104 +97,135 @@ export async function renderList(main, ctx) {
     r.cells.deadLettered.classList.toggle('warn', (view.stats?.deadLettered || 0) > 0);
   }
 
-  /** Lay out the page shown from `views`, moving only what is out of place (focus stays). */
+  const setText = (el, text) => {
+    // The status is a live region: said again only when it changes, not every refresh.
+    if (el.textContent !== text) el.textContent = text;
+  };
+
+  /** The page buttons, for the page asked for (they change at a click, before its answer). */
+  function renderPager() {
+    const focused = document.activeElement;
+    pager.hidden = starts.length === 0 && nextStart === null;
+    previous.disabled = starts.length === 0;
+    next.disabled = nextStart === null && !inflight;
+    // A button that just went disabled would drop the keyboard's focus: the other one takes it.
+    if (focused === previous && previous.disabled && !next.disabled) next.focus();
+    if (focused === next && next.disabled && !previous.disabled) previous.focus();
+  }
+
+  /** Lay out the page on screen, moving only what is out of place (focus stays). */
   function render() {
-    const needle = search.value.trim().toLowerCase();
-    const matching = needle ? names.filter((n) => n.toLowerCase().includes(needle)) : names;
-    const pages = Math.max(1, Math.ceil(matching.length / PAGE_ROWS));
-    page = Math.min(page, pages - 1);
-    const start = page * PAGE_ROWS;
-    const shown = matching.slice(start, start + PAGE_ROWS);
-    const keep = new Set(shown);
+    const { stations, index, next: more } = shown;
+    const keep = new Set(stations.map((v) => v.name));
     for (const [name, r] of rows) {
       if (keep.has(name)) continue;
-      observer.unobserve(r.tr);
       r.tr.remove();
       rows.delete(name);
-      onScreen.delete(name);
     }
-    shown.forEach((name, i) => {
-      let r = rows.get(name);
+    stations.forEach((view, i) => {
+      let r = rows.get(view.name);
       if (!r) {
-        r = row(views.get(name));
-        rows.set(name, r);
-        observer.observe(r.tr);
+        r = row(view);
+        rows.set(view.name, r);
       }
-      fill(r, views.get(name));
+      fill(r, view);
       if (body.children[i] !== r.tr) body.insertBefore(r.tr, body.children[i] || null);
     });
-    table.hidden = names.length === 0;
-    empty.hidden = shown.length > 0;
-    if (names.length === 0) {
+    // The server counts nothing: the pages before this one were full, so the count is known
+    // on the last page only (give or take stations created or deleted meanwhile).
+    const last = index + stations.length;
+    const count = more === null ? null : last;
+    table.hidden = stations.length === 0 && !shown.contains;
+    empty.hidden = stations.length > 0;
+    if (!shown.contains) {
       empty.replaceChildren('No stations yet. ', h('a', { href: '#/new' }, 'Create the first one'), '.');
+      setText(status, count === null ? stationsText(last) : `More than ${stationsText(last)}`);
     } else {
-      empty.textContent = `No station matches “${search.value.trim()}”.`;
+      empty.textContent = `No station matches “${shown.contains}”.`;
+      setText(status, `${count === null ? matchText(last) : `More than ${matchText(last)}`} “${shown.contains}”`);
     }
-    status.textContent = needle ? `${num(matching.length)} of ${stationsText(names.length)} shown` : stationsText(names.length);
-    pager.hidden = pages <= 1;
-    previous.disabled = page === 0;
-    next.disabled = page >= pages - 1;
-    range.textContent = pages <= 1
-      ? ''
-      : `${num(start + 1)}–${num(start + shown.length)} of ${num(matching.length)}. The list is read again every ` +
-        `${duration(Math.round(listMs(names.length) / 1000) * 1000)} at this size, the figures on screen every ${duration(ROWS_MS)}.`;
+    const from = last === index + 1 ? num(last) : `${num(index + 1)}–${num(last)}`;
+    setText(range, stations.length ? `${from}${more === null ? ` of ${num(last)}` : ''}` : '');
+    renderPager();
   }
 
-  async function refreshList() {
-    const { stations } = await api.stations({ signal: ctx.signal });
-    views = new Map(stations.map((v) => [v.name, v]));
-    names = [...views.keys()].sort(byName);
-    const now = Date.now();
-    listDue = now + listMs(names.length);
-    rowsDue = now + ROWS_MS;
+  /** Read the page asked for (one request) and show it. */
+  async function load() {
+    const mine = ++asked;
+    inflight?.abort();
+    const ctrl = new AbortController();
+    inflight = ctrl;
+    askedAt = performance.now();
+    const index = starts.length * PAGE_ROWS;
+    let answer;
+    try {
+      answer = await api.stations(
+        { limit: PAGE_ROWS, after: start, contains },
+        { signal: AbortSignal.any([ctx.signal, ctrl.signal]) },
+      );
+    } catch (err) {
+      if (mine !== asked) return; // overtaken (and aborted): the newer request says how it went
+      throw err;
+    } finally {
+      if (inflight === ctrl) inflight = null;
+    }
+    if (mine !== asked) return;
+    if (!answer.stations.length && start !== null) {
+      // The page emptied (its stations deleted): back to the first one.
+      start = null;
+      starts = [];
+      nextStart = null;
+      await load();
+      return;
+    }
+    nextStart = answer.next ?? null;
+    shown = { stations: answer.stations, index, contains, next: nextStart };
     updated = new Date();
     problem.replaceChildren();
     render();
   }
 
-  /** Read again the stations whose rows are on screen (a deleted one leaves the list). */
-  async function refreshRows() {
-    rowsDue = Date.now() + ROWS_MS;
-    const wanted = [...onScreen].filter((name) => views.has(name));
-    if (!wanted.length) return;
-    const answers = await Promise.all(
-      wanted.map((name) =>
-        api.station(name, { signal: ctx.signal }).catch((err) => {
-          if (err?.status === 404) return null;
-          throw err;
-        }),
-      ),
-    );
-    wanted.forEach((name, i) => {
-      if (answers[i]) views.set(name, answers[i]);
-      else views.delete(name);
-    });
-    if (views.size !== names.length) names = names.filter((name) => views.has(name));
-    updated = new Date();
-    problem.replaceChildren();
-    render();
-  }
-
-  function tick() {
-    const now = Date.now();
-    if (now >= listDue) return refreshList();
-    if (now >= rowsDue) return refreshRows();
-    return undefined;
-  }
-
-  // Rows newly shown carry the figures of the last read of the whole list: read them soon.
-  const turn = (by) => {
-    page += by;
-    rowsDue = 0;
-    render();
+  const report = (err) => {
+    if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
+    renderPager(); // a Next left waiting for the failed page's answer
   };
-  previous.addEventListener('click', () => turn(-1));
-  next.addEventListener('click', () => turn(1));
-  search.addEventListener('input', () => {
-    page = 0;
-    rowsDue = 0;
-    render();
+  /** Ask for another page now (a click or a search), and meanwhile set the buttons for it. */
+  function go() {
+    clearTimeout(searchTimer);
+    // While a new token is awaited the refused one is not sent again: the refresh after the
+    // sign-in reads the page asked for.
+    if (signInPending()) askedAt = -Infinity;
+    else load().catch(report);
+    renderPager();
+  }
+
+  previous.addEventListener('click', () => {
+    if (!starts.length) return;
+    // The page left is the next one of the page gone back to.
+    nextStart = start;
+    start = starts.pop();
+    go();
   });
+  next.addEventListener('click', () => {
+    if (nextStart === null) return; // its start not known yet: the page before is still loading
+    starts.push(start);
+    start = nextStart;
+    nextStart = null;
+    go();
+  });
+  search.addEventListener('input', () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => {
+      const text = search.value.trim();
+      if (text === contains) return;
+      contains = text;
+      start = null;
+      starts = [];
+      nextStart = null;
+      go();
+    }, SEARCH_MS);
+  });
+  ctx.signal.addEventListener('abort', () => clearTimeout(searchTimer));
   main.replaceChildren(
     h(
       'div',
@@ -225,16 +247,18 @@ export async function renderList(main, ctx) {
   );
   document.title = 'Stations';
   try {
-    await refreshList();
+    await load();
   } catch (err) {
     if (err?.status === 401 || ctx.signal.aborted) return;
     problem.replaceChildren(alertBox(err));
   }
   ctx.every(TICK_MS, async () => {
+    // A page or a search read less than a tick ago is fresh enough: one request per 2 s.
+    if (performance.now() - askedAt < TICK_MS / 2) return;
     try {
-      await tick();
+      await load();
     } catch (err) {
-      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
+      report(err);
     }
   });
 }
