@@ -48,7 +48,7 @@ async def test_an_extended_lease_is_not_delivered_again_until_its_new_deadline(a
     before = time.time()
     answer = await _extend(api, st, "g", [offs[1]], leaseMs=2500, consumer="w1")
     assert (answer["extended"], answer["unknown"]) == (1, [])
-    deadline = ms(answer["ackDeadline"])
+    deadline = ms(answer["leaseUntil"])
     assert before + 2.5 - 0.05 <= deadline <= time.time() + 2.5 + 0.05
 
     # The other two expire at their own deadline and come again; the extended one does not.
@@ -121,13 +121,13 @@ async def test_an_extended_lease_keeps_its_name_in_a_transaction(api: Api) -> No
     [m] = await api.fetch(st, "g", consumer="w1")
     await asyncio.sleep(0.01)
     answer = await _extend(api, st, "g", [off], consumer="w1")
-    assert answer["ackDeadline"] != m["ackDeadline"]
+    assert answer["leaseUntil"] != m["ackDeadline"]
 
     def tx(deadline: str) -> dict[str, Any]:
         lease = {"station": st, "group": "g", "offset": off, "deliveryCount": 1}
         return {"consumer": "w1", "ack": [lease | {"ackDeadline": deadline}]}
 
-    wrong = await api.c.post("/api/transactions", json=tx(answer["ackDeadline"]))
+    wrong = await api.c.post("/api/transactions", json=tx(answer["leaseUntil"]))
     assert wrong.status_code == 409, wrong.text
     right = await api.c.post("/api/transactions", json=tx(m["ackDeadline"]))
     assert right.status_code == 200, right.text
@@ -150,13 +150,13 @@ async def test_a_named_lease_extends_that_delivery_only(api: Api) -> None:
         return {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
 
     stale = await _extend(api, st, "g", None, leases=[named(first)], consumer="w")
-    assert stale == {"extended": 0, "ackDeadline": None, "unknown": [off]}
+    assert stale == {"extended": 0, "leaseUntil": None, "unknown": [off]}
     # The same count with another deadline (a seek or replay's delivery) is not it either.
     other = named(second) | {"ackDeadline": first["ackDeadline"]}
     assert (await _extend(api, st, "g", None, leases=[other]))["extended"] == 0
     live = await _extend(api, st, "g", None, leases=[named(second)], leaseMs=5000)
     assert (live["extended"], live["unknown"]) == (1, [])
-    assert ms(live["ackDeadline"]) > ms(second["ackDeadline"]) + 4
+    assert ms(live["leaseUntil"]) > ms(second["ackDeadline"]) + 4
 
 
 async def test_a_seek_after_a_long_extension_keeps_new_leases_short(api: Api) -> None:
@@ -191,7 +191,7 @@ async def test_extend_leaves_messages_retention_dropped(api: Api) -> None:
 
     await eventually(dropped)
     answer = await _extend(api, st, "g", [old], leaseMs=3_600_000)
-    assert answer == {"extended": 0, "ackDeadline": None, "unknown": [old]}
+    assert answer == {"extended": 0, "leaseUntil": None, "unknown": [old]}
     await _past(m)
     await asyncio.sleep(EXPIRY_SLACK_S)
     assert (await api.groups(st))["g"]["inFlight"] == 0
@@ -238,3 +238,65 @@ async def test_extend_on_a_group_that_does_not_exist_is_404(api: Api) -> None:
     )
     assert r.status_code == 404, r.text
     assert field_of(r) == "group"
+
+
+async def test_a_replayed_message_never_takes_the_name_of_the_lease_it_replaced(api: Api) -> None:
+    """A DLS replay lifts the group's lease floor above every lease name handed out: after a
+    lowered maxAckTimeMs and a seek, fetches named leases floor + 1, the replay's fence kept
+    the floor below that, and the replayed message's next delivery took the very name (count
+    1, same ackDeadline) of the dead-lettered lease, whose late transaction then acked it and
+    committed its output (found by a review)."""
+    st = await api.station()
+    out = await api.station()
+    [off] = await api.produce(st, ["job"])
+    await api.put_group(st, "g", maxAckTimeMs=60_000, maxMsgDeliveries=5)
+    await api.fetch(st, "g", consumer="w0")
+    await api.put_group(st, "g", status=200, maxAckTimeMs=1000)
+    r = await api.c.post(api.path(st, "groups", "g", "seek"), json={"to": "earliest"})
+    assert r.status_code == 200, r.text
+    [m1] = await api.fetch(st, "g", consumer="w1")
+    assert (await api.dead_letter(st, "g", [off]))["deadLettered"] == 1
+    assert await api.replay(st, {"all": True}) == 1
+    [m2] = await api.fetch(st, "g", consumer="w2")
+    assert m2["deliveryCount"] == 1
+    assert m2["ackDeadline"] != m1["ackDeadline"]
+
+    def tx(m: dict[str, Any], who: str) -> dict[str, Any]:
+        lease = {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
+        return {
+            "ack": [{"station": st, "group": "g", **lease}],
+            "produce": [{"station": out, "data": {"from": who}}],
+        }
+
+    stale = await api.c.post("/api/transactions", json=tx(m1, "w1"))
+    assert stale.status_code == 409, stale.text
+    live = await api.c.post("/api/transactions", json=tx(m2, "w2"))
+    assert live.status_code == 200, live.text
+    assert [m["data"] for m in await api.browse(out)] == [{"from": "w2"}]
+
+
+async def test_an_extend_naming_two_deliveries_of_a_message_extends_the_held_one(
+    api: Api,
+) -> None:
+    """A stale delivery named beside the live one (one request for a consumer's messages):
+    the live lease is extended (the last one named won, and the live lease expired)."""
+    st = await api.station(consumerDefaults={"maxAckTimeMs": 300, "maxMsgDeliveries": 5})
+    [off] = await api.produce(st, ["x"])
+    await api.put_group(st, "g")
+    [first] = await api.fetch(st, "g", consumer="w")
+    await _past(first)
+    [second] = await api.fetch(st, "g", consumer="w")
+
+    def named(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
+
+    answer = await _extend(api, st, "g", None, leases=[named(second), named(first)])
+    assert (answer["extended"], answer["unknown"]) == (1, [])
+
+
+async def test_page_parameters_with_a_nul_are_refused(api: Api) -> None:
+    """A NUL in after, prefix or contains is a 400 naming it (PostgreSQL answered 500)."""
+    for key in ("after", "prefix", "contains"):
+        r = await api.c.get("/api/stations", params={key: "a\x00b"})
+        assert r.status_code == 400, r.text
+        assert field_of(r) == key

@@ -159,16 +159,20 @@ async def extend(request: web.Request) -> web.Response:
         station_name(request), _group(request), seqs, lease_ms, consumer, named
     )
     return web.json_response(
-        {"extended": n, "ackDeadline": messages.iso(deadline) if n else None, "unknown": unknown}
+        # Not "ackDeadline": that is the lease's name, as its fetch answered it, which a
+        # transaction gives; taken for it, this deadline could name a later delivery.
+        {"extended": n, "leaseUntil": messages.iso(deadline) if n else None, "unknown": unknown}
     )
 
 
-def _named_leases(raw: Any) -> tuple[list[int], dict[int, tuple[int, int]]]:
+def _named_leases(raw: Any) -> tuple[list[int], dict[int, set[tuple[int, int]]]]:
     """``leases``: [{"offset", "deliveryCount", "ackDeadline"}] as a fetch answered them,
     which name one delivery each (a later one of the same message is left alone)."""
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise BadRequest("leases must be a non-empty array of at most 10000 leases", "leases")
-    named: dict[int, tuple[int, int]] = {}
+    # Several deliveries of one message may be named (a stale one beside the live one):
+    # the one held is extended.
+    named: dict[int, set[tuple[int, int]]] = {}
     for i, lease in enumerate(raw):
         where = f"leases.{i}"
         if not isinstance(lease, dict):
@@ -185,7 +189,8 @@ def _named_leases(raw: Any) -> tuple[list[int], dict[int, tuple[int, int]]]:
             raise BadRequest(
                 f"{where}.deliveryCount must be a delivery count", f"{where}.deliveryCount"
             )
-        named[seq] = (count, parse_deadline(lease["ackDeadline"], f"{where}.ackDeadline"))
+        deadline = parse_deadline(lease["ackDeadline"], f"{where}.ackDeadline")
+        named.setdefault(seq, set()).add((count, deadline))
     return list(named), named
 
 

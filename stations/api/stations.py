@@ -115,6 +115,9 @@ def _page(request: web.Request, shown: Callable[[str], bool] | None) -> Page | N
     asked = {key: query_once(request, key) for key in ("limit", "after", "prefix", "contains")}
     if all(value is None for value in asked.values()):
         return None
+    for key, value in asked.items():
+        if value is not None and "\x00" in value:  # no name holds one; PostgreSQL refuses it
+            raise BadRequest(f"{key} must not hold a NUL character", key)
     return Page(
         limit=_int_param(request, "limit", 100, 1, MAX_PAGE),
         after=asked["after"],

@@ -389,7 +389,7 @@ class Consumer:
                 body["leaseMs"] = lease_ms
             answer = await self._call("extend", body)
             unknown = set(answer.get("unknown") or ())
-            deadline = _time(answer.get("ackDeadline"))
+            deadline = _time(answer.get("leaseUntil"))
             for m in chunk:
                 if m.offset not in unknown and deadline is not None:
                     m.ack_deadline = deadline

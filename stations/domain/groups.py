@@ -51,6 +51,7 @@ class Group:
     cursor: int
     created_at: int
     lease_floor: int = 0
+    names_bound: int = 0
 
 
 @dataclass(slots=True)
@@ -170,6 +171,11 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
         return Group(id=store.create(batch.conn, values), **values), True
     changes = {}
     if ack_ms is not None and ack_ms != group.max_ack_time_ms:
+        if ack_ms < group.max_ack_time_ms:
+            # Names handed out so far may reach now plus the old ack time, beyond what a fence
+            # would reckon from the new one (a replayed message took a revoked lease's name).
+            bound = max(group.names_bound, batch.now + group.max_ack_time_ms)
+            changes["names_bound"] = group.names_bound = bound
         changes["max_ack_time_ms"] = group.max_ack_time_ms = ack_ms
     lowered = max_deliveries is not None and max_deliveries < group.max_msg_deliveries
     if max_deliveries is not None and max_deliveries != group.max_msg_deliveries:
@@ -327,6 +333,13 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     return Fetched(state.is_json, out, next_due, closed)
 
 
+def fence(group: Group, now: int) -> int:
+    """The lease floor above every lease name the group has handed out: a fetch names a lease
+    ``max(now + ack time, floor + 1)``, and names from before a lowered ack time are at most
+    ``names_bound``. (``store.raise_lease_floor`` is the same rule in SQL.)"""
+    return max(group.lease_floor + 1, now + group.max_ack_time_ms, group.names_bound)
+
+
 def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     """Delivered and not yet settled (leased, or its lease expired): seq → delivery count."""
     return store.open_deliveries(batch.conn, group.id, seqs)
@@ -388,11 +401,11 @@ def extend(
     seqs: list[int],
     lease_ms: int | None,
     consumer: str | None,
-    named: dict[int, tuple[int, int]] | None = None,
+    named: dict[int, set[tuple[int, int]]] | None = None,
 ) -> tuple[int, int, list[str]]:
     """A consumer still working on messages keeps their leases: each held lease (not expired;
-    ``consumer``'s if given; with ``named``, seq → (delivery count, the ackDeadline its fetch
-    answered), only that delivery) runs until ``lease_ms`` (default the group's
+    ``consumer``'s if given; with ``named``, seq → {(delivery count, the ackDeadline its fetch
+    answered)}, only those deliveries) runs until ``lease_ms`` (default the group's
     ``maxAckTimeMs``) from now. The lease keeps its name: a transaction still gives the
     deadline its fetch answered. An expired lease is not taken back (its message may be on
     its way to another consumer), nor one whose message retention dropped. Returns (how many,
@@ -568,8 +581,8 @@ def seek(batch: Batch, station: str, name: str, target: tuple[str, Any]) -> Seek
         cursor = state.tail if first is None else first - 1
     revoked, dropped, latest = store.clear(batch.conn, group.id)
     # The messages come round again from delivery count 1: their new leases must not take the
-    # deadline of a revoked one (same clock reading), or its late transaction settles them.
-    floor = max(group.lease_floor, latest)
+    # name (fetched deadline) of an earlier one, or its late transaction settles them.
+    floor = max(fence(group, batch.now), latest)
     store.change(batch.conn, group.id, cursor=cursor, lease_floor=floor)
     group.cursor, group.lease_floor = cursor, floor
     batch.changed.add(state.name)  # waiting fetchers may have something new to take

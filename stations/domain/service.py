@@ -790,7 +790,7 @@ class Service:
         seqs: list[int],
         lease_ms: int | None,
         consumer: str | None,
-        named: dict[int, tuple[int, int]] | None = None,
+        named: dict[int, set[tuple[int, int]]] | None = None,
     ) -> tuple[int, int, list[str]]:
         # A deadline moved sooner (a leaseMs shorter than what was left) needs the lease
         # timer then; one moved later finds the timer early, and it arms itself for the next.

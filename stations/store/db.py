@@ -161,6 +161,11 @@ def _postgresql(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
+def greatest(conn: Connection) -> str:
+    """The SQL function of the largest of its arguments."""
+    return "GREATEST" if _postgresql(conn) else "max"
+
+
 def by_code_point(conn: Connection, column: Any) -> Any:
     """``column`` compared and ordered by code point on both engines: SQLite's BINARY
     collation does, a PostgreSQL database's linguistic one (ICU, en_US) does not."""

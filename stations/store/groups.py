@@ -314,10 +314,10 @@ def extend(
     deadline: int,
     now: int,
     consumer: str | None,
-    named: dict[int, tuple[int, int]] | None = None,
+    named: dict[int, set[tuple[int, int]]] | None = None,
 ) -> list[int]:
     """Leases at ``seqs`` that are held (not past their deadline, by ``consumer`` if given;
-    with ``named``, seq → (delivery count, fetched deadline), only that very delivery) run
+    with ``named``, seq → {(delivery count, fetched deadline)}, only those deliveries) run
     until ``deadline``; returns the positions extended. The lease keeps its name: the deadline
     it was fetched with stays in ``fetched_due``. An extended position leaves its lease range
     for a ``deliveries`` row, as a nack's does."""
@@ -329,7 +329,7 @@ def extend(
         seqs = [
             seq
             for seq in seqs
-            if seq in held and (held[seq][0], held[seq][3]) == named.get(seq, (None, None))
+            if seq in held and (held[seq][0], held[seq][3]) in named.get(seq, ())
         ]
         if not seqs:
             return []
@@ -429,15 +429,16 @@ def requeue(conn: Connection, group_id: int, entries: list[tuple[int, int]], due
 
 
 def raise_lease_floor(conn: Connection, group_id: int, now: int) -> int | None:
-    """Lift the group's lease floor to ``now`` plus its ack time (every lease it handed out so
-    far is due by then, unless the ack time was longer); returns the floor, None without the
-    group."""
+    """Lift the group's lease floor above every lease name it handed out (``groups.fence``):
+    its floor plus one, ``now`` plus its ack time, the bound of names given with a longer
+    one; returns the floor, None without the group. (It kept the floor when that was the
+    larger, one below the ``floor + 1`` names fetches had handed out.)"""
     m = db.mark(conn)
     found = sql.query(
         conn,
-        f"UPDATE groups SET lease_floor = CASE WHEN lease_floor > {m} + max_ack_time_ms "
-        f"THEN lease_floor ELSE {m} + max_ack_time_ms END WHERE id = {m} RETURNING lease_floor",
-        (now, now, group_id),
+        f"UPDATE groups SET lease_floor = {db.greatest(conn)}(lease_floor + 1, "
+        f"{m} + max_ack_time_ms, names_bound) WHERE id = {m} RETURNING lease_floor",
+        (now, group_id),
     )
     return int(found[0][0]) if found else None
 

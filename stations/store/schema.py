@@ -162,6 +162,9 @@ groups = Table(
     # Every lease handed out after a seek is due after this (the latest deadline it revoked):
     # a transaction tells a revoked lease from a new delivery of the message by its deadline.
     Column("lease_floor", BigInteger, nullable=False, server_default="0"),
+    # Every lease name (fetched deadline) handed out before ``max_ack_time_ms`` was lowered is
+    # at most this: a fence (a seek, a DLS replay) lifts ``lease_floor`` above it too.
+    Column("names_bound", BigInteger, nullable=False, server_default="0"),
     sqlite_autoincrement=True,  # as streams: a deleted group's id is not handed out again
 )
 Index("ux_groups_stream_name", groups.c.stream_id, groups.c.name, unique=True)

@@ -54,7 +54,7 @@ def every(tx: Tx) -> list[StreamState]:
 
 def page(tx: Tx, after: str | None, prefix: str, contains: str, limit: int) -> list[StreamState]:
     """Up to ``limit`` rows not deleted, by name, after ``after``, starting with ``prefix``
-    (exactly) and holding ``contains`` (ignoring ASCII case): one page of a list, without
+    (exactly) and holding ``contains`` (ignoring case): one page of a list, without
     reading every row (at 10,000 stations that took 100 ms of the 120 a page cost)."""
     name = _by_name(tx)
     query = select(streams).where(streams.c.deleted.is_(False))

@@ -173,7 +173,8 @@ function seekForm(station, done) {
   target.addEventListener('change', showInputs);
   const form = h(
     'form',
-    { class: 'card seek-form', novalidate: true },
+    // Hidden until the groups are known (setGroups): a Seek before that moved "group " (none).
+    { class: 'card seek-form', novalidate: true, hidden: true },
     h('h3', {}, 'Move a group'),
     h(
       'p',
@@ -196,6 +197,10 @@ function seekForm(station, done) {
   );
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
+    if (!group.value) {
+      result.textContent = 'Pick a group to move.';
+      return;
+    }
     let body;
     if (target.value === 'offset') body = { to: offset.value.trim() };
     else if (target.value === 'time') {

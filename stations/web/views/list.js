@@ -29,7 +29,7 @@ export async function renderList(main, ctx) {
     type: 'search',
     id: 'search',
     autocomplete: 'off',
-    // The search is the server's (contains, ignoring ASCII case).
+    // The search is the server's (contains, ignoring case).
     placeholder: 'Filter by name',
   });
   const body = h('tbody');
