@@ -1,11 +1,12 @@
-"""The deadline a lease was fetched with, kept while an extension moves ``due``; and a
-bound on the lease names a group handed out before its ack time was lowered.
+"""Lease names kept through extensions, and a bound on names given before a lowered ack time.
 
-A transaction names a lease by its offset, delivery count and the ``ackDeadline`` its fetch
-answered; a lease extension moves the deadline, not the lease's name (nor a seek's floor,
-which the fetched deadlines bound). A fence (a seek, a DLS replay) lifts the group's lease
-floor above every name handed out: names given with a longer ack time than the group's
-current one are bounded by ``names_bound``.
+``deliveries.fetched_due``: the deadline a lease was fetched with, kept while an extension
+moves ``due``; ``groups.names_bound``: a bound on the lease names a group handed out before its
+ack time was lowered. A transaction names a lease by its offset, delivery count and the
+``ackDeadline`` its fetch answered; an extension moves the deadline, not the lease's name (nor
+a seek's floor, which the fetched deadlines bound). A fence (a seek, a DLS replay) lifts the
+group's lease floor above every name handed out, those given with a longer ack time than the
+group's current one included.
 
 Revision ID: 0017
 Revises: 0016
