@@ -1001,6 +1001,13 @@ async def test_extend_names_its_delivery_and_a_transaction_outlives_heartbeats(
         live = await asyncio.wait_for(anext(b), 10)  # after stale's lease expired
         assert (live.offset, live.delivery_count) == (stale.offset, 2)
         assert not await stale.extend(5000)
+        # Both deliveries in one call: the held one is extended, the stale one's deadline
+        # stays (one request named both, and its answer could not tell them apart).
+        stale_deadline, live_deadline = stale.ack_deadline, live.ack_deadline
+        assert await b.extend([stale, live], 2000) == 1
+        assert stale.ack_deadline == stale_deadline
+        assert live.ack_deadline is not None and live_deadline is not None
+        assert live.ack_deadline > live_deadline
         async with b.transaction() as tx:
             tx.ack(live)
             for _ in range(3):  # heartbeats while the work goes on, past the 300 ms

@@ -38,6 +38,22 @@ logger = logging.getLogger("stations.client.consumer")
 MAX_SETTLE_OFFSETS = 10_000
 
 
+def _requests(messages: list[Message]) -> list[list[Message]]:
+    """``messages`` in requests of at most 10,000, no offset twice in one: the answer's
+    ``unknown`` names offsets, so with two deliveries of a message in one request (a stale one
+    beside the live one) it could not tell which was extended."""
+    out: list[tuple[list[Message], set[str]]] = []
+    for m in messages:
+        for request, offsets in out:
+            if len(request) < MAX_SETTLE_OFFSETS and m.offset not in offsets:
+                request.append(m)
+                offsets.add(m.offset)
+                break
+        else:
+            out.append(([m], {m.offset}))
+    return [request for request, _ in out]
+
+
 def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -378,8 +394,7 @@ class Consumer:
         its delivery (offset, delivery count, the deadline its fetch answered, which stays its
         name in a transaction): a later delivery of the same message is left alone."""
         extended = 0
-        for k in range(0, len(messages), MAX_SETTLE_OFFSETS):
-            chunk = messages[k : k + MAX_SETTLE_OFFSETS]
+        for chunk in _requests(messages):
             body: dict[str, Any] = {"consumer": self.name}
             if all(m.lease is not None for m in chunk):
                 body["leases"] = [m._lease_item() for m in chunk]
