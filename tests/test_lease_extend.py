@@ -27,6 +27,11 @@ _LEASE = {
 }
 
 
+def _named(m: dict[str, Any]) -> dict[str, Any]:
+    """A delivery as the fetch answered it, naming its lease."""
+    return {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
+
+
 async def _extend(
     api: Api, station: str, group: str, offsets: list[str] | None, **extra: Any
 ) -> Any:
@@ -146,15 +151,12 @@ async def test_a_named_lease_extends_that_delivery_only(api: Api) -> None:
     [second] = await api.fetch(st, "g", consumer="w")
     assert second["deliveryCount"] == 2
 
-    def named(m: dict[str, Any]) -> dict[str, Any]:
-        return {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
-
-    stale = await _extend(api, st, "g", None, leases=[named(first)], consumer="w")
+    stale = await _extend(api, st, "g", None, leases=[_named(first)], consumer="w")
     assert stale == {"extended": 0, "leaseUntil": None, "unknown": [off]}
     # The same count with another deadline (a seek or replay's delivery) is not it either.
-    other = named(second) | {"ackDeadline": first["ackDeadline"]}
+    other = _named(second) | {"ackDeadline": first["ackDeadline"]}
     assert (await _extend(api, st, "g", None, leases=[other]))["extended"] == 0
-    live = await _extend(api, st, "g", None, leases=[named(second)], leaseMs=5000)
+    live = await _extend(api, st, "g", None, leases=[_named(second)], leaseMs=5000)
     assert (live["extended"], live["unknown"]) == (1, [])
     assert ms(live["leaseUntil"]) > ms(second["ackDeadline"]) + 4
 
@@ -262,7 +264,7 @@ async def test_a_replayed_message_never_takes_the_name_of_the_lease_it_replaced(
     assert m2["ackDeadline"] != m1["ackDeadline"]
 
     def tx(m: dict[str, Any], who: str) -> dict[str, Any]:
-        lease = {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
+        lease = _named(m)
         return {
             "ack": [{"station": st, "group": "g", **lease}],
             "produce": [{"station": out, "data": {"from": who}}],
@@ -287,10 +289,7 @@ async def test_an_extend_naming_two_deliveries_of_a_message_extends_the_held_one
     await _past(first)
     [second] = await api.fetch(st, "g", consumer="w")
 
-    def named(m: dict[str, Any]) -> dict[str, Any]:
-        return {k: m[k] for k in ("offset", "deliveryCount", "ackDeadline")}
-
-    answer = await _extend(api, st, "g", None, leases=[named(second), named(first)])
+    answer = await _extend(api, st, "g", None, leases=[_named(second), _named(first)])
     assert (answer["extended"], answer["unknown"]) == (1, [])
 
 

@@ -123,7 +123,7 @@ def _page(request: web.Request, shown: Callable[[str], bool] | None) -> Page | N
         after=asked["after"],
         prefix=asked["prefix"] or "",
         contains=asked["contains"] or "",
-        shown=shown or (lambda name: True),
+        shown=shown,
     )
 
 

@@ -87,7 +87,7 @@ class Page:
     after: str | None = None
     prefix: str = ""
     contains: str = ""
-    shown: Callable[[str], bool] = lambda name: True
+    shown: Callable[[str], bool] | None = None
 
 
 def views(
@@ -124,7 +124,8 @@ def _page(tx: Tx, now: int, page: Page) -> list[StreamState]:
     size = max(page.limit + 1, PAGE_CHUNK)
     while len(out) <= page.limit:
         chunk = rows.page(tx, after, page.prefix, page.contains, size)
-        out += [s for s in chunk if not s.expired(now) and page.shown(s.name)]
+        shown = page.shown
+        out += [s for s in chunk if not s.expired(now) and (shown is None or shown(s.name))]
         if len(chunk) < size:
             break
         after = chunk[-1].name
