@@ -215,7 +215,7 @@ async def test_extend_leaves_messages_retention_dropped(api: Api) -> None:
         ({"offsets": ["0000000000000000_0000000000000000"], "leases": []}, "offsets"),
         ({"leases": []}, "leases"),
         ({"leases": [7]}, "leases.0"),
-        ({"leases": [{"offset": "0000000000000000_0000000000000000"}]}, "leases.0.deliveryCount"),
+        ({"leases": [{"offset": "0000000000000000_0000000000000000"}]}, "leases.0.ackDeadline"),
         ({"leases": [dict(_LEASE, offset="x")]}, "leases.0.offset"),
         ({"leases": [dict(_LEASE, deliveryCount=0)]}, "leases.0.deliveryCount"),
         ({"leases": [dict(_LEASE, deliveryCount=True)]}, "leases.0.deliveryCount"),
@@ -230,6 +230,34 @@ async def test_bad_extend_bodies_name_their_field(api: Api, body: Any, field: st
     r = await api.c.post(api.path(st, "groups", "g", "extend"), json=body)
     assert r.status_code == 400, r.text
     assert field_of(r) == field
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"offset": "x"},
+        {"deliveryCount": 0},
+        {"deliveryCount": 1_000_001},
+        {"deliveryCount": True},
+        {"ackDeadline": "soon"},
+        {"ackDeadline": "2026-11-28T04:00:00"},
+    ],
+)
+async def test_a_lease_is_checked_alike_by_extend_and_by_a_transaction(
+    api: Api, bad: dict[str, Any]
+) -> None:
+    """A lease as a fetch answered it is one thing with one check: the same bad field gets the
+    same answer from an extend and from a transaction's ack (extend had checks of its own)."""
+    st = await api.station()
+    await api.put_group(st, "g")
+    lease = dict(_LEASE, **bad)
+    r = await api.c.post(api.path(st, "groups", "g", "extend"), json={"leases": [lease]})
+    tx = await api.c.post("/api/transactions", json={"ack": [dict(lease, station=st, group="g")]})
+    assert (r.status_code, tx.status_code) == (400, 400), (r.text, tx.text)
+    [key] = bad
+    assert (field_of(r), field_of(tx)) == (f"leases.0.{key}", f"ack.0.{key}")
+    said = r.json()["error"]["message"].replace("leases.0", "ack.0")
+    assert said == tx.json()["error"]["message"]
 
 
 async def test_extend_on_a_group_that_does_not_exist_is_404(api: Api) -> None:

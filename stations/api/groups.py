@@ -17,10 +17,11 @@ from stations.api.stations import (
     station_name,
 )
 from stations.domain import dls, messages, text
+from stations.domain.fields import integer
 from stations.domain.groups import (
     MAX_FETCH,
     Delivered,
-    parse_deadline,
+    parse_leases,
     parse_offsets,
     parse_seek,
     validate_name,
@@ -37,10 +38,7 @@ def _group(request: web.Request) -> str:
 
 
 def _body_int(body: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = body.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be an integer from {lo} to {hi}", key)
-    return value
+    return integer(body.get(key, default), key, lo, hi)
 
 
 def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
@@ -146,7 +144,8 @@ async def extend(request: web.Request) -> web.Response:
         raise BadRequest("give offsets or leases (one of them)", "offsets")
     named = None
     if "leases" in body:
-        seqs, named = _named_leases(body["leases"])
+        named = parse_leases(body["leases"])
+        seqs = list(named)
     else:
         seqs = parse_offsets(body["offsets"])
     lease_ms = None
@@ -163,35 +162,6 @@ async def extend(request: web.Request) -> web.Response:
         # transaction gives; taken for it, this deadline could name a later delivery.
         {"extended": n, "leaseUntil": messages.iso(deadline) if n else None, "unknown": unknown}
     )
-
-
-def _named_leases(raw: Any) -> tuple[list[int], dict[int, set[tuple[int, int]]]]:
-    """``leases``: [{"offset", "deliveryCount", "ackDeadline"}] as a fetch answered them,
-    which name one delivery each (a later one of the same message is left alone)."""
-    if not isinstance(raw, list) or not raw or len(raw) > 10_000:
-        raise BadRequest("leases must be a non-empty array of at most 10000 leases", "leases")
-    # Several deliveries of one message may be named (a stale one beside the live one):
-    # the one held is extended.
-    named: dict[int, set[tuple[int, int]]] = {}
-    for i, lease in enumerate(raw):
-        where = f"leases.{i}"
-        if not isinstance(lease, dict):
-            raise BadRequest(f"{where} must be an object", where)
-        unknown = sorted(set(lease) - {"offset", "deliveryCount", "ackDeadline"})
-        if unknown:
-            raise BadRequest(f"unknown field {where}.{unknown[0]}", f"{where}.{unknown[0]}")
-        missing = [k for k in ("offset", "deliveryCount", "ackDeadline") if k not in lease]
-        if missing:
-            raise BadRequest(f"{where}.{missing[0]} is required", f"{where}.{missing[0]}")
-        [seq] = parse_offsets([lease["offset"]], field=f"{where}.offset")
-        count = lease["deliveryCount"]
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1_000_000:
-            raise BadRequest(
-                f"{where}.deliveryCount must be a delivery count", f"{where}.deliveryCount"
-            )
-        deadline = parse_deadline(lease["ackDeadline"], f"{where}.ackDeadline")
-        named.setdefault(seq, set()).add((count, deadline))
-    return list(named), named
 
 
 @needs("consume")

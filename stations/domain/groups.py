@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from stations.domain import dls, isolate, reads
+from stations.domain.fields import integer, object_of
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
@@ -92,11 +93,7 @@ def validate_name(name: str) -> str:
 
 def _int(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
     value = raw.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be an integer from {lo} to {hi}", key)
-    return value
+    return None if value is None else integer(value, key, lo, hi)
 
 
 def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock: bool) -> Group:
@@ -345,18 +342,51 @@ def _settleable(batch: Batch, group: Group, seqs: list[int]) -> dict[int, int]:
     return store.open_deliveries(batch.conn, group.id, seqs)
 
 
+def parse_offset(token: Any, field: str) -> int:
+    """One offset as a position."""
+    try:
+        return decode(token) + 1
+    except BadOffset:
+        raise BadRequest(f"{field} is not an offset", field) from None
+
+
 def parse_offsets(raw: Any, field: str | None = None) -> list[int]:
     """Offsets as positions; ``field``: the name of a lone offset's field, else ``offsets``."""
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise BadRequest("offsets must be a non-empty array of at most 10000 offsets", "offsets")
-    out = []
-    for i, token in enumerate(raw):
-        try:
-            out.append(decode(token) + 1)
-        except BadOffset:
-            where = field or f"offsets.{i}"
-            raise BadRequest(f"{where} is not an offset", where) from None
-    return out
+    return [parse_offset(token, field or f"offsets.{i}") for i, token in enumerate(raw)]
+
+
+# A lease as a fetch answered it: the message's offset, its delivery count and ackDeadline,
+# which together name one delivery (a later delivery of the message has another deadline).
+LEASE_FIELDS = frozenset({"offset", "deliveryCount", "ackDeadline"})
+MAX_DELIVERY_COUNT = 1_000_000
+
+
+def lease_name(item: dict[str, Any], field: str) -> tuple[int | None, int | None]:
+    """The delivery count and the ackDeadline (epoch ms) ``item`` names, each None if absent."""
+    count = deadline = None
+    if "deliveryCount" in item:
+        count = integer(item["deliveryCount"], f"{field}.deliveryCount", 1, MAX_DELIVERY_COUNT)
+    if "ackDeadline" in item:
+        deadline = parse_deadline(item["ackDeadline"], f"{field}.ackDeadline")
+    return count, deadline
+
+
+def parse_leases(raw: Any) -> dict[int, set[tuple[int, int]]]:
+    """``leases`` as a fetch answered them, whole: position → {(delivery count, ackDeadline)}.
+    Several deliveries of one message may be named (a stale one beside the live one)."""
+    if not isinstance(raw, list) or not raw or len(raw) > 10_000:
+        raise BadRequest("leases must be a non-empty array of at most 10000 leases", "leases")
+    named: dict[int, set[tuple[int, int]]] = {}
+    for i, value in enumerate(raw):
+        where = f"leases.{i}"
+        item = object_of(value, where, LEASE_FIELDS, LEASE_FIELDS)
+        seq = parse_offset(item["offset"], f"{where}.offset")
+        count, deadline = lease_name(item, where)
+        assert count is not None and deadline is not None  # required above
+        named.setdefault(seq, set()).add((count, deadline))
+    return named
 
 
 def _split(seqs: list[int], known: dict[int, int]) -> list[str]:

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stations.domain import dls, groups, messages, text
+from stations.domain.fields import integer, object_of
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
-from stations.domain.offsets import decode, encode
+from stations.domain.offsets import encode
 from stations.domain.station import validate_name as validate_station
 from stations.domain.streams import same_content_type
 from stations.errors import BadRequest, Conflict, Gone, NotFound
@@ -84,7 +85,7 @@ class TxResult:
 
 
 # The fields of each item, built once: a set per item cost more than the rest of its checks.
-_SETTLE = frozenset({"station", "group", "offset", "deliveryCount", "ackDeadline"})
+_SETTLE = frozenset({"station", "group"}) | groups.LEASE_FIELDS
 SETTLE_FIELDS = {
     "ack": _SETTLE,
     "nack": _SETTLE | {"delayMs"},
@@ -93,29 +94,6 @@ SETTLE_FIELDS = {
 SETTLE_REQUIRED = frozenset({"station", "group", "offset"})
 PRODUCE_FIELDS = frozenset({"station", "id", "headers", "data", "dataBase64", "contentType"})
 PRODUCE_REQUIRED = frozenset({"station"})
-
-
-def _object(
-    value: Any, field: str, allowed: frozenset[str], required: frozenset[str]
-) -> dict[str, Any]:
-    if isinstance(value, dict) and value.keys() <= allowed and required <= value.keys():
-        return value  # the common case: no set built, no message formatted
-    if not isinstance(value, dict):
-        raise BadRequest(f"{field} must be an object", field)
-    unknown = set(value) - allowed
-    if unknown:
-        key = f"{field}.{sorted(unknown)[0]}"
-        raise BadRequest(f"unknown field {key}", key)
-    for key in sorted(required):
-        if key not in value:
-            raise BadRequest(f"{field}.{key} is required", f"{field}.{key}")
-    return value
-
-
-def _int(value: Any, field: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(f"{field} must be an integer from {lo} to {hi}", field)
-    return value
 
 
 def _list(raw: dict[str, Any], key: str) -> list[Any]:
@@ -170,7 +148,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
         allowed = SETTLE_FIELDS[verb]
         for i, value in enumerate(lists[verb]):
             name = f"{verb}.{i}"
-            item = _object(value, name, allowed, SETTLE_REQUIRED)
+            item = object_of(value, name, allowed, SETTLE_REQUIRED)
             station = _station_name(item["station"], name, names)
             group = item["group"]
             if not isinstance(group, str):
@@ -181,19 +159,13 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
                 except BadRequest as exc:
                     raise BadRequest(exc.message, f"{name}.group") from None
                 group_names.add(group)
-            try:
-                seq = decode(item["offset"]) + 1
-            except ValueError:
-                raise BadRequest(f"{name}.offset is not an offset", f"{name}.offset") from None
+            seq = groups.parse_offset(item["offset"], f"{name}.offset")
             settle = Settle(verb, name, station, group, seq)
-            if "deliveryCount" in item:
-                settle.delivery_count = _int(
-                    item["deliveryCount"], f"{name}.deliveryCount", 1, 10**6
-                )
-            if "ackDeadline" in item:
-                settle.deadline = groups.parse_deadline(item["ackDeadline"], f"{name}.ackDeadline")
+            settle.delivery_count, settle.deadline = groups.lease_name(item, name)
             if verb == "nack":
-                settle.delay_ms = _int(item.get("delayMs", 0), f"{name}.delayMs", 0, MAX_DELAY_MS)
+                settle.delay_ms = integer(
+                    item.get("delayMs", 0), f"{name}.delayMs", 0, MAX_DELAY_MS
+                )
             if verb == "deadLetter":
                 reason = item.get("reason")
                 if reason is not None:
@@ -208,7 +180,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
             req.settles.append(settle)
     for i, value in enumerate(lists["produce"]):
         name = f"produce.{i}"
-        item = _object(value, name, PRODUCE_FIELDS, PRODUCE_REQUIRED)
+        item = object_of(value, name, PRODUCE_FIELDS, PRODUCE_REQUIRED)
         station = _station_name(item["station"], name, names)
         content_type = item.get("contentType")
         if content_type is not None and not isinstance(content_type, str):
