@@ -105,7 +105,8 @@ def views(
         return []
     ids = [s.id for s in states]
     # Each figure for all stations at once: a fixed number of statements, not some per station.
-    in_window = idwindow.counts(tx, now, states[0].id if len(states) == 1 else None)
+    # The whole list counts every station's ids at once; one station or a page only theirs.
+    in_window = idwindow.counts(tx, now, None if name is None and page is None else ids)
     extra: dict[int, dict[str, int]] = {}
     for provider in stats_providers:
         for sid, values in provider(tx, ids).items():

@@ -15,6 +15,7 @@ store's business, and differs by engine:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -242,10 +243,10 @@ class IdWindow:
         return idtable.sweep(batch.conn, state.id, batch.now - state.window_ms, SWEEP_CHUNK)
 
 
-def counts(conn: Any, now: int, stream_id: int | None = None) -> dict[int, int]:
+def counts(conn: Any, now: int, stream_ids: Collection[int] | None = None) -> dict[int, int]:
     """Ids still in their station's window (the ``idsInWindow`` stat), by station id: of every
-    live station, or of one; a station without any is left out."""
-    return idtable.counts(conn, now, stream_id)
+    live station, or of ``stream_ids``; a station without any is left out."""
+    return idtable.counts(conn, now, stream_ids)
 
 
 def purge(conn: Any, stream_id: int) -> None:

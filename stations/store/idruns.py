@@ -42,7 +42,7 @@ import threading
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -847,14 +847,14 @@ def purge(conn: Connection, stream_id: int) -> None:
         conn.execute(delete(table).where(table.c.stream_id == stream_id))
 
 
-def counts(conn: Connection, now: int, stream_id: int | None = None) -> dict[int, int]:
+def counts(conn: Connection, now: int, stream_ids: Collection[int] | None = None) -> dict[int, int]:
     """Ids in blocks and runs stored within their station's window (``id_window_ms``), by
-    station: of every live station, or of one. Three statements however many stations there
-    are (one each per station made a list of thousands take seconds)."""
+    station: of every live station, or of ``stream_ids``. Three statements however many
+    stations there are (one each per station made a list of thousands take seconds)."""
     cutoff = now - streams.c.id_window_ms
     live: list[ColumnElement[bool]] = [streams.c.deleted.is_(False)]
-    if stream_id is not None:
-        live.append(streams.c.id == stream_id)
+    if stream_ids is not None:
+        live.append(streams.c.id.in_(list(stream_ids)))
     out: dict[int, int] = {}
     hot = (
         select(id_blocks.c.stream_id, func.sum(id_blocks.c.ids))

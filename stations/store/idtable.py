@@ -7,6 +7,7 @@ compiling a Core statement with hundreds of bound values would cost more than th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, tuple_
@@ -86,19 +87,19 @@ def sweep(conn: Connection, stream_id: int, cutoff: int, limit: int) -> int:
     return result.rowcount or 0
 
 
-def counts(conn: Connection, now: int, stream_id: int | None = None) -> dict[int, int]:
+def counts(conn: Connection, now: int, stream_ids: Collection[int] | None = None) -> dict[int, int]:
     """Ids stored within their station's window (``id_window_ms``, the config's copy), by
-    station, in ``msg_ids``, blocks and runs: of every live station, or of one. A fixed
-    number of statements however many stations there are."""
+    station, in ``msg_ids``, blocks and runs: of every live station, or of ``stream_ids``
+    (a page of them). A fixed number of statements however many stations there are."""
     query = (
         select(msg_ids.c.stream_id, func.count())
         .join(streams, streams.c.id == msg_ids.c.stream_id)
         .where(streams.c.deleted.is_(False), msg_ids.c.stored_at > now - streams.c.id_window_ms)
         .group_by(msg_ids.c.stream_id)
     )
-    if stream_id is not None:
-        query = query.where(streams.c.id == stream_id)
-    out = idruns.counts(conn, now, stream_id)
+    if stream_ids is not None:
+        query = query.where(streams.c.id.in_(list(stream_ids)))
+    out = idruns.counts(conn, now, stream_ids)
     for sid, n in conn.execute(query):
         out[sid] = out.get(sid, 0) + int(n)
     return out
