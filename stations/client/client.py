@@ -7,7 +7,7 @@ import asyncio
 import base64
 import logging
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -319,18 +319,69 @@ class Station:
             read_timeout=read_timeout,
         )
 
-    def producer(self, producer_id: str, **options: Any) -> IdempotentProducer:
-        """An ``IdempotentProducer`` on this station (see its options); closing the client
-        flushes it."""
-        options.setdefault("retry", self.client.retry)
-        return IdempotentProducer(self, producer_id, **options)
+    def producer(
+        self,
+        producer_id: str,
+        *,
+        epoch: int = 0,
+        auto_claim: bool = False,
+        max_batch_bytes: int = 1024 * 1024,
+        max_batch_messages: int = 100_000,
+        linger_ms: float = 5,
+        max_in_flight: int = 5,
+        max_buffered_bytes: int = 64 * 1024 * 1024,
+        on_error: Callable[[StationsError], None] | None = None,
+        retry: RetryPolicy | None = None,
+        content_type: str | None = None,
+    ) -> IdempotentProducer:
+        """An ``IdempotentProducer`` on this station (see its options; ``retry`` defaults to
+        the client's), on the client's session and token; closing the client flushes it."""
+        return IdempotentProducer(
+            self,
+            producer_id,
+            epoch=epoch,
+            auto_claim=auto_claim,
+            max_batch_bytes=max_batch_bytes,
+            max_batch_messages=max_batch_messages,
+            linger_ms=linger_ms,
+            max_in_flight=max_in_flight,
+            max_buffered_bytes=max_buffered_bytes,
+            on_error=on_error,
+            retry=self.client.retry if retry is None else retry,
+            content_type=content_type,
+        )
 
     # -- consumer groups ------------------------------------------------------------------------------
 
-    def consumer(self, group: str, **options: Any) -> Consumer:
+    def consumer(
+        self,
+        group: str,
+        *,
+        consumer: str | None = None,
+        batch_size: int = 10,
+        wait_ms: int = 1000,
+        max_ack_time_ms: int | None = None,
+        max_msg_deliveries: int | None = None,
+        start_from: str | None = None,
+        ack_interval_ms: float = 50,
+        ack_batch_size: int | None = None,
+        retry: RetryPolicy = PATIENT_RETRY,
+    ) -> Consumer:
         """A ``Consumer`` of ``group`` (created on start if needed); see its options. Closing
         the client closes it (its queued acks are sent)."""
-        return Consumer(self, group, **options)
+        return Consumer(
+            self,
+            group,
+            consumer=consumer,
+            batch_size=batch_size,
+            wait_ms=wait_ms,
+            max_ack_time_ms=max_ack_time_ms,
+            max_msg_deliveries=max_msg_deliveries,
+            start_from=start_from,
+            ack_interval_ms=ack_interval_ms,
+            ack_batch_size=ack_batch_size,
+            retry=retry,
+        )
 
     async def ensure_group(
         self,

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from stations.client.client import Client
+from stations.client.http import DEFAULT_URL
+from stations.client.retry import DEFAULT_RETRY, RetryPolicy
 
 _SDK_MODULE = "stations.client."
 
@@ -175,11 +177,18 @@ class SyncClient(Blocking):
     """``Client`` with blocking methods: ``with SyncClient(url) as client: ...``."""
 
     def __init__(
-        self, url: str = "http://127.0.0.1:4437", token: str | None = None, **options: Any
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ):
+        # No ``session``: an aiohttp session belongs to the event loop it was made on, and
+        # this client's loop runs in a thread of its own.
         loop = _Loop()
         try:
-            client = loop.run(lambda: Client(url, token, **options))
+            client = loop.run(lambda: Client(url, token, timeout=timeout, retry=retry))
         except BaseException:
             # Refused arguments (a URL without http://): nothing else would stop the thread.
             loop.stop()
