@@ -327,3 +327,52 @@ async def test_page_parameters_with_a_nul_are_refused(api: Api) -> None:
         r = await api.c.get("/api/stations", params={key: "a\x00b"})
         assert r.status_code == 400, r.text
         assert field_of(r) == key
+
+
+@pytest.mark.parametrize("verb", ["nack", "dead-letter"])
+async def test_a_nack_or_dead_letter_by_lease_leaves_a_later_delivery_alone(
+    api: Api, verb: str
+) -> None:
+    """``leases`` instead of ``offsets`` (as extend takes them): a consumer giving back a
+    delivery that expired and went to another consumer leaves that one alone (by offset it
+    was taken away); its own held delivery is settled."""
+    st = await api.station(consumerDefaults={"maxAckTimeMs": 300, "maxMsgDeliveries": 5})
+    [off, off2] = await api.produce(st, ["x", "y"])
+    await api.put_group(st, "g")
+    [first] = await api.fetch(st, "g", max=1, consumer="a")
+    await _past(first)
+    [second, other] = await api.fetch(st, "g", max=2, consumer="b")
+    assert (second["offset"], second["deliveryCount"], other["offset"]) == (off, 2, off2)
+
+    path = api.path(st, "groups", "g", verb)
+    stale = await api.c.post(path, json={"leases": [_named(first)]})
+    assert stale.status_code == 200, stale.text
+    settled = "nacked" if verb == "nack" else "deadLettered"
+    assert (stale.json()[settled], stale.json()["unknown"]) == (0, [off])
+    groups = await api.groups(st)
+    assert (groups["g"]["inFlight"], groups["g"]["deadLettered"]) == (2, 0)
+
+    live = await api.c.post(path, json={"leases": [_named(other), _named(first)]})
+    assert live.status_code == 200, live.text
+    assert (live.json()[settled], live.json()["unknown"]) == (1, [off])
+
+
+@pytest.mark.parametrize("verb", ["nack", "dead-letter"])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"offsets": ["0000000000000000_0000000000000000"], "leases": [_LEASE]}, "offsets"),
+        ({"leases": []}, "leases"),
+        ({"leases": [7]}, "leases.0"),
+        ({"leases": [dict(_LEASE, deliveryCount=0)]}, "leases.0.deliveryCount"),
+        ({"leases": [dict(_LEASE, ackDeadline="soon")]}, "leases.0.ackDeadline"),
+    ],
+)
+async def test_bad_settle_leases_name_their_field(
+    api: Api, verb: str, body: Any, field: str
+) -> None:
+    st = await api.station()
+    await api.put_group(st, "g")
+    r = await api.c.post(api.path(st, "groups", "g", verb), json=body)
+    assert r.status_code == 400, r.text
+    assert field_of(r) == field

@@ -21,6 +21,7 @@ from stations.domain.fields import integer
 from stations.domain.groups import (
     MAX_FETCH,
     Delivered,
+    Named,
     parse_leases,
     parse_offsets,
     parse_seek,
@@ -125,29 +126,31 @@ def _views(is_json: bool, delivered: list[Delivered]) -> list[dict[str, Any]]:
     return views
 
 
-async def _settle(request: web.Request, extra: set[str]) -> tuple[dict[str, Any], list[int]]:
-    body = _object(await json_body(request), {"offsets", *extra})
-    return body, parse_offsets(body.get("offsets"))
+async def _settle(
+    request: web.Request, extra: set[str], by_lease: bool = False
+) -> tuple[dict[str, Any], list[int], Named | None]:
+    """The body, its positions and, with ``by_lease``, the deliveries its ``leases`` name
+    (offset, deliveryCount, ackDeadline as a fetch answered them), given instead of
+    ``offsets``: only those deliveries are settled, not a later one of the same message."""
+    body = _object(await json_body(request), {"offsets", *extra, *(["leases"] if by_lease else [])})
+    if "leases" in body:
+        if "offsets" in body:
+            raise BadRequest("give offsets or leases (one of them)", "offsets")
+        named = parse_leases(body["leases"])
+        return body, list(named), named
+    return body, parse_offsets(body.get("offsets")), None
 
 
 @needs("consume")
 async def ack(request: web.Request) -> web.Response:
-    _, seqs = await _settle(request, set())
+    _, seqs, _ = await _settle(request, set())
     n, unknown = await service(request).ack(station_name(request), _group(request), seqs)
     return web.json_response({"acked": n, "unknown": unknown})
 
 
 @needs("consume")
 async def extend(request: web.Request) -> web.Response:
-    body = _object(await json_body(request), {"offsets", "leases", "leaseMs", "consumer"})
-    if ("offsets" in body) == ("leases" in body):
-        raise BadRequest("give offsets or leases (one of them)", "offsets")
-    named = None
-    if "leases" in body:
-        named = parse_leases(body["leases"])
-        seqs = list(named)
-    else:
-        seqs = parse_offsets(body["offsets"])
+    body, seqs, named = await _settle(request, {"leaseMs", "consumer"}, by_lease=True)
     lease_ms = None
     if "leaseMs" in body:
         lease_ms = _body_int(body, "leaseMs", 0, MIN_ACK_MS, MAX_ACK_MS)
@@ -166,22 +169,24 @@ async def extend(request: web.Request) -> web.Response:
 
 @needs("consume")
 async def nack(request: web.Request) -> web.Response:
-    body, seqs = await _settle(request, {"delayMs"})
+    body, seqs, named = await _settle(request, {"delayMs"}, by_lease=True)
     delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
     await _require_forward_scope(request, station_name(request))
-    n, unknown = await service(request).nack(station_name(request), _group(request), seqs, delay)
+    n, unknown = await service(request).nack(
+        station_name(request), _group(request), seqs, delay, named
+    )
     return web.json_response({"nacked": n, "unknown": unknown})
 
 
 @needs("consume")
 async def dead_letter(request: web.Request) -> web.Response:
-    body, seqs = await _settle(request, {"reason"})
+    body, seqs, named = await _settle(request, {"reason"}, by_lease=True)
     reason = body.get("reason")
     if reason is not None:
         text.check(reason, "reason", text.LONG, least=0)
     await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).dead_letter(
-        station_name(request), _group(request), seqs, reason
+        station_name(request), _group(request), seqs, reason, named
     )
     return web.json_response({"deadLettered": n, "unknown": unknown})
 

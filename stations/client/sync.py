@@ -124,8 +124,8 @@ def _unwrap(value: Any) -> Any:
     own event loop (through the view they would wait for themselves)."""
     if isinstance(value, Blocking):
         return value._target
-    if isinstance(value, list):
-        return [_unwrap(item) for item in value]
+    if isinstance(value, (list, tuple)):  # a tuple passed its views on to the SDK's own loop
+        return type(value)(_unwrap(item) for item in value)
     return value
 
 
@@ -142,7 +142,9 @@ class Blocking:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         if not callable(attr):
-            return attr
+            # An SDK object reached as an attribute (``consumer.station``) is blocking too:
+            # its methods returned coroutines nobody awaited, and nothing was stored.
+            return _wrap(self._loop, attr)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             args = tuple(_unwrap(a) for a in args)

@@ -361,6 +361,8 @@ def parse_offsets(raw: Any, field: str | None = None) -> list[int]:
 # which together name one delivery (a later delivery of the message has another deadline).
 LEASE_FIELDS = frozenset({"offset", "deliveryCount", "ackDeadline"})
 MAX_DELIVERY_COUNT = 1_000_000
+# Deliveries named by their leases: seq → {(delivery count, the deadline it was fetched with)}.
+Named = dict[int, set[tuple[int, int]]]
 
 
 def lease_name(item: dict[str, Any], field: str) -> tuple[int | None, int | None]:
@@ -373,12 +375,12 @@ def lease_name(item: dict[str, Any], field: str) -> tuple[int | None, int | None
     return count, deadline
 
 
-def parse_leases(raw: Any) -> dict[int, set[tuple[int, int]]]:
+def parse_leases(raw: Any) -> Named:
     """``leases`` as a fetch answered them, whole: position → {(delivery count, ackDeadline)}.
     Several deliveries of one message may be named (a stale one beside the live one)."""
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise BadRequest("leases must be a non-empty array of at most 10000 leases", "leases")
-    named: dict[int, set[tuple[int, int]]] = {}
+    named: Named = {}
     for i, value in enumerate(raw):
         where = f"leases.{i}"
         item = object_of(value, where, LEASE_FIELDS, LEASE_FIELDS)
@@ -431,7 +433,7 @@ def extend(
     seqs: list[int],
     lease_ms: int | None,
     consumer: str | None,
-    named: dict[int, set[tuple[int, int]]] | None = None,
+    named: Named | None = None,
 ) -> tuple[int, int, list[str]]:
     """A consumer still working on messages keeps their leases: each held lease (not expired;
     ``consumer``'s if given; with ``named``, seq → {(delivery count, the ackDeadline its fetch
@@ -462,12 +464,34 @@ def parse_deadline(value: Any, field: str) -> int:
         raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field) from None
 
 
+def _named_only(
+    batch: Batch, group: Group, known: dict[int, int], named: Named | None
+) -> dict[int, int]:
+    """Of the open deliveries ``known``, those ``named`` names (None: all): a consumer giving
+    back its prefetched leases leaves alone a later delivery of the message, which another
+    consumer may be processing (by offset alone, that was taken away)."""
+    if named is None or not known:
+        return known
+    held = store.leases(batch.conn, group.id, list(known))
+    return {
+        seq: count
+        for seq, count in known.items()
+        if seq in held and (held[seq][0], held[seq][3]) in named.get(seq, ())
+    }
+
+
 def nack(
-    batch: Batch, station: str, name: str, seqs: list[int], delay_ms: int
+    batch: Batch,
+    station: str,
+    name: str,
+    seqs: list[int],
+    delay_ms: int,
+    named: Named | None = None,
 ) -> tuple[int, list[str]]:
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
+    known = _named_only(batch, group, known, named)
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
     if again:
         store.postpone(batch.conn, group.id, again, batch.now + delay_ms)
@@ -478,11 +502,17 @@ def nack(
 
 
 def dead_letter(
-    batch: Batch, station: str, name: str, seqs: list[int], reason: str | None
+    batch: Batch,
+    station: str,
+    name: str,
+    seqs: list[int],
+    reason: str | None,
+    named: Named | None = None,
 ) -> tuple[int, list[str]]:
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
+    known = _named_only(batch, group, known, named)
     dls.add(
         batch,
         state,

@@ -30,7 +30,7 @@ from stations.domain import (
     transactions,
 )
 from stations.domain.budget import ByteBudget
-from stations.domain.groups import Fetched, SeekResult
+from stations.domain.groups import Fetched, Named, SeekResult
 from stations.domain.idwindow import CACHE_SIZE, IdWindow
 from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
@@ -790,7 +790,7 @@ class Service:
         seqs: list[int],
         lease_ms: int | None,
         consumer: str | None,
-        named: dict[int, set[tuple[int, int]]] | None = None,
+        named: Named | None = None,
     ) -> tuple[int, int, list[str]]:
         # A deadline moved sooner (a leaseMs shorter than what was left) needs the lease
         # timer then; one moved later finds the timer early, and it arms itself for the next.
@@ -812,18 +812,28 @@ class Service:
         )
 
     async def nack(
-        self, station: str, group: str, seqs: list[int], delay_ms: int
+        self,
+        station: str,
+        group: str,
+        seqs: list[int],
+        delay_ms: int,
+        named: Named | None = None,
     ) -> tuple[int, list[str]]:
         # A last delivery nacked goes to the DLS, where a redrive policy may time it.
         def arm(_: object) -> None:
             self.leases.arm(now_ms() + delay_ms if delay_ms else now_ms())
 
         return await self.write(
-            groups.nack, station, group, seqs, delay_ms, then=arm, locks=(station,)
+            groups.nack, station, group, seqs, delay_ms, named, then=arm, locks=(station,)
         )
 
     async def dead_letter(
-        self, station: str, group: str, seqs: list[int], reason: str | None
+        self,
+        station: str,
+        group: str,
+        seqs: list[int],
+        reason: str | None,
+        named: Named | None = None,
     ) -> tuple[int, list[str]]:
         # The tick arms itself for a redrive the entry may await.
         return await self.write(
@@ -832,6 +842,7 @@ class Service:
             group,
             seqs,
             reason,
+            named,
             then=lambda _: self.leases.arm(now_ms()),
             locks=(station,),
         )
