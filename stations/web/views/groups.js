@@ -195,9 +195,14 @@ function seekForm(station, done) {
     ),
     result,
   );
+  // The names of the last refresh: a group chosen, then deleted elsewhere, is not sought.
+  let names = [];
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
-    if (!group.value) {
+    // What is moved is what the dialog names: read before it opens, never after (a refresh
+    // under the open dialog may rebuild the options).
+    const chosen = group.value;
+    if (!chosen) {
       result.textContent = 'Pick a group to move.';
       return;
     }
@@ -213,31 +218,54 @@ function seekForm(station, done) {
       body = { time: ms };
     } else body = { to: target.value };
     const label = TARGETS.find(([v]) => v === target.value)[1].toLowerCase();
+    const gone = () => {
+      result.textContent = `Group ${chosen} no longer exists (it was deleted): nothing was moved.`;
+      announce(result.textContent);
+    };
+    if (!names.includes(chosen)) {
+      gone();
+      return;
+    }
     const yes = await confirmAction({
-      title: `Move group ${group.value} to ${label}?`,
+      title: `Move group ${chosen} to ${label}?`,
       message: 'Its leases in flight are revoked and its waiting redeliveries dropped.',
       confirmLabel: 'Seek',
     });
     if (!yes) return;
+    if (!names.includes(chosen)) {
+      gone();
+      return;
+    }
     try {
-      const answer = await api.seek(station, group.value, body);
+      const answer = await api.seek(station, chosen, body);
       result.textContent =
-        `Group ${group.value} now continues after ${answer.cursor}: ` +
+        `Group ${chosen} now continues after ${answer.cursor}: ` +
         `${num(answer.revoked)} leases revoked, ${num(answer.dropped)} redeliveries dropped.`;
       announce(result.textContent);
       await done();
     } catch (err) {
-      result.textContent = errorText(err);
+      if (err?.status === 404 && /^group /.test(err.message || '')) gone();
+      else result.textContent = errorText(err);
     }
   });
+  // What the select holds: the groups' names, and a chosen group deleted since (disabled).
+  let shown = '';
   return {
     element: form,
-    setGroups(names) {
-      form.hidden = names.length === 0;
+    setGroups(list) {
+      names = list;
       const current = group.value;
-      if (names.join('\n') === [...group.options].map((o) => o.value).join('\n')) return;
-      group.replaceChildren(...names.map((n) => h('option', { value: n }, n)));
-      if (names.includes(current)) group.value = current;
+      // A chosen group deleted elsewhere stays chosen, marked: the select must not slip to
+      // another group (the first) by itself.
+      const kept = current && !list.includes(current) ? current : null;
+      form.hidden = list.length === 0 && !kept;
+      const signature = JSON.stringify([list, kept]);
+      if (signature === shown) return;
+      shown = signature;
+      const options = list.map((n) => h('option', { value: n }, n));
+      if (kept) options.push(h('option', { value: kept, disabled: true }, `${kept} (deleted)`));
+      group.replaceChildren(...options);
+      if (current) group.value = current;
     },
   };
 }
