@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -15,10 +16,13 @@ import pytest
 from tests.harness import IN_CI, Server
 
 try:
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import DecimalType, StringType, StructField, StructType
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, DecimalType, StringType, StructField, StructType
 
-    from stations.spark.rows import dumps
+    from stations.spark.options import Config
+    from stations.spark.rows import RowShape, dumps
     from tests import test_spark as base
 except ImportError:
     if IN_CI:  # the CI installs the spark extra: a missing PySpark is a failure there
@@ -96,3 +100,65 @@ def test_decimals_are_written_as_their_exact_text() -> None:
     assert dumps([Decimal("1E+2"), Decimal("-0.10")]) == "[1E+2,-0.10]"
     # as NaN floats: null (JSON has no NaN)
     assert dumps([Decimal("NaN"), Decimal("Infinity"), float("nan")]) == "[null,null,null]"
+
+
+# -- 4c: a binary data column into a JSON station ---------------------------------------------
+
+
+def test_a_binary_data_column_into_a_json_station_stores_its_json_in_both_writes(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A batch write stored the JSON the bytes hold; a streaming write stored a JSON string of
+    their base64 (e.g. a Kafka ``value`` column mirrored with writeStream)."""
+    source, batch, streamed = new_station(api), new_station(api), new_station(api)
+    produce(api, source, [{"data": {"a": 1}}, {"data": [1, "x"]}])
+    as_bytes = F.col("data").cast("binary").alias("data")
+    reader(spark, srv, source).load().select("offset", as_bytes).write.format("stations").mode(
+        "append"
+    ).option("url", srv.url).option("station", batch).option("msgIdColumn", "offset").save()
+    query = (
+        spark.readStream.format("stations")
+        .option("url", srv.url)
+        .option("station", source)
+        .load()
+        .select(as_bytes)
+        .writeStream.format("stations")
+        .option("url", srv.url)
+        .option("station", streamed)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    for name in (batch, streamed):
+        stored = sorted(json.dumps(m["data"]) for m in all_messages(api, name))
+        assert stored == ['[1, "x"]', '{"a": 1}'], name
+
+    # Bytes that are not UTF-8 JSON fail the write naming the column, in both writes.
+    schema = StructType([StructField("body", BinaryType())])
+    cfg = Config.parse({"url": srv.url, "station": batch, "dataColumn": "body"})
+    shape = RowShape.of(cfg, schema, is_json=True)
+    assert shape.payload({"body": b'{"b":2}'}) == {"b": 2}
+    for bad in (b"\xff\xfe", b"not json"):
+        with pytest.raises(ValueError, match="column 'body' must hold UTF-8 JSON"):
+            shape.payload({"body": bad})
+        with pytest.raises(ValueError, match="column 'body' must hold UTF-8 JSON"):
+            shape.message({"body": bad})
+    with pytest.raises(StreamingQueryException, match="column 'body' must hold UTF-8 JSON"):
+        q = (
+            spark.readStream.format("stations")
+            .option("url", srv.url)
+            .option("station", source)
+            .load()
+            .select(F.lit(b"\xff").cast("binary").alias("body"))
+            .writeStream.format("stations")
+            .option("url", srv.url)
+            .option("station", streamed)
+            .option("dataColumn", "body")
+            .option("checkpointLocation", str(tmp_path / "ckpt-bad"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+    assert len(all_messages(api, streamed)) == 2

@@ -54,7 +54,9 @@ def _loads(text: bytes | str) -> Any:
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if _LONG_RUN not in raw.translate(_DIGITS_ONLY):
         return orjson.loads(text)
-    return json.loads(text, parse_int=_exact_int, parse_constant=_no_constant)
+    # Decoded here: given bytes, json.loads would take UTF-16 and UTF-32 too.
+    decoded = text if isinstance(text, str) else text.decode("utf-8")
+    return json.loads(decoded, parse_int=_exact_int, parse_constant=_no_constant)
 
 
 def _json_default(value: Any) -> Any:
@@ -159,6 +161,17 @@ class RowShape:
                     raise ValueError(
                         f"column {self.data_column!r} must hold JSON text for a JSON station "
                         f"(got {value[:60]!r}); use to_json() or write a struct column"
+                    ) from None
+            if self.data_is_binary and value is not None:
+                # The JSON the bytes hold (a Kafka value, say), in both writes: a streaming
+                # write sent them through dumpb, which stored a JSON string of their base64.
+                try:
+                    return _loads(bytes(value))
+                except ValueError:
+                    raise ValueError(
+                        f"column {self.data_column!r} must hold UTF-8 JSON for a JSON station "
+                        f"(got {bytes(value)[:60]!r}): cast it to a string and build the JSON, "
+                        "or write to a binary station"
                     ) from None
             return value
         if self.data_is_text or self.data_is_binary or value is None:
