@@ -319,4 +319,6 @@ class SubscriptionEngine:
         except Exception as exc:
             log.warning("subscription %s: webhook delivery failed: %r", delivery.sub_id, exc)
             ok, done = False, False
-        await self.run(wakes.delivered, delivery.sub_id, delivery.wake_id, ok, done)
+        await self.run(
+            wakes.delivered, delivery.sub_id, delivery.wake_id, delivery.attempt, ok, done
+        )

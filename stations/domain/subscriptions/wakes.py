@@ -198,12 +198,15 @@ def sweep(batch: Batch, ctx: Context, sub_ids: list[str]) -> Outcome:
 
 @dataclass
 class Delivery:
-    """One webhook POST to make: the exact body bytes are what gets signed."""
+    """One webhook POST to make: the exact body bytes are what gets signed. ``attempt`` is its
+    number in the wake (the row's ``attempts`` when it was claimed): its outcome counts only
+    while it is still the wake's current attempt."""
 
     sub_id: str
     wake_id: str
     url: str
     body: bytes
+    attempt: int
 
 
 def _clear_wake(values: dict[str, Any]) -> None:
@@ -241,7 +244,15 @@ def due(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
         tails = tails_of(batch, [link.path for link in links])
         infos = stream_infos(links, tails)
         snapshot = {link.path: tails.get(link.path, 0) for link in links}
-        values = {"next_attempt_at": now + ATTEMPT_GUARD_MS, "snapshot": json.dumps(snapshot)}
+        # Each claim is a new attempt with its own number. One whose guard ran out before its
+        # outcome was recorded is claimed again (another process, or this one after a stall)
+        # and the snapshot is overwritten: the late outcome must not apply to this one.
+        number = row["attempts"] + 1
+        values = {
+            "next_attempt_at": now + ATTEMPT_GUARD_MS,
+            "snapshot": json.dumps(snapshot),
+            "attempts": number,
+        }
         store.update_subscription(batch.conn, sub_id, values)
         mark_changed(batch, sub_id)
         base = row["base_url"] + "/v1/stream/__ds/subscriptions/"
@@ -253,7 +264,9 @@ def due(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
             "callback_url": base + _quote(sub_id) + "/callback",
             "callback_token": ctx.signer.token(sub_id, row["generation"], row["wake_id"]),
         }
-        delivery = Delivery(sub_id, row["wake_id"], row["webhook_url"], json.dumps(body).encode())
+        delivery = Delivery(
+            sub_id, row["wake_id"], row["webhook_url"], json.dumps(body).encode(), number
+        )
         return Outcome(delivery, [(sub_id, now + ATTEMPT_GUARD_MS)])
     pending = [t for t in (attempt, lease) if t is not None]
     return Outcome(None, [(sub_id, min(pending))] if pending else [])
@@ -270,32 +283,46 @@ def retry_delay_ms(attempts: int) -> int:
 
 
 def delivered(
-    batch: Batch, ctx: Context, sub_id: str, wake_id: str, ok: bool, done: bool
+    batch: Batch, ctx: Context, sub_id: str, wake_id: str, attempt: int, ok: bool, done: bool
 ) -> Outcome:
-    """The webhook answered (``ok``; ``done`` if it said ``{"done": true}``) or failed."""
+    """The webhook answered attempt ``attempt`` of wake ``wake_id`` (``ok``; ``done`` if it
+    said ``{"done": true}``) or failed. ``done`` acks what that attempt announced: the row's
+    snapshot is that attempt's only while the attempt is the wake's current one."""
     row = store.get(batch.conn, sub_id, lock=True)
     if row is None or row["wake_id"] != wake_id:
         return Outcome()  # a callback already finished this wake, or it was deleted
+    if row["attempts"] != attempt:
+        # A later attempt claimed the wake (this one's outcome came after its guard): the
+        # snapshot is the later one's, whose receiver has confirmed nothing yet; acking it
+        # lost what only the later POST announced. That attempt's outcome decides.
+        log.warning(
+            "subscription %s: webhook attempt %d answered after its guard ran out; attempt"
+            " %d is under way and decides",
+            sub_id,
+            attempt,
+            row["attempts"],
+        )
+        return Outcome()
     now = batch.now
     if not ok and row["lease_expires_at"] is not None:
         # The receiver called back meanwhile (a heartbeat): it has the wake, and its lease
         # decides; retrying the POST sent the same generation again every second.
         return Outcome()
     if not ok:
-        attempts = row["attempts"] + 1
-        at = now + retry_delay_ms(attempts)
-        values = {"attempts": attempts, "status": "failed", "next_attempt_at": at}
-        store.update_subscription(batch.conn, sub_id, values)
+        at = now + retry_delay_ms(attempt)
+        store.update_subscription(batch.conn, sub_id, {"status": "failed", "next_attempt_at": at})
         mark_changed(batch, sub_id)
         return Outcome(None, [(sub_id, at)])
-    values = {"status": "active", "attempts": 0, "next_attempt_at": None}
+    # ``attempts`` stays: it names the attempt whose snapshot the row holds.
+    values: dict[str, Any] = {"status": "active", "next_attempt_at": None}
     if done:
         _ack_snapshot(batch, row)
         return _end_wake(batch, ctx, row, values)
-    values["lease_expires_at"] = now + row["lease_ttl_ms"]
+    lease: int = now + row["lease_ttl_ms"]
+    values["lease_expires_at"] = lease
     store.update_subscription(batch.conn, sub_id, values)
     mark_changed(batch, sub_id)
-    return Outcome(None, [(sub_id, values["lease_expires_at"])])
+    return Outcome(None, [(sub_id, lease)])
 
 
 def _ack_snapshot(batch: Batch, row: dict[str, Any]) -> None:
@@ -386,7 +413,9 @@ def settle(batch: Batch, ctx: Context, sub_id: str, token: str, body: Any, kind:
     at = batch.now + row["lease_ttl_ms"]
     values: dict[str, Any] = {"lease_expires_at": at}
     if row["type"] == "webhook":
-        values.update(next_attempt_at=None, attempts=0, status="active")  # it was delivered
+        # It was delivered. ``attempts`` stays: the POST's own answer, still to come, is
+        # that attempt's and may still say done (no attempt follows: nothing is due).
+        values.update(next_attempt_at=None, status="active")
     store.update_subscription(batch.conn, sub_id, values)
     mark_changed(batch, sub_id)
     return Outcome({"ok": True, "next_wake": False}, [(sub_id, at)])

@@ -1,0 +1,78 @@
+"""Subscriptions, fixes from a review: a webhook attempt's late outcome applies to its own
+attempt only (it acked a later attempt's tails, whose POST had failed: messages lost), a
+pull-wake whose wake stream is deleted and created again wakes again, an explicitly linked
+stream deleted and created again stays in its subscription, and the open wake routes refuse a
+bad token before they tell whether the subscription exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stations.domain.service import Service
+from stations.domain.subscriptions import links, spec, wakes
+from stations.domain.subscriptions.engine import SubscriptionEngine
+from stations.store import subscriptions as store
+
+
+def _tails(delivery: Any) -> list[str]:
+    return [s["tail_offset"] for s in json.loads(delivery.body)["streams"]]
+
+
+async def test_a_late_outcome_applies_to_its_own_attempt_only(db_url: str, tmp_path: Path) -> None:
+    """Attempt 1 announces tail 1; its outcome is not recorded within the attempt guard, so
+    attempt 2 claims the same wake and announces tail 3. Attempt 1's late ``{"done": true}``
+    must not ack up to 3 (attempt 2's POST failed: nobody was told of messages 2-3); the wake
+    stays open and retried, and the attempt that succeeds acks what it announced."""
+    if db_url.startswith("sqlite"):
+        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    svc = Service(db_url)
+    await svc.start()
+    answers: list[tuple[bool, bool]] = []
+
+    async def send(url: str, body: bytes, headers: dict[str, str]) -> tuple[bool, bool]:
+        return answers.pop(0)
+
+    engine = SubscriptionEngine(svc, send)
+    engine.ctx = wakes.Context(await svc.write(wakes.load_signer), svc.ids)
+    engine._stopped = True  # no timers: this test plays the attempts itself
+    ctx = engine.ctx
+    try:
+        await svc.create_station({"name": "a"})
+        definition = spec.parse_spec(
+            {"type": "webhook", "streams": ["a"], "webhook": {"url": "https://h.example/x"}}
+        )
+        await svc.write(links.create_or_confirm, "s1", definition, "http://127.0.0.1:1")
+        await svc.produce("a", {"messages": [{"data": 1}]})
+        await svc.write(wakes.on_append, ctx, {"a": ["s1"]})
+        first = (await svc.write(wakes.due, ctx, "s1")).value
+        await svc.produce("a", {"messages": [{"data": 2}, {"data": 3}]})
+
+        def guard_passed(batch: Any) -> None:  # what 20 s without an outcome amounts to
+            store.update_subscription(batch.conn, "s1", {"next_attempt_at": 0})
+
+        await svc.write(guard_passed)
+        second = (await svc.write(wakes.due, ctx, "s1")).value
+        assert second.wake_id == first.wake_id  # the same wake, claimed again
+        assert _tails(first) != _tails(second)
+
+        answers[:] = [(True, True), (False, False)]
+        await engine._deliver(first)  # attempt 1's receiver confirms, late
+        await engine._deliver(second)  # attempt 2's POST failed
+        row, followed = await svc.read_db(links.read_view, "s1")
+        assert followed[0].acked <= 1, (
+            f"acked up to {followed[0].acked}: beyond what the confirmed attempt announced"
+        )
+        assert row["wake_id"] == first.wake_id, "the wake ended: nothing would deliver 2-3"
+        assert row["next_attempt_at"] is not None, "no retry is scheduled"
+
+        await svc.write(guard_passed)  # the retry is due
+        third = (await svc.write(wakes.due, ctx, "s1")).value
+        assert _tails(third) == _tails(second)
+        answers[:] = [(True, True)]
+        await engine._deliver(third)
+        row, followed = await svc.read_db(links.read_view, "s1")
+        assert followed[0].acked == 3 and row["wake_id"] is None
+    finally:
+        await svc.close()
