@@ -6,6 +6,7 @@ Each test failed on the code the review read."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import quote
@@ -100,6 +101,70 @@ def test_decimals_are_written_as_their_exact_text() -> None:
     assert dumps([Decimal("1E+2"), Decimal("-0.10")]) == "[1E+2,-0.10]"
     # as NaN floats: null (JSON has no NaN)
     assert dumps([Decimal("NaN"), Decimal("Infinity"), float("nan")]) == "[null,null,null]"
+
+
+# -- 4: filter pushdown -----------------------------------------------------------------------
+
+
+def test_pushdown_narrows_only_on_offsets_and_sends_no_time_the_server_refuses(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    """``-1`` and ``earliest`` were taken for position 0 and a sub-position was ignored, so
+    the read range dropped rows the filter (evaluated as text) matches; a time before 1970 or
+    after 9999 was sent to ``/offsets?time=``, whose 400 failed the query."""
+    import stations.spark
+
+    stations.spark.register(spark)  # the source with filter pushdown
+    name = new_station(api)
+    offsets = produce(api, name, [{"data": k} for k in range(10)])
+    df = reader(spark, srv, name).option("numPartitions", "2").load()
+    rows = df.collect()
+    sub = "0000000000000005_0000000000000001"
+    utc = UTC
+    conditions = [
+        F.col("offset") > "-1",
+        F.col("offset") >= "-1",
+        F.col("offset") < "earliest",
+        F.col("offset") <= "earliest",
+        F.col("offset") < sub,
+        F.col("offset") <= sub,
+        F.col("offset") > sub,
+        F.col("offset") >= sub,
+        F.col("offset") == sub,
+        F.col("offset") > offsets[5],
+        F.col("offset") <= offsets[5],
+        F.col("offset") == offsets[5],
+        F.col("offset") < offsets[5] + "\n",
+        F.col("timestamp") >= datetime(1969, 1, 1, tzinfo=utc),
+        F.col("timestamp") > datetime(1900, 1, 1, tzinfo=utc),
+        F.col("timestamp") < datetime(1960, 1, 1, tzinfo=utc),
+        F.col("timestamp") <= datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc),
+        F.col("timestamp") == datetime(1969, 1, 1, tzinfo=utc),
+    ]
+    expected = [
+        10,
+        10,
+        10,
+        10,
+        6,
+        6,
+        4,
+        4,
+        0,
+        4,
+        6,
+        1,
+        6,
+        10,
+        10,
+        0,
+        10,
+        0,
+    ]
+    # What Spark alone answers, on every row:
+    assert sum(1 for r in rows if r.offset > "-1") == 10
+    assert sum(1 for r in rows if r.offset < sub) == 6
+    assert [df.where(c).count() for c in conditions] == expected
 
 
 # -- 4c: a binary data column into a JSON station ---------------------------------------------

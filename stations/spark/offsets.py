@@ -9,19 +9,26 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 _WIDTH = 16
-_OFFSET = re.compile(r"^([0-9]{16})_([0-9]{16})$")
+_OFFSET = re.compile(r"([0-9]{16})_([0-9]{16})")
 
 
 def position(token: str) -> int:
     """The position of an offset token (``-1`` and ``earliest`` are the start, 0)."""
     if token in ("-1", "earliest"):
         return 0
-    match = _OFFSET.match(token)
-    if match is None:
+    parts = token_parts(token)
+    if parts is None:
         raise ValueError(
             f"not a Stations offset: {token!r} (expected e.g. 0000000000000042_0000000000000000)"
         )
-    return int(match.group(1))
+    return parts[0]
+
+
+def token_parts(value: str) -> tuple[int, int] | None:
+    """The position and sub-position of an offset token, exactly as tokens are written (not
+    ``-1`` nor ``earliest``, which name the start and are no message's offset), else None."""
+    match = _OFFSET.fullmatch(value)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
 
 
 def token(pos: int) -> str:

@@ -23,7 +23,7 @@ from pyspark.sql.types import StructType
 from stations.client.blocking import BlockingHttp
 from stations.client.errors import Gone, StationsError
 from stations.client.models import is_json_type
-from stations.spark.offsets import OffsetRange, position, split, token
+from stations.spark.offsets import OffsetRange, position, split, token, token_parts
 from stations.spark.options import Config, check_read, station_view
 from stations.spark.rows import _loads, data_text, parse_time
 
@@ -216,8 +216,17 @@ def offset_at(cfg: Config, time_ms: int) -> int:
     return position(_loads(reply.body)["offset"])
 
 
+# The times the server's ``/offsets?time=`` takes: 1970 to the end of 9999 (it refuses others).
+_MAX_TIME_MS = 253_402_300_799_999
+
+
 def _ms(value: Any) -> float | None:
-    return value.timestamp() * 1000 if isinstance(value, datetime) else None
+    if not isinstance(value, datetime):
+        return None
+    try:
+        return value.timestamp() * 1000
+    except (OverflowError, OSError, ValueError):  # a local time out of the platform's range
+        return None
 
 
 _Comparison = EqualTo | GreaterThan | GreaterThanOrEqual | LessThan | LessThanOrEqual
@@ -250,12 +259,21 @@ class FilteringReader(StationsReader):
             yield f
 
     def _offset_bound(self, f: _Comparison) -> None:
-        try:
-            p = position(f.value)
-        except ValueError:
-            return  # not an offset token: ordering as text says nothing about positions
-        lower = {GreaterThan: p + 1, GreaterThanOrEqual: p, EqualTo: p}.get(type(f))
-        upper = {LessThan: p, LessThanOrEqual: p + 1, EqualTo: p + 1}.get(type(f))
+        # Spark compares offsets as text. Only a token as the server writes them orders as its
+        # position does: "-1" sorts before every offset and "earliest" after (they name the
+        # start; no message has them), and other text says nothing about positions.
+        parts = token_parts(f.value)
+        if parts is None:
+            return
+        p, sub = parts
+        if sub == 0:
+            lower = {GreaterThan: p + 1, GreaterThanOrEqual: p, EqualTo: p}.get(type(f))
+            upper = {LessThan: p, LessThanOrEqual: p + 1, EqualTo: p + 1}.get(type(f))
+        else:
+            # Between the offsets of positions p and p + 1 (every message's sub-position is 0):
+            # what comes after it starts at p + 1, what comes before ends with p, equal is none.
+            lower = p + 1 if isinstance(f, GreaterThan | GreaterThanOrEqual | EqualTo) else None
+            upper = p + 1 if isinstance(f, LessThan | LessThanOrEqual | EqualTo) else None
         if lower is not None:
             self.lo = max(self.lo, lower)
         if upper is not None:
@@ -276,8 +294,13 @@ class FilteringReader(StationsReader):
         start = max(start, self.lo)
         if self.hi is not None:
             end = min(end, self.hi)
-        if self.since_ms is not None and start < end:
-            start = max(start, offset_at(self.cfg, self.since_ms))
-        if self.until_ms is not None and start < end:
-            end = min(end, offset_at(self.cfg, self.until_ms))
+        # No message is stored before 1970 or after 9999, the times the server looks up: a
+        # bound outside them is no bound, or leaves nothing, without asking (it refuses them).
+        since, until = self.since_ms, self.until_ms
+        if (since is not None and since > _MAX_TIME_MS) or (until is not None and until <= 0):
+            return start, start
+        if since is not None and since > 0 and start < end:
+            start = max(start, offset_at(self.cfg, since))
+        if until is not None and until <= _MAX_TIME_MS and start < end:
+            end = min(end, offset_at(self.cfg, until))
         return start, max(start, end)
