@@ -10,10 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from stations.domain.service import Service
 from stations.domain.subscriptions import links, spec, wakes
 from stations.domain.subscriptions.engine import SubscriptionEngine
 from stations.store import subscriptions as store
+from tests.test_subscriptions import ZERO, append, wait_for
 
 
 def _tails(delivery: Any) -> list[str]:
@@ -76,3 +79,43 @@ async def test_a_late_outcome_applies_to_its_own_attempt_only(db_url: str, tmp_p
         assert followed[0].acked == 3 and row["wake_id"] is None
     finally:
         await svc.close()
+
+
+async def _events(client: httpx.AsyncClient, path: str) -> list[Any]:
+    r = await client.get(f"/v1/stream/{path}", params={"offset": "-1"})
+    assert r.status_code == 200, r.text
+    events: list[Any] = r.json()
+    return events
+
+
+async def test_a_wake_stream_deleted_and_created_again_hears_the_next_wake(
+    db_url: str, make_server: Any
+) -> None:
+    """The wake event of an open, unclaimed wake went with its wake stream: the wake stayed
+    open for ever and no later append wrote an event. Deleting the wake stream ends such a
+    wake, so the next append announces one on the stream created again."""
+    server = make_server(db_url)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for path in ("wk", "a"):
+            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+        r = await client.put(
+            "/v1/stream/__ds/subscriptions/s1",
+            json={"type": "pull-wake", "streams": ["a"], "wake_stream": "wk"},
+        )
+        assert r.status_code == 201, r.text
+        await append(client, "a", [{"n": 1}])
+
+        async def woken() -> list[Any]:
+            return await _events(client, "wk")
+
+        first = await wait_for(woken, 10, "the first wake event")
+        assert first[0]["subscription_id"] == "s1"
+        assert (await client.delete("/v1/stream/wk")).status_code == 204
+        assert (await client.put("/v1/stream/wk", json=[])).status_code == 201
+        await append(client, "a", [{"n": 2}])
+        again = await wait_for(woken, 10, "a wake event on the wake stream created again")
+        assert again[0]["generation"] > first[0]["generation"]
+        r = await client.post("/v1/stream/__ds/subscriptions/s1/claim", json={"worker": "w"})
+        assert r.status_code == 200, r.text
+        assert r.json()["generation"] == again[0]["generation"]
+        assert r.json()["streams"][0]["acked_offset"] == ZERO  # nothing of a was skipped

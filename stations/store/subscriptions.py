@@ -96,6 +96,17 @@ def forget_stream(conn: Connection, path: str) -> None:
     conn.execute(delete(ds_subscription_streams).where(ds_subscription_streams.c.path == path))
 
 
+def unclaimed_wakes_on(conn: Connection, wake_stream: str) -> list[str]:
+    """Ids of the subscriptions whose open wake, claimed by nobody, was announced on
+    ``wake_stream``."""
+    query = select(ds_subscriptions.c.id).where(
+        ds_subscriptions.c.wake_stream == wake_stream,
+        ds_subscriptions.c.wake_id.is_not(None),
+        ds_subscriptions.c.holder.is_(None),
+    )
+    return sorted(sub_id for (sub_id,) in conn.execute(query))
+
+
 def snapshots(conn: Connection) -> list[tuple[str, str]]:
     """(subscription id, snapshot JSON) of the wakes in flight that hold one."""
     query = select(ds_subscriptions.c.id, ds_subscriptions.c.snapshot).where(

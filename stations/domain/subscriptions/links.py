@@ -260,3 +260,25 @@ def purge_stream(batch: Batch, state: Any) -> None:
         snapshot = json.loads(raw)
         if snapshot.pop(state.name, None) is not None:
             store.update_subscription(batch.conn, sub_id, {"snapshot": json.dumps(snapshot)})
+    _end_unheard_wakes(batch, state.name)
+
+
+def _end_unheard_wakes(batch: Batch, wake_stream: str) -> None:
+    """A pull-wake's open wake that nobody claimed was announced by one event on its wake
+    stream: deleted (or expired) with the stream, nobody would ever hear of the wake, and no
+    later append announced anything while it stayed open. It ends (no token was handed out
+    for it: only a claim gives one), so the next append, or a claim, starts a new one."""
+    for sub_id in store.unclaimed_wakes_on(batch.conn, wake_stream):
+        row = store.get(batch.conn, sub_id, lock=True)
+        if row is None or row["wake_id"] is None or row["holder"] is not None:
+            continue
+        values = {
+            "wake_id": None,
+            "holder": None,
+            "lease_expires_at": None,
+            "snapshot": None,
+            "next_attempt_at": None,
+            "attempts": 0,
+        }
+        store.update_subscription(batch.conn, sub_id, values)
+        mark_changed(batch, sub_id)
