@@ -119,3 +119,37 @@ async def test_a_wake_stream_deleted_and_created_again_hears_the_next_wake(
         assert r.status_code == 200, r.text
         assert r.json()["generation"] == again[0]["generation"]
         assert r.json()["streams"][0]["acked_offset"] == ZERO  # nothing of a was skipped
+
+
+async def test_an_explicit_stream_deleted_and_created_again_stays_linked_from_its_start(
+    db_url: str, make_server: Any
+) -> None:
+    """A stream named in ``streams`` that is deleted and created again stays in the
+    subscription, its cursor back at the start (as a stream a pattern links again): it left
+    the subscription without a word, which then never woke for it again."""
+    server = make_server(db_url)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for path in ("wk", "b"):
+            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+        await append(client, "b", [{"n": 0}])  # linked at its tail: position 1
+        r = await client.put(
+            "/v1/stream/__ds/subscriptions/s2",
+            json={"type": "pull-wake", "streams": ["b"], "wake_stream": "wk"},
+        )
+        assert r.status_code == 201, r.text
+        assert r.json()["streams"][0]["acked_offset"] != ZERO
+        assert (await client.delete("/v1/stream/b")).status_code == 204
+        view = (await client.get("/v1/stream/__ds/subscriptions/s2")).json()
+        assert view["streams"] == [{"path": "b", "link_type": "explicit", "acked_offset": ZERO}]
+        assert (await client.put("/v1/stream/b", json=[])).status_code == 201
+        await append(client, "b", [{"n": 1}])
+
+        async def woken() -> list[Any]:
+            return await _events(client, "wk")
+
+        events = await wait_for(woken, 10, "a wake event for the stream created again")
+        assert events[0]["subscription_id"] == "s2" and events[0]["stream"] == "b"
+        r = await client.post("/v1/stream/__ds/subscriptions/s2/claim", json={"worker": "w"})
+        assert r.status_code == 200, r.text
+        (stream,) = r.json()["streams"]
+        assert stream["path"] == "b" and stream["acked_offset"] == ZERO and stream["has_pending"]

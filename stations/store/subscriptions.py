@@ -92,8 +92,18 @@ def delete_link(conn: Connection, sub_id: str, path: str) -> None:
 
 
 def forget_stream(conn: Connection, path: str) -> None:
-    """A deleted stream leaves every subscription."""
-    conn.execute(delete(ds_subscription_streams).where(ds_subscription_streams.c.path == path))
+    """A deleted stream's cursors start again: a link only a pattern made goes (the pattern
+    links the stream again, from its start, when it is created again); one the subscription
+    names stays, at the start."""
+    links = ds_subscription_streams.c
+    conn.execute(
+        delete(ds_subscription_streams).where(links.path == path, links.explicit.is_(False))
+    )
+    conn.execute(
+        update(ds_subscription_streams)
+        .where(links.path == path, links.explicit.is_(True))
+        .values(acked=0)
+    )
 
 
 def unclaimed_wakes_on(conn: Connection, wake_stream: str) -> list[str]:

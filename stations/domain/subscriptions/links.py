@@ -252,7 +252,9 @@ def read_view(conn: Any, sub_id: str) -> tuple[dict[str, Any], list[Link]]:
 
 
 def purge_stream(batch: Batch, state: Any) -> None:
-    """lifecycle purge hook: a deleted stream's cursors go with it, and so does its tail in
+    """lifecycle purge hook: a deleted stream's cursors go with it (a link the subscription
+    names explicitly stays, at the stream's start: a stream created again under the name is
+    followed from its first message, as one a pattern links again), and so does its tail in
     the snapshots of wakes in flight: a later ``done`` acked a stream created again under the
     name up to the old one's tail, and its first messages were never delivered."""
     store.forget_stream(batch.conn, state.name)
