@@ -140,3 +140,34 @@ def test_a_transaction_settling_a_message_retention_dropped_is_refused(server: S
         r = http.post("/api/transactions", json={"consumer": "c", "ack": [lease(leases[1])]})
         assert r.status_code == 200 and r.json()["acked"] == 1, r.text
         assert http.get("/readyz").status_code == 200
+
+
+def test_a_groups_figures_leave_out_what_retention_dropped(server: Server) -> None:
+    """Leased and waiting deliveries of messages retention dropped are not in flight nor
+    pending: nothing is left to deliver (they counted until a fetch forgot them)."""
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        station = "/api/stations/figs"
+        assert http.post("/api/stations", json={"name": "figs"}).status_code == 201
+        assert http.put(f"{station}/groups/g", json={"maxMsgDeliveries": 5}).status_code == 201
+        body = {"messages": [{"data": n} for n in range(4)]}
+        assert http.post(f"{station}/messages", json=body).status_code == 200
+        fetched = http.post(f"{station}/groups/g/fetch", json={"max": 4, "consumer": "c"})
+        offsets = [m["offset"] for m in fetched.json()["messages"]]
+        assert len(offsets) == 4
+        # One waits after a nack, two stay leased (one of them cut out of its lease range),
+        # one is acked.
+        nack = {"offsets": [offsets[0]], "delayMs": 3_600_000}
+        assert http.post(f"{station}/groups/g/nack", json=nack).json()["nacked"] == 1
+        assert (
+            http.post(f"{station}/groups/g/ack", json={"offsets": [offsets[2]]}).status_code == 200
+        )
+        (view,) = http.get(f"{station}/groups").json()["groups"]
+        assert (view["inFlight"], view["pending"], view["lag"]) == (2, 1, 0), view
+        # Retention keeps 3: three more messages push all four out.
+        patched = http.patch(station, json={"retention": {"maxMessages": 3}})
+        assert patched.status_code == 200, patched.text
+        body = {"messages": [{"data": n} for n in range(4, 7)]}
+        assert http.post(f"{station}/messages", json=body).status_code == 200
+        _dropped(http, "figs", offsets[3])
+        (view,) = http.get(f"{station}/groups").json()["groups"]
+        assert (view["inFlight"], view["pending"], view["lag"]) == (0, 3, 3), view

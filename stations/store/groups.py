@@ -586,10 +586,19 @@ def queue_figures(conn: Connection, group_ids: list[int]) -> dict[int, tuple[int
     if not group_ids:
         return {}
     d, r = deliveries, lease_ranges
-    waiting = select(func.count()).where(d.c.group_id == groups.c.id, d.c.consumer.is_(None))
-    leased = select(func.count()).where(d.c.group_id == groups.c.id, d.c.consumer.is_not(None))
-    ranged = select(func.coalesce(func.sum(r.c.last_seq - r.c.first_seq + 1), 0)).where(
-        r.c.group_id == groups.c.id
+    # Not what retention dropped (up to the station's head): those deliveries have nothing
+    # left to deliver and stay only until a fetch forgets them, or a transaction acks them.
+    # (A fork's group may still count those its source's retention dropped.)
+    kept = streams.c.head
+    waiting = select(func.count()).where(
+        d.c.group_id == groups.c.id, d.c.consumer.is_(None), d.c.seq > kept
+    )
+    leased = select(func.count()).where(
+        d.c.group_id == groups.c.id, d.c.consumer.is_not(None), d.c.seq > kept
+    )
+    first = getattr(func, db.greatest(conn))(r.c.first_seq, kept + 1)
+    ranged = select(func.coalesce(func.sum(r.c.last_seq - first + 1), 0)).where(
+        r.c.group_id == groups.c.id, r.c.last_seq > kept
     )
     # Through the DLS's (stream_id, id) index: it has none on group_id.
     dead = select(func.count()).where(
@@ -602,7 +611,9 @@ def queue_figures(conn: Connection, group_ids: list[int]) -> dict[int, tuple[int
             leased.scalar_subquery(),
             ranged.scalar_subquery(),
             dead.scalar_subquery(),
-        ).where(groups.c.id.in_(group_ids))
+        )
+        .join(streams, streams.c.id == groups.c.stream_id)
+        .where(groups.c.id.in_(group_ids))
     )
     return {gid: (int(w), int(f) + int(rs), int(x)) for gid, w, f, rs, x in rows}
 
