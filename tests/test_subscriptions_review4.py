@@ -153,3 +153,51 @@ async def test_an_explicit_stream_deleted_and_created_again_stays_linked_from_it
         assert r.status_code == 200, r.text
         (stream,) = r.json()["streams"]
         assert stream["path"] == "b" and stream["acked_offset"] == ZERO and stream["has_pending"]
+
+
+async def test_the_open_wake_routes_refuse_a_bad_token_before_telling_what_exists(
+    db_url: str, make_server: Any
+) -> None:
+    """Callback, ack and release need no service token, only the wake's own: a request whose
+    token is not one the server signed for that id learned whether the id existed (404 or
+    not) and its type (400 "this is a pull-wake subscription") before being refused."""
+    server = make_server(db_url)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for path in ("wk", "a"):
+            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+        r = await client.put(
+            "/v1/stream/__ds/subscriptions/payroll",
+            json={"type": "pull-wake", "streams": ["a"], "wake_stream": "wk"},
+        )
+        assert r.status_code == 201, r.text
+        await append(client, "a", [{"n": 1}])
+        r = await client.post("/v1/stream/__ds/subscriptions/payroll/claim", json={"worker": "w"})
+        assert r.status_code == 200, r.text
+        payroll_token = r.json()["token"]  # a real token, for payroll only
+        body = {"wake_id": r.json()["wake_id"], "generation": r.json()["generation"]}
+        answers = {}
+        for sub_id in ("payroll", "no-such-sub"):
+            for action in ("callback", "ack", "release"):
+                for token in ("garbage", "e30.e30.e30"):
+                    r = await client.post(
+                        f"/v1/stream/__ds/subscriptions/{sub_id}/{action}",
+                        json=body,
+                        headers={"Authorization": f"Bearer {token}"},
+                    )
+                    answers[(sub_id, action, token)] = (r.status_code, r.json()["error"]["code"])
+            # payroll's own token names another subscription; no token at all for payroll
+            mine = sub_id == "payroll"
+            r = await client.post(
+                f"/v1/stream/__ds/subscriptions/{sub_id}/ack",
+                json=body,
+                headers={} if mine else {"Authorization": f"Bearer {payroll_token}"},
+            )
+            answers[(sub_id, "ack", "other")] = (r.status_code, r.json()["error"]["code"])
+        assert set(answers.values()) == {(401, "TOKEN_INVALID")}, answers
+        # The right token still works, and settles the wake.
+        r = await client.post(
+            "/v1/stream/__ds/subscriptions/payroll/ack",
+            json={**body, "done": True},
+            headers={"Authorization": f"Bearer {payroll_token}"},
+        )
+        assert r.status_code == 200, r.text

@@ -1,7 +1,7 @@
 """Durable Streams subscriptions over HTTP: ``/v1/stream/__ds/...`` (PROTOCOL.md §6-7).
 
 Routed before the stream routes, so no control path is taken for a stream. Callbacks, acks and
-releases are authorized by the wake's own bearer token (checked by the domain), not by a
+releases are authorized by the wake's own bearer token (checked before the writer), not by a
 service token; the JWKS is public; everything else follows the token roles (each handler's
 ``needs`` class).
 """
@@ -27,6 +27,7 @@ from stations.domain.subscriptions.errors import (
     SubscriptionNotFound,
     TokenRefused,
 )
+from stations.domain.subscriptions.keys import TokenClaims
 from stations.errors import Forbidden, StationsError
 
 PREFIX = "/v1/stream/__ds"
@@ -197,12 +198,22 @@ async def remove_stream(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+def _wake_claims(request: web.Request, sub_id: str) -> TokenClaims:
+    """The wake token is checked here, on the event loop, before the writer: without a token
+    the server signed for this id, a request is 401 whether or not the id exists (it learned
+    which ids exist, and their type), and takes no writer transaction (nor its row lock)."""
+    engine = _engine(request)
+    assert engine.ctx is not None
+    return wakes.verify_token(engine.ctx, sub_id, _bearer(request))
+
+
 @needs("open")  # carries its own wake token
 @_handler
 async def callback(request: web.Request) -> web.Response:
-    token = _bearer(request)
+    sub_id = _id(request)
+    claims = _wake_claims(request, sub_id)
     answer = await _engine(request).run(
-        wakes.settle, _id(request), token, await _json(request), "callback"
+        wakes.settle, sub_id, claims, await _json(request), "callback"
     )
     return web.json_response(answer)
 
@@ -210,18 +221,18 @@ async def callback(request: web.Request) -> web.Response:
 @needs("open")  # carries its own wake token
 @_handler
 async def ack(request: web.Request) -> web.Response:
-    token = _bearer(request)
-    answer = await _engine(request).run(
-        wakes.settle, _id(request), token, await _json(request), "ack"
-    )
+    sub_id = _id(request)
+    claims = _wake_claims(request, sub_id)
+    answer = await _engine(request).run(wakes.settle, sub_id, claims, await _json(request), "ack")
     return web.json_response(answer)
 
 
 @needs("open")  # carries its own wake token
 @_handler
 async def release(request: web.Request) -> web.Response:
-    token = _bearer(request)
-    await _engine(request).run(wakes.release, _id(request), token, await _json(request))
+    sub_id = _id(request)
+    claims = _wake_claims(request, sub_id)
+    await _engine(request).run(wakes.release, sub_id, claims, await _json(request))
     return web.Response(status=204)
 
 

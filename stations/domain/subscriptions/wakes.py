@@ -25,7 +25,13 @@ from stations.domain.subscriptions.errors import (
     NoPendingWork,
     TokenRefused,
 )
-from stations.domain.subscriptions.keys import Signer, TokenError, kid_of, new_private_pem
+from stations.domain.subscriptions.keys import (
+    Signer,
+    TokenClaims,
+    TokenError,
+    kid_of,
+    new_private_pem,
+)
 from stations.domain.subscriptions.links import (
     Link,
     link_stream,
@@ -334,11 +340,19 @@ def _ack_snapshot(batch: Batch, row: dict[str, Any]) -> None:
             store.update_link(batch.conn, row["id"], path, {"acked": tail})
 
 
-def _fence(ctx: Context, row: dict[str, Any], token: str, body: Any) -> dict[str, Any]:
+def verify_token(ctx: Context, sub_id: str, token: str) -> TokenClaims:
+    """The wake token's claims, once its signature, expiry and subscription hold: checked
+    before anything looks at the subscription, so a request without a token the server signed
+    for this id learns nothing (whether the id exists, its type) and costs no writer work."""
     try:
-        claims = ctx.signer.verify(token, row["id"])
+        return ctx.signer.verify(token, sub_id)
     except TokenError as exc:
         raise TokenRefused(exc.code) from None
+
+
+def _fence(row: dict[str, Any], claims: TokenClaims, body: Any) -> dict[str, Any]:
+    if claims.subscription != row["id"]:
+        raise TokenRefused("TOKEN_INVALID")
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", "body")
     if (
@@ -398,13 +412,16 @@ def _done_flag(body: dict[str, Any]) -> bool:
     return done
 
 
-def settle(batch: Batch, ctx: Context, sub_id: str, token: str, body: Any, kind: str) -> Outcome:
-    """A webhook callback (``kind`` callback) or a pull-wake ack: apply acks; without ``done``
-    extend the lease (a heartbeat), with it end the wake. ``value`` is the answer body."""
+def settle(
+    batch: Batch, ctx: Context, sub_id: str, claims: TokenClaims, body: Any, kind: str
+) -> Outcome:
+    """A webhook callback (``kind`` callback) or a pull-wake ack, with its token's claims
+    (``verify_token``): apply acks; without ``done`` extend the lease (a heartbeat), with it
+    end the wake. ``value`` is the answer body."""
     row = locked_row(batch, sub_id)
     if (kind == "callback") != (row["type"] == "webhook"):
         raise InvalidRequest(f"this is a {row['type']} subscription", "type")
-    body = _fence(ctx, row, token, body)
+    body = _fence(row, claims, body)
     done = _done_flag(body)
     _apply_acks(batch, row, body)
     if done:
@@ -470,11 +487,12 @@ def end_idle(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
     return _end_wake(batch, ctx, row, {})
 
 
-def release(batch: Batch, ctx: Context, sub_id: str, token: str, body: Any) -> Outcome:
+def release(batch: Batch, ctx: Context, sub_id: str, claims: TokenClaims, body: Any) -> Outcome:
+    """A pull-wake worker gives its claim back, with its token's claims (``verify_token``)."""
     row = locked_row(batch, sub_id)
     if row["type"] != "pull-wake":
         raise InvalidRequest("only pull-wake subscriptions are released", "type")
-    _fence(ctx, row, token, body)
+    _fence(row, claims, body)
     return _end_wake(batch, ctx, row, {})
 
 
