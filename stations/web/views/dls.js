@@ -1,11 +1,14 @@
 // The dead-letter store of a station: entries with reason, deliveries, redrives and error; the
 // station's redrive policy; replay (optionally after a delay) or drop the selected ones, or
-// replay them all, each after an in-page confirmation. It follows the store on a poll: the count
-// (one small request) every DLS_POLL_MS, the entries again only when the count moved.
+// replay them all, each after an in-page confirmation. It follows the store on a poll every
+// DLS_POLL_MS: the count (one small request), then, when every entry is shown, the entries after
+// the last one shown (none, mostly). An entry never changes (a redrive writes a new one) and ids
+// only grow, so the rows shown plus those after them make the count exactly when nothing was
+// removed: only then are the new ones added, else the rows shown are read again.
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, duration, h, isJsonType, num, parseDuration, payload, staleBox, when } from '../dom.js';
+import { alertBox, duration, errorText, h, isJsonType, num, parseDuration, payload, staleBox, when } from '../dom.js';
 
 const REASONS = {
   max_deliveries: 'Max deliveries reached',
@@ -26,6 +29,9 @@ const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 const DLS_POLL_MS = 2000;
 const PAGE_LIMIT = 100;
 const MAX_LIMIT = 1000;
+// With more entries than are shown (a "Load more" page left), a removal among the rows shown
+// that an addition after them hid from the count is caught by reading them again this often.
+const WINDOW_POLLS = 15;
 // What a row shows that may change while its entry stays in the store.
 const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryCount, e.redrives, e.redriveAt]);
 
@@ -59,6 +65,18 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     station.dls?.redrive ? '' : ' (set one under Settings to resend dead letters by themselves).',
   );
   const selection = h('p', { class: 'hint', 'aria-live': 'polite' });
+  const actions = h(
+    'div',
+    { class: 'toolbar actions-bar', hidden: true },
+    h('span', { class: 'switch' }, selectAll, h('label', { for: 'dls-select-all' }, 'Select all')),
+    h('label', { for: 'dls-delay' }, 'Replay after'),
+    delay,
+    h('span', { class: 'visually-hidden', id: 'dls-delay-hint' }, 'A duration such as 30s; empty replays at once.'),
+    replay,
+    drop,
+    replayAll,
+    selection,
+  );
   // What the last replay or drop did, kept on screen (the toast goes after 5 s): above all
   // why fewer entries were handled than were selected.
   const outcome = h('p', { class: 'result', role: 'status', hidden: true });
@@ -86,8 +104,14 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     body,
   );
   const empty = h('p', { class: 'empty', hidden: true }, 'The dead-letter store is empty.');
+  const loading = h('p', { class: 'hint', role: 'status' }, 'Loading the dead letters…');
   let entries = [];
   let next = null;
+  // Whether the entries shown were read (for the group shown): until then nothing is said of
+  // the store (not "empty"), and there is nothing to act on.
+  let loaded = false;
+  // A 403: the token may not read the DLS. Nothing is asked again until the person acts.
+  let refused = false;
   // The rows shown, by entry id: a reload keeps the row (its checkbox, and focus) of an entry
   // that did not change, so a poll does not undo a selection under way.
   let rows = new Map();
@@ -107,9 +131,11 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     selection.textContent = entries.length
       ? `${plural(entries.length, 'entry', 'entries')} shown, ${ids.length} selected.`
       : '';
-    table.hidden = entries.length === 0;
-    empty.hidden = entries.length > 0;
-    more.hidden = !next;
+    table.hidden = !loaded || entries.length === 0;
+    empty.hidden = !loaded || entries.length > 0;
+    actions.hidden = !loaded;
+    loading.hidden = loaded || refused || problem.childElementCount > 0;
+    more.hidden = !loaded || !next;
   }
 
   function row(e) {
@@ -157,20 +183,74 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   let loads = 0;
   async function load(append = false) {
     const mine = ++loads;
-    // Read again, as many entries as are shown (after "Load more"), up to the API's limit.
-    const limit = append ? PAGE_LIMIT : Math.min(MAX_LIMIT, Math.max(PAGE_LIMIT, entries.length));
-    const page = await api.dls(
-      name,
-      { group: groupSelect.value, after: append ? next : undefined, limit },
-      { signal: ctx.signal },
-    );
+    const group = groupSelect.value;
+    let page;
+    if (append) {
+      page = await api.dls(name, { group, after: next, limit: PAGE_LIMIT }, { signal: ctx.signal });
+    } else {
+      // Read again as far as the rows shown went (after "Load more"), up to the API's limit:
+      // the server's byte bound may answer fewer a page (8 MiB), so page on until there.
+      const want = Math.min(MAX_LIMIT, Math.max(PAGE_LIMIT, entries.length));
+      const until = loaded && entries.length ? BigInt(entries.at(-1).id) : null;
+      page = { entries: [], next: null };
+      let after;
+      for (;;) {
+        const more = await api.dls(name, { group, after, limit: want - page.entries.length }, { signal: ctx.signal });
+        if (mine !== loads) return;
+        page.entries.push(...more.entries);
+        page.next = more.next;
+        after = more.next;
+        const reached = page.entries.length >= want || until === null || BigInt(page.entries.at(-1)?.id ?? 0) >= until;
+        if (!more.next || reached) break;
+      }
+    }
     if (mine !== loads) return;
     const fresh = append ? page.entries.filter((e) => !rows.has(String(e.id))) : page.entries;
     entries = append ? entries.concat(fresh) : fresh;
     next = page.next;
     place(fresh, append);
+    if (!append) {
+      windowPolls = 0;
+      windowCount = null;
+    }
+    loaded = true;
+    refused = false;
     problem.replaceChildren();
     update();
+  }
+
+  /**
+   * Follow the store from the count `n` just read: add the entries after the last one shown
+   * when they alone make up the change; else read the rows shown again.
+   */
+  async function follow(n) {
+    if (next === null) {
+      const mine = ++loads;
+      const last = entries.at(-1)?.id;
+      const tail = await api.dls(name, { group: groupSelect.value, after: last, limit: PAGE_LIMIT }, { signal: ctx.signal });
+      if (mine !== loads) return;
+      const fresh = tail.entries.filter((e) => !rows.has(String(e.id)));
+      if (!tail.next && entries.length + fresh.length === n) {
+        if (fresh.length && entries.length + fresh.length > MAX_LIMIT) {
+          // As many rows as a reload would read: the rest wait for "Load more".
+          next = last ?? null;
+        } else if (fresh.length) {
+          entries = entries.concat(fresh);
+          place(fresh, true);
+        }
+        update();
+        lastCount = n;
+        return;
+      }
+    } else {
+      windowPolls += 1;
+      const removed = lastCount !== null && n < lastCount;
+      lastCount = n;
+      if (!removed && (windowPolls < WINDOW_POLLS || n === windowCount)) return;
+    }
+    await load();
+    lastCount = n;
+    windowCount = n;
   }
 
   /** Show `list` (after the rows shown, with `append`), moving only what is out of place. */
@@ -268,11 +348,32 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     }
   }
 
-  // The count read just before the entries shown were (a dead letter between the two is
-  // caught by the next poll), and when the last poll got an answer.
-  let known = null;
-  let polled = new Date();
+  // The count at the last poll, and with more entries than shown, the count when the rows
+  // shown were read and the polls since.
+  let lastCount = null;
+  let windowCount = null;
+  let windowPolls = 0;
+  let polled = new Date(); // when the last poll got an answer
+
+  /** A read failed: why (a 403 stops the polls until the person acts). */
+  function failed(err) {
+    if (err?.status === 401 || ctx.signal.aborted) return;
+    if (err?.status === 403) {
+      refused = true;
+      stale.replaceChildren();
+      problem.replaceChildren(
+        h('p', { class: 'alert', role: 'alert' }, errorText(err), ' This page asks no more; Refresh tries again.'),
+      );
+    } else if (loaded) {
+      stale.replaceChildren(staleBox(err, polled));
+    } else {
+      problem.replaceChildren(alertBox(err));
+    }
+    update();
+  }
+
   async function poll() {
+    if (refused || loadingMore) return;
     const group = groupSelect.value;
     let n;
     try {
@@ -280,19 +381,29 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       // The badge counts the whole station's store, whichever group is shown.
       if (group) seen(await api.station(name, { signal: ctx.signal }));
     } catch (err) {
-      if (err?.status !== 401 && !ctx.signal.aborted) stale.replaceChildren(staleBox(err, polled));
+      failed(err);
       return;
     }
-    stale.replaceChildren();
     polled = new Date();
     // A "Load more" under way would have its page dropped by a reload: the next poll does it.
-    if (group !== groupSelect.value || n === known || loadingMore) return;
-    known = n;
+    if (group !== groupSelect.value || loadingMore || refused) return;
+    try {
+      if (!loaded || n === null) await load();
+      else await follow(n);
+      stale.replaceChildren();
+    } catch (err) {
+      failed(err);
+    }
+  }
+
+  /** Read the entries again, from the start (a Refresh, another group): a 403 may be over. */
+  async function reload() {
+    refused = false;
+    stale.replaceChildren();
     try {
       await load();
     } catch (err) {
-      known = null;
-      if (err?.status !== 401 && !ctx.signal.aborted) stale.replaceChildren(staleBox(err, polled));
+      failed(err);
     }
   }
 
@@ -367,8 +478,21 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     for (const b of boxes()) b.checked = selectAll.checked;
     update();
   });
-  groupSelect.addEventListener('change', () => guarded(() => load()));
-  refreshButton.addEventListener('click', () => guarded(() => load()));
+  groupSelect.addEventListener('change', () => {
+    // The rows of another group are not this one's: nothing is said until it is read.
+    loaded = false;
+    entries = [];
+    next = null;
+    place([], false);
+    problem.replaceChildren();
+    update();
+    reload();
+  });
+  refreshButton.addEventListener('click', () => {
+    if (!loaded) problem.replaceChildren();
+    update();
+    reload();
+  });
   // One page at a time: a second click before the first page came would ask for it again.
   // (aria-disabled, not disabled: a disabled button would drop keyboard focus to the page.)
   let loadingMore = false;
@@ -394,32 +518,24 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       groupSelect,
       refreshButton,
     ),
-    h(
-      'div',
-      { class: 'toolbar actions-bar' },
-      h('span', { class: 'switch' }, selectAll, h('label', { for: 'dls-select-all' }, 'Select all')),
-      h('label', { for: 'dls-delay' }, 'Replay after'),
-      delay,
-      h('span', { class: 'visually-hidden', id: 'dls-delay-hint' }, 'A duration such as 30s; empty replays at once.'),
-      replay,
-      drop,
-      replayAll,
-      selection,
-    ),
+    actions,
     outcome,
     problem,
     stale,
+    loading,
     table,
     empty,
     more,
   );
   update();
-  await guarded(async () => {
+  try {
     const { groups } = await api.groups(name, { signal: ctx.signal });
     for (const g of groups) groupSelect.append(h('option', { value: g.name }, g.name));
     if (params.group && groups.some((g) => g.name === params.group)) groupSelect.value = params.group;
-    known = await total(groupSelect.value);
     await load();
-  });
+  } catch (err) {
+    // Said, and tried again by the poll (a 403: when the person acts).
+    failed(err);
+  }
   ctx.every(DLS_POLL_MS, poll);
 }
