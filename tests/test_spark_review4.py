@@ -6,9 +6,11 @@ Each test failed on the code the review read."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -20,10 +22,15 @@ try:
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+    from pyspark.sql.streaming.datasource import ReadMaxRows
     from pyspark.sql.types import BinaryType, DecimalType, StringType, StructField, StructType
 
+    from stations.client.errors import Gone
+    from stations.spark.offsets import OffsetRange, token
     from stations.spark.options import Config
+    from stations.spark.read import read_pages
     from stations.spark.rows import RowShape, dumps
+    from stations.spark.stream_read import StationsStreamReader
     from tests import test_spark as base
 except ImportError:
     if IN_CI:  # the CI installs the spark extra: a missing PySpark is a failure there
@@ -40,6 +47,49 @@ all_messages = base.all_messages
 new_station = base.new_station
 produce = base.produce
 reader = base.reader
+
+
+# -- s: reading a stream at the reader level ---------------------------------------------------
+
+
+def _stream(cfg: Config) -> StationsStreamReader:
+    return StationsStreamReader(cfg, StructType())
+
+
+def _read(cfg: Config, stream: StationsStreamReader, start: Any, end: Any) -> list[Any]:
+    parts = [p for p in stream.partitions(start, end) if isinstance(p, OffsetRange)]
+    return [m["data"] for p in parts for page in read_pages(cfg, p) for m in page]
+
+
+# -- 2: a running query on a station deleted and created again ---------------------------------
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_running_query_fails_when_its_station_is_deleted_and_created_again(
+    srv: Server, api: httpx.Client, fail_on_data_loss: str
+) -> None:
+    """The station's identity was read once, when the query started: a station deleted and
+    created again that grew past the query's position before the next trigger was read on
+    from there, its first messages skipped without a word. Each trigger reads it again and
+    fails as a restarted query does (whatever failOnDataLoss: the checkpoint's offsets name
+    the old station, so the query could never be restarted from them)."""
+    name = new_station(api)
+    produce(api, name, [{"data": {"old": k}} for k in range(3)])
+    cfg = Config.parse({"url": srv.url, "station": name, "failOnDataLoss": fail_on_data_loss})
+    stream = _stream(cfg)
+    limit = stream.getDefaultReadLimit()
+    start = stream.initialOffset()
+    end = stream.latestOffset(start, limit)
+    assert end["offset"] == token(3)
+    assert _read(cfg, stream, start, end) == [{"old": k} for k in range(3)]
+    stream.commit(end)
+    assert stream.latestOffset(end, limit) == end  # nothing new: no batch
+
+    assert api.delete(f"/api/stations/{quote(name, safe='')}").status_code == 204
+    assert api.post("/api/stations", json={"name": name}).status_code == 201
+    produce(api, name, [{"data": {"new": k}} for k in range(5)])
+    with pytest.raises(Gone, match="new checkpointLocation"):
+        stream.latestOffset(end, limit)
 
 
 # -- 3: numbers the server stores exactly -----------------------------------------------------
@@ -167,6 +217,31 @@ def test_pushdown_narrows_only_on_offsets_and_sends_no_time_the_server_refuses(
     assert [df.where(c).count() for c in conditions] == expected
 
 
+# -- 4b: a stream from the start of a station retention emptied -------------------------------
+
+
+def test_a_stream_from_the_start_of_a_station_retention_emptied_reads_nothing(
+    srv: Server, api: httpx.Client
+) -> None:
+    """Batch 0 was planned from position 0, which retention dropped: a data-loss failure the
+    query replayed on every restart, where a batch read answers no rows."""
+    name = new_station(api, retention={"maxAgeMs": 200})
+    produce(api, name, [{"data": k} for k in range(3)])
+    deadline = time.monotonic() + 30
+    while all_messages(api, name):
+        assert time.monotonic() < deadline, "retention did not drop the messages"
+        time.sleep(0.1)
+    for options in ({}, {"startingOffset": "earliest", "numPartitions": "3"}):
+        cfg = Config.parse({"url": srv.url, "station": name, **options})
+        for limit in (None, ReadMaxRows(2)):
+            stream = _stream(cfg)
+            start = stream.initialOffset()
+            end = stream.latestOffset(start, limit or stream.getDefaultReadLimit())
+            assert end["offset"] == token(3)
+            assert _read(cfg, stream, start, end) == []  # nothing to read, no data loss
+            assert stream.latestOffset(end, limit or stream.getDefaultReadLimit()) == end
+
+
 # -- 4c: a binary data column into a JSON station ---------------------------------------------
 
 
@@ -227,3 +302,31 @@ def test_a_binary_data_column_into_a_json_station_stores_its_json_in_both_writes
         )
         q.awaitTermination(120)
     assert len(all_messages(api, streamed)) == 2
+
+
+# -- 7: a streaming startingOffset past the end -----------------------------------------------
+
+
+def test_a_stream_starting_past_the_end_names_the_option(srv: Server, api: httpx.Client) -> None:
+    """It failed with "was it deleted and created again? ... set failOnDataLoss=false", which
+    blames a deletion and a data loss that did not happen."""
+    name = new_station(api)
+    produce(api, name, [{"data": k} for k in range(3)])
+    for fail_on_data_loss in ("true", "false"):
+        cfg = Config.parse(
+            {
+                "url": srv.url,
+                "station": name,
+                "startingOffset": token(10),
+                "failOnDataLoss": fail_on_data_loss,
+            }
+        )
+        stream = _stream(cfg)
+        with pytest.raises(ValueError, match=r"startingOffset 0+10_0+ is past the end") as failed:
+            stream.latestOffset(stream.initialOffset(), stream.getDefaultReadLimit())
+        assert "deleted" not in str(failed.value)
+    # At the end exactly: nothing to read yet, no error.
+    cfg = Config.parse({"url": srv.url, "station": name, "startingOffset": token(3)})
+    stream = _stream(cfg)
+    start = stream.initialOffset()
+    assert stream.latestOffset(start, stream.getDefaultReadLimit()) == start

@@ -96,10 +96,15 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # committed to the sink, so ``start`` is the query's progress. Spark's own commit(end)
         # for a batch comes only when the next batch starts, which leaves an idle query that
         # caught up one batch behind: the cursor moves here too.
-        self._check_station(start)
+        #
+        # The station as it is now (one GET a trigger, its identity and tail together): one
+        # deleted and created again while the query ran is no longer the station of
+        # ``start``, though it may have grown past the query's position already.
+        view = station_view(self.cfg)
+        self._check_station(start, identity(self.cfg.station, view))
         self._commit_cursor(str(start["offset"]))
         lo = position(str(start["offset"]))
-        end = tail(self.cfg)
+        end = position(view["stats"]["tailOffset"])
         if end < lo:
             self._behind_the_query(lo, end)
         if self._target is not None:
@@ -109,7 +114,10 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from_start = lo == 0 and self.cfg.starting in ("-1", "earliest")
         first = lo
         if end > lo and (from_start or isinstance(limit, ReadMaxRows)):
-            first = max(lo, first_position(self.cfg, lo))  # skip positions retention dropped
+            # Skip positions retention dropped; all of them when it kept none (the batch then
+            # reads nothing, as a batch read of the range does, rather than failing for
+            # the dropped position 0 as data loss on every replay).
+            first = max(lo, first_position(self.cfg, end))
         if isinstance(limit, ReadMaxRows) and end > lo:
             end = min(end, first + limit.max_rows)
         if end <= lo:
@@ -122,19 +130,33 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             planned["from"] = min(first, end)
         return planned
 
-    def _check_station(self, offset: dict[str, str | int]) -> None:
-        """``offset`` (from the checkpoint) is of this station (see ``identity``)."""
-        if not same_station(offset, self.station):
+    def _check_station(
+        self, offset: dict[str, str | int], station: dict[str, str] | None = None
+    ) -> None:
+        """``offset`` (from the checkpoint) is of ``station`` (default: the one this reader
+        started on; see ``identity``). Whatever failOnDataLoss says: the query could not be
+        restarted from offsets of another station either."""
+        station = station or self.station
+        if not same_station(offset, station):
             raise Gone(
                 f"this query's checkpoint holds offsets of station {offset.get('station')!r} "
                 f"created at {offset.get('created')}, but station {self.cfg.station!r} now is "
-                f"the one created at {self.station['created']}: reading on from the old "
-                "position would skip its messages; give the query a new checkpointLocation "
-                "(startingOffset then says where to begin)"
+                f"the one created at {station['created']} (deleted and created again?): "
+                "reading on from the old position would skip its messages; give the query a "
+                "new checkpointLocation (startingOffset then says where to begin)"
             )
 
     def _behind_the_query(self, lo: int, end: int) -> None:
-        """The station ends before the query's offset: it was deleted and created again."""
+        """The station ends before the query's offset: the user's startingOffset is past
+        its end, or it was deleted and created again."""
+        if self.cfg.starting not in ("-1", "earliest", "latest") and lo == position(
+            self.cfg.starting
+        ):
+            raise ValueError(
+                f"startingOffset {self.cfg.starting} is past the end of station "
+                f"{self.cfg.station!r}, whose next message will have offset {token(end)}: "
+                "give an offset it has, -1 (its earliest message) or latest"
+            )
         message = (
             f"station {self.cfg.station!r} ends at {token(end)}, before this query's offset "
             f"{token(lo)}: was it deleted and created again? Its messages up to there would "
@@ -155,12 +177,11 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # planned batch without asking latestOffset: its station is checked here too.
         self._check_station(start)
         self._check_station(end)
-        return split(
-            max(position(str(start["offset"])), int(end.get("from", 0))),
-            position(str(end["offset"])),
-            batch_parts(end, self.cfg.num_partitions),
-            self.is_json,
-        )
+        first = max(position(str(start["offset"])), int(end.get("from", 0)))
+        last = position(str(end["offset"]))
+        ranges = split(first, last, batch_parts(end, self.cfg.num_partitions), self.is_json)
+        # A batch of positions retention dropped entirely (from the start) reads nothing.
+        return ranges or [OffsetRange(0, last, last, self.is_json)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, OffsetRange)
