@@ -310,3 +310,64 @@ def test_e_the_dls_tab_never_says_empty_when_it_could_not_read_the_store(
         expect(page.get_by_text(empty)).to_be_hidden()
         assert any("/dls" in url for url in asked), asked
     admin.close()
+
+
+# -- slow actions: under way, and sent once ---------------------------------------------------
+
+
+def test_f_a_slow_seek_or_replay_says_it_is_under_way_and_is_sent_once(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """During a slow Seek the previous seek's result stayed on screen as if it were this one's,
+    and the Seek button stayed enabled: a second click sent a second seek (revoking the leases
+    taken meanwhile). The same went for Replay, Drop and Replay all on the DLS tab. The button
+    is now disabled while its request runs, and the old result gives way to "under way"."""
+    api.create("slow")
+    api.produce("slow", *({"data": {"n": n}} for n in range(4)))
+    entries = api.dead_letter("slow", "billing", 2)
+    page = console.open("#/s/slow/groups")
+    dialog = page.get_by_role("dialog")
+    seek = page.get_by_role("button", name="Seek")
+    result = page.locator("#seek-result")
+    expect(page.get_by_role("heading", name="Move a group")).to_be_visible()
+    seek.click()
+    dialog.get_by_role("button", name="Seek").click()
+    expect(result).to_contain_text("now continues after")
+
+    held: list[Route] = []
+    page.route("**/seek", lambda route: held.append(route))
+    page.get_by_label("To", exact=True).select_option("now")
+    seek.click()
+    dialog.get_by_role("button", name="Seek").click()
+    expect(seek).to_be_disabled()
+    expect(result).to_contain_text("Moving group billing")
+    expect(result).not_to_contain_text("now continues after")
+    page.wait_for_timeout(300)
+    assert len(held) == 1, held
+    for route in held:
+        route.continue_()
+    expect(result).to_contain_text("now continues after")
+    expect(seek).to_be_enabled()
+    assert len(held) == 1
+    page.unroute("**/seek")
+
+    page.get_by_role("tab", name="DLS").click()
+    rows = page.get_by_role("row").filter(has=page.get_by_role("checkbox"))
+    expect(rows).to_have_count(2)
+    outcome = page.get_by_role("status").filter(has_text="Replay")
+    replayed: list[Route] = []
+    page.route("**/dls/replay", lambda route: replayed.append(route))
+    for entry in entries:
+        page.get_by_label(f"Select Entry {entry['id']}", exact=True).check()
+        page.get_by_role("button", name="Replay", exact=True).click()
+        dialog.get_by_role("button", name="Confirm").click()
+        expect(page.get_by_role("button", name="Replay", exact=True)).to_be_disabled()
+        expect(page.get_by_role("button", name="Drop")).to_be_disabled()
+        expect(page.get_by_role("button", name="Replay all")).to_be_disabled()
+        expect(outcome).to_have_text("Replaying 1 entry…")
+        page.wait_for_timeout(300)
+        assert len(replayed) == 1, replayed
+        replayed.pop().continue_()
+        expect(outcome).to_have_text("Replayed 1 entry.")
+    expect(rows).to_have_count(0)

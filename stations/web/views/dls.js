@@ -112,6 +112,8 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   let loaded = false;
   // A 403: the token may not read the DLS. Nothing is asked again until the person acts.
   let refused = false;
+  // A replay or drop under way: the actions wait for its answer (a second click sent it again).
+  let busy = false;
   // The rows shown, by entry id: a reload keeps the row (its checkbox, and focus) of an entry
   // that did not change, so a poll does not undo a selection under way.
   let rows = new Map();
@@ -121,9 +123,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
 
   function update() {
     const ids = selected();
-    replay.disabled = ids.length === 0;
-    drop.disabled = ids.length === 0;
-    replayAll.disabled = entries.length === 0;
+    replay.disabled = busy || ids.length === 0;
+    drop.disabled = busy || ids.length === 0;
+    replayAll.disabled = busy || entries.length === 0;
     const all = boxes();
     selectAll.checked = all.length > 0 && ids.length === all.length;
     selectAll.indeterminate = ids.length > 0 && ids.length < all.length;
@@ -407,6 +409,25 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     }
   }
 
+  /** Run the action `fn`, saying `doing` in place of the last action's outcome meanwhile. */
+  async function acting(doing, fn) {
+    busy = true;
+    const focused = document.activeElement;
+    outcome.textContent = doing;
+    outcome.hidden = false;
+    problem.replaceChildren();
+    update();
+    try {
+      await guarded(fn);
+      if (outcome.textContent === doing) outcome.hidden = true;
+    } finally {
+      busy = false;
+      update();
+      // Disabled, the button lost the focus it had got back from the dialog.
+      if (document.activeElement === document.body && focused?.isConnected && !focused.disabled) focused.focus();
+    }
+  }
+
   async function guarded(fn) {
     try {
       await fn();
@@ -425,8 +446,8 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       title: `Replay ${plural(ids.length, 'entry', 'entries')}?`,
       message: "Each goes back to its group's queue with a fresh delivery count and leaves the DLS." + after(delayMs),
     });
-    if (!ok) return;
-    await guarded(async () => {
+    if (!ok || busy) return;
+    await acting(`Replaying ${plural(ids.length, 'entry', 'entries')}…`, async () => {
       const { replayed } = await api.replay(name, delayMs ? { ids, delayMs } : { ids });
       changed();
       await load();
@@ -441,8 +462,8 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       confirmLabel: 'Drop',
       danger: true,
     });
-    if (!ok) return;
-    await guarded(async () => {
+    if (!ok || busy) return;
+    await acting(`Dropping ${plural(ids.length, 'entry', 'entries')}…`, async () => {
       const { dropped } = await api.drop(name, { ids });
       changed();
       await load();
@@ -459,8 +480,8 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       title: group ? `Replay ${every} of group ${group}?` : `Replay ${every}?`,
       message: "All of them go back to their group's queue with a fresh delivery count." + after(delayMs),
     });
-    if (!ok) return;
-    await guarded(async () => {
+    if (!ok || busy) return;
+    await acting(group ? `Replaying the dead letters of group ${group}…` : 'Replaying every dead letter…', async () => {
       const selection = group ? { all: true, group } : { all: true };
       const { replayed } = await api.replay(name, delayMs ? { ...selection, delayMs } : selection);
       changed();

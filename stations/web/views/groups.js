@@ -199,6 +199,7 @@ function seekForm(station, done) {
   let names = [];
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
+    if (button.disabled) return;
     // What is moved is what the dialog names: read before it opens, never after (a refresh
     // under the open dialog may rebuild the options).
     const chosen = group.value;
@@ -236,6 +237,10 @@ function seekForm(station, done) {
       gone();
       return;
     }
+    // One seek at a time, and the last one's result is not this one's: a second click while
+    // a slow seek ran sent another (revoking the leases consumers took in between).
+    button.disabled = true;
+    result.textContent = `Moving group ${chosen} to ${label}…`;
     try {
       const answer = await api.seek(station, chosen, body);
       result.textContent =
@@ -246,6 +251,10 @@ function seekForm(station, done) {
     } catch (err) {
       if (err?.status === 404 && /^group /.test(err.message || '')) gone();
       else result.textContent = errorText(err);
+    } finally {
+      button.disabled = false;
+      // Disabled, it lost the focus it had got back from the dialog.
+      if (document.activeElement === document.body && button.isConnected) button.focus();
     }
   });
   // What the select holds: the groups' names, and a chosen group deleted since (disabled).
