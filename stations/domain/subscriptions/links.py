@@ -15,7 +15,7 @@ from stations.domain.subscriptions.errors import (
     SubscriptionNotFound,
 )
 from stations.domain.subscriptions.keys import Signer
-from stations.domain.subscriptions.spec import Spec, glob_match
+from stations.domain.subscriptions.spec import Spec, glob_match, matching_paths
 from stations.store import subscriptions as store
 from stations.store.writer import Batch
 
@@ -143,8 +143,8 @@ def create_or_confirm(
     if spec.pattern is not None:
         names = [
             n
-            for n in store.stream_names(batch.conn)
-            if glob_match(spec.pattern, n) and n != spec.wake_stream
+            for n in matching_paths(spec.pattern, sorted(store.stream_names(batch.conn)))
+            if n != spec.wake_stream
         ]
         tails = tails_of(batch, names)
         for path in names:

@@ -42,7 +42,7 @@ from stations.domain.subscriptions.links import (
     stream_infos,
     tails_of,
 )
-from stations.domain.subscriptions.spec import glob_match, normalize_path
+from stations.domain.subscriptions.spec import glob_match, matching_paths, normalize_path
 from stations.errors import StationsError
 from stations.records import is_json_type
 from stations.store import subscriptions as store
@@ -185,13 +185,9 @@ def sweep(batch: Batch, ctx: Context, sub_ids: list[str]) -> Outcome:
             continue
         existing = {link.path: link for link in links_of(batch, sub_id)}
         if row["pattern"]:
-            names = store.stream_names(batch.conn) if names is None else names
-            for path in names:
-                if (
-                    path not in existing
-                    and path != row["wake_stream"]
-                    and glob_match(row["pattern"], path)
-                ):
+            names = sorted(store.stream_names(batch.conn)) if names is None else names
+            for path in matching_paths(row["pattern"], names):
+                if path not in existing and path != row["wake_stream"]:
                     link_stream(batch, sub_id, path, explicit=False, acked=0, existing=existing)
         started = _maybe_wake(batch, ctx, row, list(existing.values())).deadlines
         out.deadlines += started
