@@ -17,6 +17,7 @@ import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from stations.api.auth import Token
@@ -63,6 +64,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         _fail(f"{message} (see: {self.prog} --help)")
+
+
+def _public_url(value: str) -> str:
+    """``--public-url``: an http(s) URL with a host, perhaps a path prefix (a proxy that mounts
+    the server under one); no query or fragment. Kept without a trailing slash."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an http(s) URL such as https://stations.example.com"
+        )
+    return value.rstrip("/")
 
 
 def _is_loopback(host: str) -> bool:
@@ -131,6 +143,15 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--webhooks-allow-loopback",
         action="store_true",
         help="let subscription webhooks target loopback addresses (development and tests)",
+    )
+    p.add_argument(
+        "--public-url",
+        type=_public_url,
+        default=None,
+        metavar="URL",
+        help="the http(s) URL clients reach this server at (behind a TLS proxy, or several "
+        "processes behind one address): webhook callback and JWKS URLs are built on it "
+        "(default: the scheme and host a subscription was created through)",
     )
     p.add_argument(
         "--id-cache-size",
@@ -480,6 +501,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tokens=tokens,
         metrics_stations=args.metrics_stations,
         webhooks_allow_loopback=args.webhooks_allow_loopback,
+        public_url=args.public_url,
         limits=limits,
         cors=CorsPolicy(
             origins=tuple(o.rstrip("/") for o in args.cors_origin),

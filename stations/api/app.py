@@ -122,6 +122,7 @@ def make_app(
     tokens: list[Token] | None = None,
     metrics_stations: int = DEFAULT_MAX_STATIONS,
     webhooks_allow_loopback: bool = False,
+    public_url: str | None = None,
     limits: Limits | None = None,
     cors: CorsPolicy | None = None,
 ) -> web.Application:
@@ -155,7 +156,7 @@ def make_app(
         app.router.add_get("/ui/", console_index)
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
     # Before the stream routes: /v1/stream/__ds/... is never a stream (PROTOCOL.md §6).
-    subscriptions.setup(app, allow_loopback=webhooks_allow_loopback)
+    subscriptions.setup(app, allow_loopback=webhooks_allow_loopback, public_url=public_url)
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(transactions.routes())

@@ -23,5 +23,7 @@ LONG_POLL_TIMEOUT_S: web.AppKey[float] = web.AppKey("long_poll_timeout_s")
 SSE_LIFETIME_S: web.AppKey[float] = web.AppKey("sse_lifetime_s")
 ACCESS_LOG: web.AppKey[logging.Logger | None] = web.AppKey("access_log")
 WEBHOOKS_ALLOW_LOOPBACK: web.AppKey[bool] = web.AppKey("webhooks_allow_loopback")
+# Where clients reach this server (--public-url): webhook callback and JWKS URLs are built on it.
+PUBLIC_URL: web.AppKey[str | None] = web.AppKey("public_url")
 WEBHOOK_SENDER: web.AppKey[WebhookSender] = web.AppKey("webhook_sender")
 SUBSCRIPTIONS: web.AppKey[SubscriptionEngine] = web.AppKey("subscriptions")

@@ -113,7 +113,9 @@ def _id(request: web.Request) -> str:
 
 
 def _base_url(request: web.Request) -> str:
-    return f"{request.scheme}://{request.host}"
+    """Where receivers call back: ``--public-url``, else what the creating request reached
+    (``http`` behind a TLS proxy, or a loopback address when created on the server's host)."""
+    return request.app[keys.PUBLIC_URL] or f"{request.scheme}://{request.host}"
 
 
 @needs("open")  # the public signing keys
@@ -149,7 +151,7 @@ async def put_subscription(request: web.Request) -> web.Response:
 
 async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
     row, followed = await request.app[keys.SERVICE].read_db(links.read_view, sub_id)
-    return links.view(row, followed, _engine(request).signer)
+    return links.view(row, followed, _engine(request).signer, request.app[keys.PUBLIC_URL])
 
 
 @needs("read")
@@ -277,9 +279,12 @@ def routes() -> list[web.RouteDef]:
     ]
 
 
-def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
+def setup(
+    app: web.Application, *, allow_loopback: bool = False, public_url: str | None = None
+) -> None:
     """The routes; call before the stream routes are added."""
     app[keys.WEBHOOKS_ALLOW_LOOPBACK] = allow_loopback
+    app[keys.PUBLIC_URL] = public_url
     app.router.add_routes(routes())
     if links.purge_stream not in lifecycle.purge_hooks:
         lifecycle.purge_hooks.append(links.purge_stream)
@@ -292,7 +297,7 @@ def attach(app: web.Application) -> None:
     async def start(app: web.Application) -> None:
         sender = WebhookSender(allow_loopback)
         app[keys.WEBHOOK_SENDER] = sender
-        engine = SubscriptionEngine(app[keys.SERVICE], sender.send)
+        engine = SubscriptionEngine(app[keys.SERVICE], sender.send, public_url=app[keys.PUBLIC_URL])
         app[keys.SUBSCRIPTIONS] = engine
         await engine.start()
 

@@ -107,8 +107,11 @@ TIMER_RETRY_MAX_MS = 60_000
 
 
 class SubscriptionEngine:
-    def __init__(self, service: Any, send: Send, *, concurrency: int = 32) -> None:
+    def __init__(
+        self, service: Any, send: Send, *, concurrency: int = 32, public_url: str | None = None
+    ) -> None:
         self._service = service
+        self._public_url = public_url
         self._send = send
         self._sem = asyncio.Semaphore(concurrency)  # webhook POSTs in flight at most
         self.index = Index()
@@ -130,7 +133,7 @@ class SubscriptionEngine:
     async def start(self) -> None:
         service = self._service
         signer = await service.write(wakes.load_signer)
-        self.ctx = Context(signer, service.ids)
+        self.ctx = Context(signer, service.ids, self._public_url)
         # Only a database shared by several processes (PostgreSQL) has other processes whose
         # changes arrive as notifications.
         self._shared = not service.db.embedded

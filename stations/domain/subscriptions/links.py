@@ -202,7 +202,9 @@ def remove_stream(batch: Batch, sub_id: str, path: str) -> None:
     mark_changed(batch, sub_id, index=True)
 
 
-def view(row: dict[str, Any], links: list[Link], signer: Signer | None) -> dict[str, Any]:
+def view(
+    row: dict[str, Any], links: list[Link], signer: Signer | None, public_url: str | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": row["id"],
         "subscription_id": row["id"],
@@ -230,7 +232,7 @@ def view(row: dict[str, Any], links: list[Link], signer: Signer | None) -> dict[
             out["webhook"]["signing"] = {
                 "alg": "ed25519",
                 "kid": signer.kid,
-                "jwks_url": row["base_url"] + "/v1/stream/__ds/jwks.json",
+                "jwks_url": (public_url or row["base_url"]) + "/v1/stream/__ds/jwks.json",
             }
     return out
 

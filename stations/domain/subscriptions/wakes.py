@@ -72,6 +72,9 @@ class Context:
 
     signer: Signer
     ids: IdWindow
+    # ``--public-url``: callback URLs are built on it when a wake is delivered, not on the
+    # address the subscription was created through (which the row keeps for the rest).
+    public_url: str | None = None
 
 
 def _start_wake(
@@ -257,7 +260,7 @@ def due(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
         }
         store.update_subscription(batch.conn, sub_id, values)
         mark_changed(batch, sub_id)
-        base = row["base_url"] + "/v1/stream/__ds/subscriptions/"
+        base = (ctx.public_url or row["base_url"]) + "/v1/stream/__ds/subscriptions/"
         body = {
             "subscription_id": sub_id,
             "wake_id": row["wake_id"],
