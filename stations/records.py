@@ -9,6 +9,7 @@ the domain (``stations.domain.lifecycle``, ``catalog``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,18 @@ _DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for 
 _TWENTY_DIGITS = b"0" * 20
 
 
+_NINETEEN_DIGITS = b"0" * 19
+_NEGATIVE_19 = re.compile(rb"-[0-9]{19}")
+
+
 def exact_ints(body: bytes) -> bool:
-    """Whether orjson parsed every integer of ``body`` exactly (none has 20 digits or more)."""
-    return _TWENTY_DIGITS not in body.translate(_DIGITS_ONLY)
+    """Whether orjson parsed every integer of ``body`` exactly: none has 20 digits or more,
+    and none is a negative of 19 (orjson reads those below -2^63 as floats: -9223372036854775809
+    was stored as -9.223372036854776e+18)."""
+    digits = body.translate(_DIGITS_ONLY)
+    if _TWENTY_DIGITS in digits:
+        return False
+    return _NINETEEN_DIGITS not in digits or _NEGATIVE_19.search(body) is None
 
 
 @dataclass

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 MAX_BATCH = 10_000
 _MSG_ID = re.compile(r"[\x21-\x7e]{1,256}")
-_NUMBER_OF_20 = re.compile(rb"(?:^|[\s:,\[-])[0-9]{20}")
+# Where a number orjson may have read inexactly can start: 20 digits after a comma, colon,
+# bracket, minus or white space, or a negative of 19 (below -2^63).
+_LONG_NUMBER = re.compile(rb"(?:^|[\s:,\[-])[0-9]{20}|-[0-9]{19}")
 
 
 def valid_msg_id(value: Any, field: str) -> str:
@@ -149,7 +151,7 @@ def _loads_body(raw: bytes) -> Any:
         # can start, after a comma, colon, bracket, minus or white space, sends the body to
         # the slow exact parser.
         long_ints, tiny = framing.number_doubts(raw)
-        if not tiny and (not long_ints or not _NUMBER_OF_20.search(raw)):
+        if not tiny and (not long_ints or not _LONG_NUMBER.search(raw)):
             return value
     try:
         value = loads_strict(raw.decode("utf-8"))
