@@ -4,7 +4,7 @@
 import { api } from '../api.js';
 import { alertBox, h, num, staleBox } from '../dom.js';
 
-export async function renderCursors(panel, ctx, name) {
+export async function renderCursors(panel, ctx, name, lost = () => {}) {
   const body = h('tbody');
   const table = h(
     'table',
@@ -58,10 +58,12 @@ export async function renderCursors(panel, ctx, name) {
   } catch (err) {
     if (err?.status === 401 || ctx.signal.aborted) return;
     problem.replaceChildren(alertBox(err));
+    lost(err);
   }
   ctx.every(2000, () =>
     refresh().catch((err) => {
       if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
+      lost(err);
     }),
   );
 }

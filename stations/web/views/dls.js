@@ -37,9 +37,11 @@ const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryC
 
 /**
  * `changed()`: entries were replayed or dropped (the station page updates its DLS count).
- * `seen(view)`: the station was read again (by the poll), for the page's DLS badge.
+ * `seen(view)`: the station was read again (by the poll), for the page's DLS badge; false when
+ * it is not the station shown (deleted and created again: the page says so and stops).
+ * `lost(err)`: a read answered 404: the station may be gone (the page says so, and stops).
  */
-export async function renderDls(panel, ctx, station, params = {}, changed = () => {}, seen = () => {}) {
+export async function renderDls(panel, ctx, station, params = {}, changed = () => {}, seen = () => true, lost = () => {}) {
   const name = station.name;
   const json = isJsonType(station.contentType);
   const groupSelect = h('select', { id: 'dls-group' }, h('option', { value: '' }, 'All groups'));
@@ -360,6 +362,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   /** A read failed: why (a 403 stops the polls until the person acts). */
   function failed(err) {
     if (err?.status === 401 || ctx.signal.aborted) return;
+    lost(err);
     if (err?.status === 403) {
       refused = true;
       stale.replaceChildren();
@@ -386,6 +389,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       failed(err);
       return;
     }
+    if (ctx.signal.aborted) return;
     polled = new Date();
     // A "Load more" under way would have its page dropped by a reload: the next poll does it.
     if (group !== groupSelect.value || loadingMore || refused) return;

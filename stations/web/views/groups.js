@@ -14,7 +14,8 @@ const COLUMNS = [
   ['lag', 'Lag'],
 ];
 
-export async function renderGroups(panel, ctx, station) {
+/** `lost(err)`: a read answered 404, the station may be gone (the page says so, and stops). */
+export async function renderGroups(panel, ctx, station, lost = () => {}) {
   const name = station.name;
   const body = h('tbody');
   const table = h(
@@ -135,14 +136,16 @@ export async function renderGroups(panel, ctx, station) {
     if (err?.status === 401 || ctx.signal.aborted) return;
     problem.replaceChildren(alertBox(err));
     table.hidden = true;
+    lost(err);
   }
   // A failed refresh leaves the last figures on screen: say they are not current.
   ctx.every(2000, () =>
     refresh().catch((err) => {
       if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
+      lost(err);
     }),
   );
-  await renderCursors(panel, ctx, name);
+  await renderCursors(panel, ctx, name, lost);
 }
 
 const TARGETS = [

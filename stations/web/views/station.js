@@ -110,19 +110,53 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
     tabs,
     panel,
   );
+  // Deleted elsewhere (another tab, the CLI), or deleted and created again under the same name:
+  // what the tab shows is of a station that is no more, and its controls would act on the new
+  // one. Said in place of the panel, and nothing is asked any more.
+  const gone = (recreated) => {
+    if (ctx.signal.aborted) return;
+    ctx.abort();
+    panel.replaceChildren(
+      alertBox(
+        new Error(
+          recreated
+            ? `Station “${name}” was deleted and created again: what was shown here was the old station’s.`
+            : `Station “${name}” no longer exists: it was deleted.`,
+        ),
+      ),
+      h('p', {}, h('a', { href: '#/' }, 'All stations')),
+    );
+  };
+  /** The station read again: false (and said) if it is not the one this page shows. */
+  const same = (s) => {
+    if (s.createdAt === station.createdAt) return true;
+    gone(true);
+    return false;
+  };
+  /** A read of the tab answered 404: is the station gone? (A group or entry may be, alone.) */
+  const lost = async (err) => {
+    if (err?.status !== 404 || ctx.signal.aborted) return;
+    try {
+      same(await api.station(name, { signal: ctx.signal }));
+    } catch (again) {
+      if (again?.status === 404) gone(false);
+    }
+  };
   // After a replay or drop: the count on the DLS tab follows (best effort).
   const recount = () =>
     api
       .station(name, { signal: ctx.signal })
-      .then((s) => marks.update(s))
-      .catch(() => {});
+      .then((s) => same(s) && marks.update(s))
+      .catch((err) => {
+        if (err?.status === 404) gone(false);
+      });
   // Dead letters come from consumers at any time, so the badge follows on a poll: the Overview
   // reads the station every 2 s anyway and the DLS tab with its own poll; the others read it here.
   if (tab !== 'overview' && tab !== 'dls') ctx.every(BADGE_POLL_MS, recount);
   if (tab === 'overview') renderOverview(panel, ctx, station, marks);
   else if (tab === 'messages') await renderMessages(panel, ctx, station);
-  else if (tab === 'groups') await renderGroups(panel, ctx, station);
-  else if (tab === 'dls') await renderDls(panel, ctx, station, params, recount, (s) => marks.update(s));
+  else if (tab === 'groups') await renderGroups(panel, ctx, station, lost);
+  else if (tab === 'dls') await renderDls(panel, ctx, station, params, recount, (s) => same(s) && marks.update(s), lost);
   else if (tab === 'settings') await renderForm(panel, ctx, station);
 }
 
