@@ -371,3 +371,88 @@ def test_f_a_slow_seek_or_replay_says_it_is_under_way_and_is_sent_once(
         replayed.pop().continue_()
         expect(outcome).to_have_text("Replayed 1 entry.")
     expect(rows).to_have_count(0)
+
+
+# -- a station deleted elsewhere --------------------------------------------------------------
+
+
+def test_g_groups_and_dls_tabs_of_a_station_deleted_elsewhere_say_so_and_stop(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """The Groups and DLS tabs of a station deleted elsewhere kept its last figures, rows and
+    working controls under a raw "not found", and asked again every 2 s for ever; one created
+    again under the same name had its groups and entries shown under the old header. Both now
+    say the station is gone (or was created again), drop the old rows and controls, and stop."""
+    page = console.page
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    for tab in ("groups", "dls"):
+        api.create("gone")
+        api.produce("gone", *({"data": {"n": n}} for n in range(3)))
+        api.dead_letter("gone", "billing", 2)
+        console.open(f"#/s/gone/{tab}")
+        panel = page.get_by_role("tabpanel")
+        if tab == "groups":
+            expect(page.get_by_role("heading", name="Move a group")).to_be_visible()
+        else:
+            expect(panel.get_by_role("checkbox", name="Entry")).to_have_count(2)
+        api.call("DELETE", "/api/stations/gone", expect=204)
+        expect(panel.get_by_role("alert")).to_have_text(
+            "Station “gone” no longer exists: it was deleted.", timeout=15_000
+        )
+        expect(panel.get_by_role("button")).to_have_count(0)
+        expect(panel.get_by_role("table")).to_have_count(0)
+        page.wait_for_timeout(1000)
+        asked.clear()
+        page.wait_for_timeout(6000)
+        assert asked == [], (tab, asked)
+
+    # Deleted and created again (another content type, other dead letters) under an open tab.
+    api.create("gone")
+    api.produce("gone", {"data": {"n": 1}})
+    api.dead_letter("gone", "billing", 1)
+    console.open("#/")
+    console.open("#/s/gone/dls")
+    panel = page.get_by_role("tabpanel")
+    expect(panel.get_by_role("checkbox", name="Entry")).to_have_count(1)
+    api.call("DELETE", "/api/stations/gone", expect=204)
+    api.create("gone", contentType="text/plain")
+    api.produce("gone", {"data": "123"}, {"data": "456"})
+    api.dead_letter("gone", "billing", 2)
+    expect(panel.get_by_role("alert")).to_contain_text(
+        "Station “gone” was deleted and created again", timeout=15_000
+    )
+    expect(panel.get_by_role("checkbox")).to_have_count(0)
+    expect(panel.get_by_role("button")).to_have_count(0)
+
+
+# -- long names in the confirmation -----------------------------------------------------------
+
+
+def test_h_a_long_group_name_is_read_whole_in_the_confirmation(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """The dialog title did not wrap: of a 256-character group name, what passed the dialog's
+    edge was cut off, and with it what may tell two groups apart (``…-eu`` from ``…-us``)."""
+    long = "g" + "x" * 252 + "-eu"
+    api.create("names")
+    api.produce("names", {"data": {"n": 1}})
+    api.call("PUT", f"/api/stations/names/groups/{long}", {})
+    page = console.open("#/s/names/groups")
+    expect(page.get_by_role("heading", name="Move a group")).to_be_visible()
+    page.get_by_role("button", name="Seek").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(long)
+    sizes = page.evaluate(
+        """() => {
+            const d = document.getElementById('confirm');
+            const t = document.getElementById('confirm-title').getBoundingClientRect();
+            const b = d.getBoundingClientRect();
+            return [d.scrollWidth, d.clientWidth, t.right, b.right];
+        }"""
+    )
+    scroll, client, title_right, dialog_right = sizes
+    assert scroll <= client and title_right <= dialog_right, sizes
+    dialog.get_by_role("button", name="Cancel").click()
