@@ -456,3 +456,28 @@ def test_h_a_long_group_name_is_read_whole_in_the_confirmation(
     scroll, client, title_right, dialog_right = sizes
     assert scroll <= client and title_right <= dialog_right, sizes
     dialog.get_by_role("button", name="Cancel").click()
+
+
+# -- the DLS group filter follows the groups --------------------------------------------------
+
+
+def test_i_the_dls_group_filter_offers_groups_that_came_later(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """The Group filter was filled once, when the tab opened: dead letters of a group created
+    afterwards showed in the rows, but the group could not be chosen (nor replayed alone)."""
+    api.create("filter")
+    api.produce("filter", *({"data": {"n": n}} for n in range(3)))
+    api.dead_letter("filter", "billing", 1)
+    page = console.open("#/s/filter/dls")
+    rows = page.get_by_role("row").filter(has=page.get_by_role("checkbox"))
+    expect(rows).to_have_count(1)
+    options = page.get_by_label("Group", exact=True).locator("option")
+    expect(options).to_have_text(["All groups", "billing"])
+    api.dead_letter("filter", "shipping", 2)
+    expect(rows).to_have_count(3, timeout=10_000)
+    expect(options).to_have_text(["All groups", "billing", "shipping"], timeout=10_000)
+    page.get_by_label("Group", exact=True).select_option("shipping")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("shipping")

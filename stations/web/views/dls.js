@@ -335,9 +335,29 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     outcome.hidden = false;
   }
 
+  // The Group filter's options follow the groups (a group created after the tab opened could
+  // not be chosen); a group chosen, then deleted, stays chosen, marked.
+  let filterShown = '';
+  function setGroups(names) {
+    const current = groupSelect.value;
+    const kept = current && !names.includes(current) ? current : null;
+    const signature = JSON.stringify([names, kept]);
+    if (signature === filterShown) return;
+    filterShown = signature;
+    const options = [h('option', { value: '' }, 'All groups'), ...names.map((n) => h('option', { value: n }, n))];
+    if (kept) options.push(h('option', { value: kept }, `${kept} (deleted)`));
+    groupSelect.replaceChildren(...options);
+    groupSelect.value = current;
+  }
+  const readGroups = async () => {
+    const { groups } = await api.groups(name, { signal: ctx.signal });
+    setGroups(groups.map((g) => g.name));
+    return groups;
+  };
+
   /** How many dead letters the store holds (of `group`, if given), or null if unsaid. */
   async function count(group) {
-    if (group) return (await api.groups(name, { signal: ctx.signal })).groups.find((g) => g.name === group)?.deadLettered ?? null;
+    if (group) return (await readGroups()).find((g) => g.name === group)?.deadLettered ?? null;
     const s = await api.station(name, { signal: ctx.signal });
     seen(s);
     return s.stats?.deadLettered ?? null;
@@ -385,6 +405,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       n = await count(group);
       // The badge counts the whole station's store, whichever group is shown.
       if (group) seen(await api.station(name, { signal: ctx.signal }));
+      else await readGroups().catch(() => {}); // for the filter only
     } catch (err) {
       failed(err);
       return;
@@ -554,8 +575,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   );
   update();
   try {
-    const { groups } = await api.groups(name, { signal: ctx.signal });
-    for (const g of groups) groupSelect.append(h('option', { value: g.name }, g.name));
+    const groups = await readGroups();
     if (params.group && groups.some((g) => g.name === params.group)) groupSelect.value = params.group;
     await load();
   } catch (err) {
