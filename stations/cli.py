@@ -69,8 +69,18 @@ class _Parser(argparse.ArgumentParser):
 def _public_url(value: str) -> str:
     """``--public-url``: an http(s) URL with a host, perhaps a path prefix (a proxy that mounts
     the server under one); no query or fragment. Kept without a trailing slash."""
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.query
+        or parts.fragment
+    ):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not an http(s) URL such as https://stations.example.com"
         )

@@ -5,9 +5,11 @@ client's objects reached as attributes block too. Real servers."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NamedTuple
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from stations.client import Client
 from stations.client.sync import SyncClient
@@ -105,3 +107,79 @@ def test_blocking_objects_reached_as_attributes_block(stations: Server) -> None:
         got = consumer.fetch()
         assert consumer.extend(tuple(got)) == 1  # a tuple of views, as a list of them
         consumer.close()
+
+
+class _OlderServer:
+    """The server in front of a proxy that answers a nack naming ``leases`` as a server from
+    before that field did: 400 ``unknown field leases`` (everything else goes through)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.refused = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.path.endswith("/nack") and b'"leases"' in body:
+            self.refused += 1
+            error = {"code": "bad_request", "message": "unknown field leases", "field": "leases"}
+            return web.json_response({"error": error}, status=400)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method,
+                self.upstream + request.path_qs,
+                data=body,
+                headers={"Content-Type": request.headers.get("Content-Type", "")},
+            ) as r,
+        ):
+            return web.Response(status=r.status, body=await r.read(), content_type=r.content_type)
+
+    async def __aenter__(self) -> _OlderServer:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+async def test_closing_gives_back_by_offset_to_an_older_server(stations: Server) -> None:  # noqa: F811
+    """A server from before nack took leases refuses them (a rolling upgrade that updated the
+    clients first): the prefetched messages are given back by offset, as before."""
+    async with _OlderServer(stations.url) as older, Client(older.url) as client:
+        name = unique("giveback-older")
+        await client.create_station(name)
+        station = client.station(name)
+        await station.produce_many([{"n": i} for i in range(3)])
+        a = station.consumer("g", consumer="A", batch_size=3, max_ack_time_ms=60_000)
+        first = await a.__anext__()
+        assert await first.ack(wait=True)
+        await a.close()
+        assert older.refused == 1
+        b = station.consumer("g", consumer="B")
+        again = await b.fetch(10, wait_ms=0)
+        assert sorted(m.data["n"] for m in again) == [1, 2]
+        await b.close()
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+def test_blocking_calls_take_named_tuples(stations: Server) -> None:  # noqa: F811
+    with SyncClient(stations.url) as sync:
+        name = unique("sync-namedtuple")
+        sync.create_station(name)
+        station = sync.station(name)
+        station.produce(Point(1, 2))
+        assert [m.data for m in station.browse().messages] == [[1, 2]]

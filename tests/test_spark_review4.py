@@ -153,6 +153,24 @@ def test_decimals_are_written_as_their_exact_text() -> None:
     assert dumps([Decimal("NaN"), Decimal("Infinity"), float("nan")]) == "[null,null,null]"
 
 
+def test_a_page_of_numbers_orjson_reads_exactly_stays_on_orjson(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nanosecond timestamps and snowflake ids (19 digits) are read exactly by orjson: only a
+    number it may read inexactly sends the page to the standard library (3x slower)."""
+    from stations.spark import rows
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the standard library parsed a page orjson reads exactly")
+
+    page = b'[{"ts":1764316800123456789,"id":"x1234567890123456789"},1234567890123456789]'
+    monkeypatch.setattr(rows.json, "loads", slow)
+    assert rows._loads(page)[0]["ts"] == 1764316800123456789
+    monkeypatch.undo()
+    for inexact in (b"[-9223372036854775809]", b"[123456789012345678901]"):
+        assert rows.dumpb(rows._loads(inexact)) == inexact  # its digits, as sent
+
+
 # -- 4: filter pushdown -----------------------------------------------------------------------
 
 

@@ -41,7 +41,14 @@ async def test_callback_and_jwks_urls_use_the_public_url(make_server: Any, tmp_p
 
 
 def test_a_public_url_that_is_not_http_is_refused() -> None:
-    for bad in ("ftp://x", "stations.example.com", "https://", "https://h/?q=1"):
+    for bad in (
+        "ftp://x",
+        "stations.example.com",
+        "https://",
+        "https://h/?q=1",
+        "https://h:99999/",
+        "http://[::1",
+    ):
         done = subprocess.run(
             [sys.executable, "-m", "stations", "serve", "--public-url", bad],
             capture_output=True,

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from stations.client.errors import (
+    BadRequest,
     Conflict,
     ConsumerClosed,
     StationsError,
@@ -476,12 +477,18 @@ class Consumer:
         expired meanwhile may be another consumer's delivery now, which a nack by offset took
         away (and sent to a third consumer, or to the DLS, while it was processed)."""
         for chunk in _requests(messages):
-            body: dict[str, Any]
-            if all(m.lease is not None for m in chunk):
-                body = {"leases": [m._lease_item() for m in chunk]}
-            else:  # a server that answers no deadline: by offset
-                body = {"offsets": [m.offset for m in chunk]}
+            offsets = {"offsets": [m.offset for m in chunk]}
             try:
-                await self._call("nack", body)
+                if all(m.lease is not None for m in chunk):
+                    try:
+                        await self._call("nack", {"leases": [m._lease_item() for m in chunk]})
+                    except BadRequest as exc:
+                        if exc.field != "leases":
+                            raise
+                        # A server from before nack took leases (a rolling upgrade that
+                        # updated clients first): by offset, as then.
+                        await self._call("nack", offsets)
+                else:  # a server that answers no deadline: by offset
+                    await self._call("nack", offsets)
             except StationsError as exc:
                 logger.warning("giving back %d messages failed: %s", len(chunk), exc)

@@ -124,8 +124,12 @@ def _unwrap(value: Any) -> Any:
     own event loop (through the view they would wait for themselves)."""
     if isinstance(value, Blocking):
         return value._target
-    if isinstance(value, (list, tuple)):  # a tuple passed its views on to the SDK's own loop
-        return type(value)(_unwrap(item) for item in value)
+    # A list or tuple of views (a tuple passed them on to the SDK's own loop); other
+    # sequences, a NamedTuple among them, as they are (rebuilding one from a generator failed).
+    if type(value) is list:
+        return [_unwrap(item) for item in value]
+    if type(value) is tuple:
+        return tuple(_unwrap(item) for item in value)
     return value
 
 
