@@ -314,7 +314,10 @@ class SubscriptionEngine:
             if not self.index.sends(sub_id):
                 # A pull-wake's timers (its lease's end) send nothing: they take no slot, or
                 # 32 hung webhook endpoints held every pull-wake's lease 10 s past its end.
-                await self.run(wakes.due, sub_id)
+                delivery = await self.run(wakes.due, sub_id)
+                if delivery is not None:  # made again as a webhook by another process
+                    async with self._sem:
+                        await self._deliver(delivery)
             else:
                 # The slot is taken before the attempt is claimed in the database: an attempt
                 # that waited for a slot longer than its claim would be claimed again.
