@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from stations.client import Client
+from stations.client.client import Station
 from stations.client.sync import SyncClient
 from tests.harness import Server
 from tests.test_sdk import client, stations, unique  # noqa: F401
@@ -48,9 +49,10 @@ async def test_closing_gives_back_only_its_own_deliveries(
     await c.close()
 
 
-async def test_closing_gives_back_what_it_holds(client: Client) -> None:  # noqa: F811
-    """Its own unexpired prefetched leases still come back at once on close."""
-    name = unique("giveback-own")
+async def _closed_after_one(client: Client, prefix: str) -> Station:  # noqa: F811
+    """A station of 3 messages whose consumer A took all 3, handed out and acked one, and
+    closed (giving back the 2 it kept, leased for a minute)."""
+    name = unique(prefix)
     await client.create_station(name)
     station = client.station(name)
     await station.produce_many([{"n": i} for i in range(3)])
@@ -58,6 +60,12 @@ async def test_closing_gives_back_what_it_holds(client: Client) -> None:  # noqa
     first = await a.__anext__()
     assert await first.ack(wait=True)
     await a.close()
+    return station
+
+
+async def test_closing_gives_back_what_it_holds(client: Client) -> None:  # noqa: F811
+    """Its own unexpired prefetched leases still come back at once on close."""
+    station = await _closed_after_one(client, "giveback-own")
     b = station.consumer("g", consumer="B")
     again = await b.fetch(10, wait_ms=0)
     assert sorted((m.data["n"], m.delivery_count) for m in again) == [(1, 2), (2, 2)]
@@ -156,14 +164,7 @@ async def test_closing_gives_back_by_offset_to_an_older_server(stations: Server)
     """A server from before nack took leases refuses them (a rolling upgrade that updated the
     clients first): the prefetched messages are given back by offset, as before."""
     async with _OlderServer(stations.url) as older, Client(older.url) as client:
-        name = unique("giveback-older")
-        await client.create_station(name)
-        station = client.station(name)
-        await station.produce_many([{"n": i} for i in range(3)])
-        a = station.consumer("g", consumer="A", batch_size=3, max_ack_time_ms=60_000)
-        first = await a.__anext__()
-        assert await first.ack(wait=True)
-        await a.close()
+        station = await _closed_after_one(client, "giveback-older")
         assert older.refused == 1
         b = station.consumer("g", consumer="B")
         again = await b.fetch(10, wait_ms=0)
