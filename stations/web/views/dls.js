@@ -363,11 +363,20 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     return s.stats?.deadLettered ?? null;
   }
 
-  /** How many dead letters "Replay all" concerns now (the page shows at most 100), or null. */
+  /**
+   * How many dead letters "Replay all" concerns now (the page shows at most 100), or null. The
+   * station is read first: deleted, or created again (its dead letters are another station's),
+   * the page says so and ends (`ctx.signal` aborted), and nothing is to be asked.
+   */
   async function total(group) {
     try {
-      return await count(group);
-    } catch {
+      const s = await api.station(name, { signal: ctx.signal });
+      seen(s);
+      if (ctx.signal.aborted) return null;
+      if (!group) return s.stats?.deadLettered ?? null;
+      return (await readGroups()).find((g) => g.name === group)?.deadLettered ?? null;
+    } catch (err) {
+      await lost(err);
       return null;
     }
   }
@@ -470,8 +479,10 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     const ok = await confirmAction({
       title: `Replay ${plural(ids.length, 'entry', 'entries')}?`,
       message: "Each goes back to its group's queue with a fresh delivery count and leaves the DLS." + after(delayMs),
+      signal: ctx.signal,
     });
-    if (!ok || busy) return;
+    // The page ended under the dialog (the station deleted or created again): nothing is done.
+    if (!ok || busy || ctx.signal.aborted) return;
     await acting(`Replaying ${plural(ids.length, 'entry', 'entries')}…`, async () => {
       const { replayed } = await api.replay(name, delayMs ? { ids, delayMs } : { ids });
       changed();
@@ -486,8 +497,10 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       message: 'Dropped dead letters are deleted for good.',
       confirmLabel: 'Drop',
       danger: true,
+      signal: ctx.signal,
     });
-    if (!ok || busy) return;
+    // The page ended under the dialog (the station deleted or created again): nothing is done.
+    if (!ok || busy || ctx.signal.aborted) return;
     await acting(`Dropping ${plural(ids.length, 'entry', 'entries')}…`, async () => {
       const { dropped } = await api.drop(name, { ids });
       changed();
@@ -500,12 +513,15 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     const delayMs = replayDelay();
     if (delayMs === undefined) return;
     const count = await total(group);
+    if (ctx.signal.aborted) return;
     const every = count === null ? 'every dead letter' : `all ${plural(count, 'dead letter', 'dead letters')}`;
     const ok = await confirmAction({
       title: group ? `Replay ${every} of group ${group}?` : `Replay ${every}?`,
       message: "All of them go back to their group's queue with a fresh delivery count." + after(delayMs),
+      signal: ctx.signal,
     });
-    if (!ok || busy) return;
+    // The page ended under the dialog (the station deleted or created again): nothing is done.
+    if (!ok || busy || ctx.signal.aborted) return;
     await acting(group ? `Replaying the dead letters of group ${group}…` : 'Replaying every dead letter…', async () => {
       const selection = group ? { all: true, group } : { all: true };
       const { replayed } = await api.replay(name, delayMs ? { ...selection, delayMs } : selection);

@@ -43,7 +43,7 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     'No consumer groups yet. A group is created by its first consumer (PUT /api/stations/{name}/groups/{group}).',
   );
   const problem = h('div');
-  const seek = seekForm(name, () => refresh());
+  const seek = seekForm(name, () => refresh(), ctx.signal);
 
   async function remove(group) {
     const yes = await confirmAction({
@@ -51,14 +51,17 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
       message: 'Its cursor, leases and dead letters are deleted. Consumers of this group start over.',
       confirmLabel: 'Delete',
       danger: true,
+      signal: ctx.signal,
     });
-    if (!yes) return;
+    // The page ended under the dialog (the station deleted, or created again: the group of
+    // that name would be the new station's): nothing is done.
+    if (!yes || ctx.signal.aborted) return;
     try {
       await api.deleteGroup(name, group);
       announce(`Group ${group} deleted.`);
       await refresh();
     } catch (err) {
-      announce(errorText(err));
+      if (!ctx.signal.aborted) announce(errorText(err));
     }
   }
 
@@ -156,7 +159,7 @@ const TARGETS = [
 ];
 
 /** The "Move a group" form: a seek revokes the group's leases and drops its redeliveries. */
-function seekForm(station, done) {
+function seekForm(station, done, signal) {
   const group = h('select', { id: 'seek-group' });
   const target = h(
     'select',
@@ -234,8 +237,10 @@ function seekForm(station, done) {
       title: `Move group ${chosen} to ${label}?`,
       message: 'Its leases in flight are revoked and its waiting redeliveries dropped.',
       confirmLabel: 'Seek',
+      signal,
     });
-    if (!yes) return;
+    // The page ended under the dialog (the station deleted or created again): nothing moves.
+    if (!yes || signal.aborted) return;
     if (!names.includes(chosen)) {
       gone();
       return;
@@ -252,6 +257,7 @@ function seekForm(station, done) {
       announce(result.textContent);
       await done();
     } catch (err) {
+      if (signal.aborted) return;
       if (err?.status === 404 && /^group /.test(err.message || '')) gone();
       else result.textContent = errorText(err);
     } finally {

@@ -215,8 +215,9 @@ function renderOverview(panel, ctx, station, marks) {
       message: 'Its messages, message ids, consumer groups and dead letters are deleted for good.',
       confirmLabel: 'Delete',
       danger: true,
+      signal: ctx.signal,
     });
-    if (!yes) return;
+    if (!yes || ctx.signal.aborted) return;
     try {
       await api.remove(station.name);
       announce(`Station ${station.name} deleted.`);

@@ -1,0 +1,131 @@
+"""Console faults a fifth review found (a station deleted elsewhere, the DLS tab's polls), each in
+a real headless Chromium against ``stations serve``: a confirmation open when the station was
+deleted and created again acted on the new station, a poll threw a replay's reload away, the
+Messages and Settings tabs of a deleted station were wiped, a proxy's 404 was taken for a
+deletion, and the DLS tab read more than it needed."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from tests.browser import Api
+from tests.test_console import (  # noqa: F401  (fixtures)
+    ADMIN,
+    Console,
+    MakeServer,
+    api,
+    browser,
+    console,
+    expect,
+    open_console,
+    server,
+    sqlite_url,
+)
+from tests.test_console_review import _SET_HIDDEN
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+# -- W1: a confirmation open when the station is deleted and created again --------------------
+
+_RECREATED = "was deleted and created again"
+
+
+def _recreate(client: Api, name: str, dead: int) -> None:
+    """Delete ``name`` and create it again, with a group ``billing`` and ``dead`` dead letters."""
+    client.call("DELETE", f"/api/stations/{name}", expect=204)
+    client.create(name)
+    client.produce(name, *({"data": {"new": n}} for n in range(3)))
+    client.dead_letter(name, "billing", dead)
+
+
+def _dialog_open(page: Page) -> bool:
+    return bool(page.locator("#confirm").evaluate("d => d.open"))
+
+
+def _wait_closed(page: Page, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _dialog_open(page):
+        assert time.monotonic() < deadline, "the confirmation is still open over the notice"
+        page.wait_for_timeout(100)
+
+
+def test_w1a_delete_group_and_seek_dialogs_close_when_the_station_is_created_again(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """Delete group (and Move a group) asked, the station was deleted and created again
+    elsewhere, the page said so, but its dialog stayed open: confirming deleted (or moved) the
+    NEW station's group of that name, and the toast read "signal is aborted without reason".
+    The dialog now closes as cancelled, and nothing is done."""
+    page = console.page
+    for action in ("delete", "seek"):
+        api.create("orders")
+        api.produce("orders", *({"data": {"n": n}} for n in range(3)))
+        api.dead_letter("orders", "billing", 1)
+        console.open("#/")
+        console.open("#/s/orders/groups")
+        expect(page.locator("table.groups tbody tr")).to_have_count(1)
+        dialog = page.locator("#confirm")
+        if action == "delete":
+            page.get_by_role("button", name="Delete group billing").click()
+            expect(dialog).to_contain_text("Delete group billing?")
+        else:
+            page.get_by_label("To", exact=True).select_option("earliest")
+            page.get_by_role("button", name="Seek").click()
+            expect(dialog).to_contain_text("Move group billing to earliest")
+        _recreate(api, "orders", 2)
+        # A consumer of the new station leaves its group behind the tail: a seek would move it.
+        api.call("PUT", "/api/stations/orders/groups/billing", {})
+        expect(page.locator("#panel")).to_contain_text(_RECREATED, timeout=15_000)
+        _wait_closed(page)
+        groups = api.call("GET", "/api/stations/orders/groups")["groups"]
+        assert [g["name"] for g in groups] == ["billing"], (action, groups)
+        assert groups[0]["deadLettered"] == 2, (action, groups)
+        assert groups[0]["lag"] == 1, (action, groups)
+        assert len(api.call("GET", "/api/stations/orders/dls")["entries"]) == 2, action
+        assert "abort" not in (page.locator("#toast").text_content() or ""), action
+        api.call("DELETE", "/api/stations/orders", expect=204)
+
+
+def test_w1b_replay_all_asked_before_the_station_is_created_again_replays_nothing(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """A Replay-all dialog open while the station was deleted and created again stayed over
+    the notice; confirming replayed every dead letter of the NEW station, silently."""
+    api.create("orders")
+    api.produce("orders", *({"data": {"n": n}} for n in range(3)))
+    api.dead_letter("orders", "billing", 1)
+    page = console.open("#/s/orders/dls")
+    expect(page.get_by_role("checkbox", name="Entry")).to_have_count(1)
+    page.get_by_role("button", name="Replay all").click()
+    dialog = page.locator("#confirm")
+    expect(dialog).to_contain_text("Replay all 1 dead letter?")
+    _recreate(api, "orders", 2)
+    expect(page.locator("#panel")).to_contain_text(_RECREATED, timeout=15_000)
+    _wait_closed(page)
+    assert len(api.call("GET", "/api/stations/orders/dls")["entries"]) == 2
+
+
+def test_w1c_a_replay_all_click_that_finds_the_station_created_again_asks_nothing(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """The Replay-all click reads the station (to count its dead letters): when it found it
+    created again, the page said so, then opened the dialog anyway over the notice, counting
+    the NEW station's dead letters, and confirming replayed them."""
+    api.create("orders")
+    api.produce("orders", *({"data": {"n": n}} for n in range(3)))
+    api.dead_letter("orders", "billing", 1)
+    page = console.open("#/s/orders/dls")
+    expect(page.get_by_role("checkbox", name="Entry")).to_have_count(1)
+    # A background tab's polls wait: only the click reads the station.
+    page.evaluate(_SET_HIDDEN, True)
+    _recreate(api, "orders", 2)
+    page.get_by_role("button", name="Replay all").click()
+    expect(page.locator("#panel")).to_contain_text(_RECREATED, timeout=15_000)
+    page.wait_for_timeout(500)
+    assert not _dialog_open(page), page.locator("#confirm").inner_text()
+    assert len(api.call("GET", "/api/stations/orders/dls")["entries"]) == 2
