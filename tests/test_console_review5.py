@@ -25,7 +25,7 @@ from tests.test_console import (  # noqa: F401  (fixtures)
 from tests.test_console_review import _SET_HIDDEN
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import APIResponse, Page, Route
 
 # -- W1: a confirmation open when the station is deleted and created again --------------------
 
@@ -129,3 +129,65 @@ def test_w1c_a_replay_all_click_that_finds_the_station_created_again_asks_nothin
     page.wait_for_timeout(500)
     assert not _dialog_open(page), page.locator("#confirm").inner_text()
     assert len(api.call("GET", "/api/stations/orders/dls")["entries"]) == 2
+
+
+# -- W2: a poll during a replay's reload ------------------------------------------------------
+
+
+def test_w2_a_poll_during_a_replay_does_not_explain_it_from_the_rows_of_before(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """A poll whose count came back while a Replay re-read the entries threw the replay's read
+    away: the outcome was worked out from the rows of before ("1 entry stays in the DLS: its
+    message was removed by retention", for the entry just replayed) and the row stayed."""
+    api.create("race")
+    api.produce("race", *({"data": {"n": n}} for n in range(3)))
+    entries = api.dead_letter("race", "g", 2)
+    page = console.open("#/s/race/dls")
+    rows = page.get_by_role("row").filter(has=page.get_by_role("checkbox"))
+    expect(rows).to_have_count(2)
+    held_station: list[tuple[Route, APIResponse]] = []
+    held_dls: list[Route] = []
+    state = {"hold_station": True, "hold_dls": False}
+
+    def on_station(route: Route) -> None:
+        if route.request.method == "GET" and state["hold_station"]:
+            state["hold_station"] = False
+            held_station.append((route, route.fetch()))  # the count of before the replay
+            return
+        route.continue_()
+
+    def on_dls(route: Route) -> None:
+        if state["hold_dls"] and "after=" not in route.request.url:
+            state["hold_dls"] = False
+            held_dls.append(route)
+            return
+        route.continue_()
+
+    page.route(lambda url: url.endswith("/api/stations/race"), on_station)
+    page.route(lambda url: "/api/stations/race/dls?" in url, on_dls)
+    # A poll reads the count (2), held on its way back...
+    deadline = time.monotonic() + 15
+    while not held_station:
+        assert time.monotonic() < deadline
+        page.wait_for_timeout(50)
+    # ...while entry 1 is replayed, whose reload is slow.
+    state["hold_dls"] = True
+    page.get_by_label(f"Select Entry {entries[0]['id']}", exact=True).check()
+    page.get_by_role("button", name="Replay", exact=True).click()
+    page.locator("#confirm").get_by_role("button", name="Confirm").click()
+    deadline = time.monotonic() + 15
+    while not held_dls:
+        assert time.monotonic() < deadline
+        page.wait_for_timeout(50)
+    # The poll's answer comes first (and whatever it reads next), then the replay's reload.
+    route, response = held_station.pop()
+    with page.expect_response(lambda r: r.url.endswith("/api/stations/race")):
+        route.fulfill(response=response)
+    page.wait_for_timeout(500)
+    held_dls.pop().continue_()
+    outcome = page.locator("p.result")
+    expect(outcome).to_have_text("Replayed 1 entry.", timeout=10_000)
+    expect(rows).to_have_count(1)
+    page.unroute_all()

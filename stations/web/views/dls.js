@@ -422,7 +422,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     if (ctx.signal.aborted) return;
     polled = new Date();
     // A "Load more" under way would have its page dropped by a reload: the next poll does it.
-    if (group !== groupSelect.value || loadingMore || refused) return;
+    // So would a replay's or drop's reload, whose outcome is told from the rows it reads: a
+    // poll yields to the action (its count may be of before it, too).
+    if (group !== groupSelect.value || loadingMore || refused || busy) return;
     try {
       if (!loaded || n === null) await load();
       else await follow(n);
