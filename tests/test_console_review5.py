@@ -191,3 +191,37 @@ def test_w2_a_poll_during_a_replay_does_not_explain_it_from_the_rows_of_before(
     expect(outcome).to_have_text("Replayed 1 entry.", timeout=10_000)
     expect(rows).to_have_count(1)
     page.unroute_all()
+
+
+# -- W3: the Messages and Settings tabs of a deleted station keep what they show --------------
+
+
+def test_w3_messages_and_settings_of_a_deleted_station_are_kept(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """The badge poll's notice of a station deleted elsewhere replaced the whole panel of the
+    Messages and Settings tabs too: the messages read (perhaps the last copy) and an edit being
+    typed vanished within 5 s. Both tabs now say the station is gone above what they show."""
+    page = console.page
+    api.create("gone")
+    api.produce("gone", *({"id": f"keep-{n}", "data": {"n": n}} for n in range(3)))
+    console.open("#/s/gone/messages")
+    expect(page.get_by_text("keep-2")).to_be_visible()
+    api.call("DELETE", "/api/stations/gone", expect=204)
+    panel = page.get_by_role("tabpanel")
+    notice = panel.get_by_text("Station “gone” no longer exists: it was deleted.")
+    expect(notice).to_be_visible(timeout=15_000)
+    for n in range(3):
+        expect(page.get_by_text(f"keep-{n}")).to_be_visible()
+
+    api.create("gone")
+    console.open("#/")
+    console.open("#/s/gone/settings")
+    max_age = page.get_by_label("Max age")
+    max_age.fill("3d")
+    api.call("DELETE", "/api/stations/gone", expect=204)
+    expect(notice).to_be_visible(timeout=15_000)
+    expect(max_age).to_have_value("3d")
+    # Saving would answer "not found" (or change a station created again under the name).
+    expect(page.get_by_role("button", name="Save changes")).to_be_disabled()

@@ -112,20 +112,25 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
   );
   // Deleted elsewhere (another tab, the CLI), or deleted and created again under the same name:
   // what the tab shows is of a station that is no more, and its controls would act on the new
-  // one. Said in place of the panel, and nothing is asked any more.
+  // one. On the Groups and DLS tabs, said in place of the panel, and nothing is asked any more.
+  // The Messages and Settings tabs keep what they show (the messages read, perhaps their last
+  // copy; an edit being typed) under the notice: a live tail stops and says so by itself, and
+  // Settings can no longer be saved.
+  let ended = false;
   const gone = (recreated) => {
-    if (ctx.signal.aborted) return;
+    if (ctx.signal.aborted || ended) return;
+    const text = recreated
+      ? `Station “${name}” was deleted and created again: what was shown here was the old station’s.`
+      : `Station “${name}” no longer exists: it was deleted.`;
+    if (tab === 'messages' || tab === 'settings') {
+      ended = true;
+      // A status, not a second alert: the live tail's own may say the same.
+      panel.prepend(h('p', { class: 'alert', role: 'status' }, text));
+      for (const button of panel.querySelectorAll('button[type=submit]')) button.disabled = true;
+      return;
+    }
     ctx.abort();
-    panel.replaceChildren(
-      alertBox(
-        new Error(
-          recreated
-            ? `Station “${name}” was deleted and created again: what was shown here was the old station’s.`
-            : `Station “${name}” no longer exists: it was deleted.`,
-        ),
-      ),
-      h('p', {}, h('a', { href: '#/' }, 'All stations')),
-    );
+    panel.replaceChildren(alertBox(new Error(text)), h('p', {}, h('a', { href: '#/' }, 'All stations')));
   };
   /** The station read again: false (and said) if it is not the one this page shows. */
   const same = (s) => {
@@ -143,13 +148,16 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
     }
   };
   // After a replay or drop: the count on the DLS tab follows (best effort).
-  const recount = () =>
-    api
+  // (Nothing more once the station is gone: a tab that keeps its content keeps its polls.)
+  const recount = async () => {
+    if (ended) return;
+    await api
       .station(name, { signal: ctx.signal })
       .then((s) => same(s) && marks.update(s))
       .catch((err) => {
         if (err?.status === 404) gone(false);
       });
+  };
   // Dead letters come from consumers at any time, so the badge follows on a poll: the Overview
   // reads the station every 2 s anyway and the DLS tab with its own poll; the others read it here.
   if (tab !== 'overview' && tab !== 'dls') ctx.every(BADGE_POLL_MS, recount);
