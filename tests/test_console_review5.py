@@ -225,3 +225,50 @@ def test_w3_messages_and_settings_of_a_deleted_station_are_kept(
     expect(max_age).to_have_value("3d")
     # Saving would answer "not found" (or change a station created again under the name).
     expect(page.get_by_role("button", name="Save changes")).to_be_disabled()
+
+
+# -- W5: a 404 that is not the server's -------------------------------------------------------
+
+
+def test_w5_a_proxys_404_is_not_taken_for_a_deleted_station(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """A 404 without the server's JSON error (a reverse proxy's page while the server is
+    replaced) made every tab say the station was deleted, and stop asking for good. Only the
+    server's own ``not_found`` means deleted; any other 404 is a failure the polls get over."""
+    page = console.page
+    api.create("p")
+    api.produce("p", {"data": 1})
+    api.dead_letter("p", "billing", 1)
+    answered: list[str] = []
+
+    def proxy(route: Route) -> None:
+        answered.append(route.request.url)
+        route.fulfill(status=404, content_type="text/html", body="<h1>404 Not Found</h1>")
+
+    for tab in ("groups", "dls", "overview"):
+        console.open("#/")
+        console.open(f"#/s/p/{tab}")
+        panel = page.get_by_role("tabpanel")
+        if tab == "groups":
+            expect(panel.locator("table.groups tbody tr")).to_have_count(1)
+        elif tab == "dls":
+            expect(panel.get_by_role("checkbox", name="Entry")).to_have_count(1)
+        else:
+            expect(panel.get_by_role("heading", name="Live stats")).to_be_visible()
+        answered.clear()
+        page.route("**/api/**", proxy)
+        # Until the station itself has been read through the proxy (what decides "deleted").
+        deadline = time.monotonic() + 20
+        while not any(url.endswith("/api/stations/p") for url in answered):
+            assert time.monotonic() < deadline, answered
+            page.wait_for_timeout(100)
+        expect(panel.get_by_role("alert").first).to_contain_text("404", timeout=10_000)
+        page.unroute("**/api/**", proxy)
+        expect(panel.get_by_role("alert")).to_have_count(0, timeout=15_000)
+        assert "no longer exists" not in panel.inner_text(), tab
+        if tab == "groups":
+            expect(panel.locator("table.groups tbody tr")).to_have_count(1)
+        elif tab == "dls":
+            expect(panel.get_by_role("checkbox", name="Entry")).to_have_count(1)

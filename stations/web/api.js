@@ -20,6 +20,12 @@ export class ApiError extends Error {
   }
 }
 
+/**
+ * The server's own "not found" (its JSON error, code not_found): what was asked for is gone. A
+ * 404 without it (a proxy's page while the server is replaced, say) is a passing failure.
+ */
+export const notFound = (err) => err?.status === 404 && err?.code === 'not_found';
+
 // How long the server may take to begin its answer before the console says it is not
 // answering. Without a limit, a stopped server (or a connection dropped without a word, as
 // after a network change) left every refresh waiting for ever and its last figures on screen
@@ -236,7 +242,7 @@ export function follow(
   function fail(err) {
     if (ctrl.signal.aborted) return;
     // A deleted station does not come back under this tail: reading on would fail for ever.
-    const final = err?.status === 404;
+    const final = notFound(err);
     if (final) stop();
     failing = true;
     onError(err, final);

@@ -1,6 +1,6 @@
 // One station: a heading, tabs (Overview, Messages, Groups, DLS, Settings) and the chosen panel.
 
-import { api } from '../api.js';
+import { api, notFound } from '../api.js';
 import { LiveChart, RateMeter, position } from '../charts.js';
 import { confirmAction } from '../dialog.js';
 import { alertBox, announce, bytes, duration, errorText, h, num, staleBox, when } from '../dom.js';
@@ -138,13 +138,16 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
     gone(true);
     return false;
   };
-  /** A read of the tab answered 404: is the station gone? (A group or entry may be, alone.) */
+  /**
+   * A read of the tab answered the server's 404: is the station gone? (A group or entry may be,
+   * alone.) Another 404 (a proxy's page during a redeploy) is a failure the polls get over.
+   */
   const lost = async (err) => {
-    if (err?.status !== 404 || ctx.signal.aborted) return;
+    if (!notFound(err) || ctx.signal.aborted) return;
     try {
       same(await api.station(name, { signal: ctx.signal }));
     } catch (again) {
-      if (again?.status === 404) gone(false);
+      if (notFound(again)) gone(false);
     }
   };
   // After a replay or drop: the count on the DLS tab follows (best effort).
@@ -155,7 +158,7 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
       .station(name, { signal: ctx.signal })
       .then((s) => same(s) && marks.update(s))
       .catch((err) => {
-        if (err?.status === 404) gone(false);
+        if (notFound(err)) gone(false);
       });
   };
   // Dead letters come from consumers at any time, so the badge follows on a poll: the Overview
@@ -271,7 +274,7 @@ function renderOverview(panel, ctx, station, marks) {
   const refresh = async () => {
     const [s, g] = await Promise.all([
       api.station(station.name, { signal: ctx.signal }).catch((err) => {
-        if (err?.status === 404 && !ctx.signal.aborted) gone();
+        if (notFound(err) && !ctx.signal.aborted) gone();
         throw err;
       }),
       // A producer token may not list groups (403): the station's own figures still refresh.
@@ -285,7 +288,7 @@ function renderOverview(panel, ctx, station, marks) {
   // A failed refresh leaves the last figures on screen: say they are not current.
   const refreshOrSay = () =>
     refresh().catch((err) => {
-      if (err?.status !== 401 && err?.status !== 404 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
+      if (err?.status !== 401 && !notFound(err) && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
     });
   refreshOrSay();
   ctx.every(2000, refreshOrSay);
