@@ -272,3 +272,42 @@ def test_w5_a_proxys_404_is_not_taken_for_a_deleted_station(
             expect(panel.locator("table.groups tbody tr")).to_have_count(1)
         elif tab == "dls":
             expect(panel.get_by_role("checkbox", name="Entry")).to_have_count(1)
+
+
+# -- W4: what an idle DLS tab reads -----------------------------------------------------------
+
+
+def test_w4b_a_dls_tab_with_more_to_load_does_not_read_its_rows_again_for_nothing(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """With a "Load more" page left, the DLS tab read the whole window again ~30 s after every
+    load (the count when the rows were read was unknown, so always "changed"), nothing having
+    changed: up to 1000 rows and several 8 MiB pages, after every Refresh, replay or drop."""
+    api.create("many")
+    api.produce("many", *({"data": {"n": n}} for n in range(150)))
+    api.dead_letter("many", "g", 60)
+    api.dead_letter("many", "h", 60)  # 120: 100 shown, "Load more" left
+    page = console.page
+    polls: list[str] = []
+    reads: list[str] = []
+
+    def answered(url: str) -> None:
+        if url.endswith("/api/stations/many"):
+            polls.append(url)
+        elif "/api/stations/many/dls?" in url:
+            reads.append(url)
+
+    page.on("requestfinished", lambda request: answered(request.url))
+    console.open("#/s/many/dls")
+    expect(page.get_by_role("checkbox", name="Entry")).to_have_count(100)
+    expect(page.get_by_role("button", name="Load more")).to_be_visible()
+    page.wait_for_timeout(500)
+    reads.clear()
+    polls.clear()
+    # The window is checked again after 15 polls (2 s apart): wait for 18 of them.
+    deadline = time.monotonic() + 90
+    while len(polls) < 18:
+        assert time.monotonic() < deadline, len(polls)
+        page.wait_for_timeout(500)
+    assert reads == [], reads

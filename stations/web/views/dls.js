@@ -250,6 +250,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       windowPolls += 1;
       const removed = lastCount !== null && n < lastCount;
       lastCount = n;
+      // The rows shown were just read (a load does not know the count): the first count after
+      // is theirs. (Unknown, it was always "changed": the window was read again for nothing.)
+      if (windowCount === null) windowCount = n;
       if (!removed && (windowPolls < WINDOW_POLLS || n === windowCount)) return;
     }
     await load();
