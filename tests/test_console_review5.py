@@ -311,3 +311,40 @@ def test_w4b_a_dls_tab_with_more_to_load_does_not_read_its_rows_again_for_nothin
         assert time.monotonic() < deadline, len(polls)
         page.wait_for_timeout(500)
     assert reads == [], reads
+
+
+def test_w4a_an_idle_dls_tab_reads_the_groups_now_and_then(
+    console: Console,  # noqa: F811
+    api: Api,  # noqa: F811
+) -> None:
+    """An idle DLS tab read every group's figures every 2 s, for the Group filter only. It
+    reads them when the count of dead letters moves, else every ~10 s; a group that came later
+    is still offered."""
+    api.create("idle")
+    api.produce("idle", *({"data": {"n": n}} for n in range(3)))
+    api.dead_letter("idle", "g", 2)
+    page = console.page
+    polls: list[str] = []
+    groups: list[str] = []
+
+    def answered(url: str) -> None:
+        if url.endswith("/api/stations/idle"):
+            polls.append(url)
+        elif url.endswith("/api/stations/idle/groups"):
+            groups.append(url)
+
+    page.on("requestfinished", lambda request: answered(request.url))
+    console.open("#/s/idle/dls")
+    expect(page.get_by_role("checkbox", name="Entry")).to_have_count(2)
+    page.wait_for_timeout(500)
+    polls.clear()
+    groups.clear()
+    deadline = time.monotonic() + 60
+    while len(polls) < 10:
+        assert time.monotonic() < deadline, len(polls)
+        page.wait_for_timeout(200)
+    assert len(groups) <= 3, (len(polls), len(groups))
+    # A new group's dead letters move the count: the filter offers it at the next poll.
+    api.dead_letter("idle", "h", 1)
+    options = page.get_by_label("Group", exact=True).locator("option")
+    expect(options).to_have_text(["All groups", "g", "h"], timeout=10_000)

@@ -32,6 +32,8 @@ const MAX_LIMIT = 1000;
 // With more entries than are shown (a "Load more" page left), a removal among the rows shown
 // that an addition after them hid from the count is caught by reading them again this often.
 const WINDOW_POLLS = 15;
+// The groups (for the Group filter) are read again when the count moves, else this often.
+const GROUP_POLLS = 5;
 // What a row shows that may change while its entry stays in the store.
 const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryCount, e.redrives, e.redriveAt]);
 
@@ -389,6 +391,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   let lastCount = null;
   let windowCount = null;
   let windowPolls = 0;
+  let groupPolls = 0;
   let polled = new Date(); // when the last poll got an answer
 
   /** A read failed: why (a 403 stops the polls until the person acts). */
@@ -417,7 +420,11 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       n = await count(group);
       // The badge counts the whole station's store, whichever group is shown.
       if (group) seen(await api.station(name, { signal: ctx.signal }));
-      else await readGroups().catch(() => {}); // for the filter only
+      else if (n !== lastCount || ++groupPolls >= GROUP_POLLS) {
+        // For the filter only (every group's figures): when the count moved, else now and then.
+        groupPolls = 0;
+        await readGroups().catch(() => {});
+      }
     } catch (err) {
       failed(err);
       return;
