@@ -53,9 +53,8 @@ def _loads(text: bytes | str) -> Any:
     """JSON text as Python values, every number as the server stores it.
 
     orjson reads an integer beyond 64 bits as a float (digits lost), where the server and the
-    SDK keep it exactly. Such an integer is a run of at least 19 digits: a text holding one
-    is read by the standard library, keeping those integers exact; the rest (nearly every
-    page) by orjson."""
+    SDK keep it exactly. A text that may hold one (``_INEXACT``) is read by the standard
+    library, keeping those integers exact; the rest (nearly every page) by orjson."""
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if _LONG_RUN not in raw.translate(_DIGITS_ONLY) or not _INEXACT.search(raw):
         return orjson.loads(text)

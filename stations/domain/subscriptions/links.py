@@ -253,6 +253,17 @@ def read_view(conn: Any, sub_id: str) -> tuple[dict[str, Any], list[Link]]:
     return row, links
 
 
+# A subscription's row with no wake open (ended, or never started).
+NO_WAKE: dict[str, Any] = {
+    "wake_id": None,
+    "holder": None,
+    "lease_expires_at": None,
+    "snapshot": None,
+    "next_attempt_at": None,
+    "attempts": 0,
+}
+
+
 def purge_stream(batch: Batch, state: Any) -> None:
     """lifecycle purge hook: a deleted stream's cursors go with it (a link the subscription
     names explicitly stays, at the stream's start: a stream created again under the name is
@@ -276,13 +287,5 @@ def _end_unheard_wakes(batch: Batch, wake_stream: str) -> None:
         row = store.get(batch.conn, sub_id, lock=True)
         if row is None or row["wake_id"] is None or row["holder"] is not None:
             continue
-        values = {
-            "wake_id": None,
-            "holder": None,
-            "lease_expires_at": None,
-            "snapshot": None,
-            "next_attempt_at": None,
-            "attempts": 0,
-        }
-        store.update_subscription(batch.conn, sub_id, values)
+        store.update_subscription(batch.conn, sub_id, dict(NO_WAKE))
         mark_changed(batch, sub_id)

@@ -33,6 +33,7 @@ from stations.domain.subscriptions.keys import (
     new_private_pem,
 )
 from stations.domain.subscriptions.links import (
+    NO_WAKE,
     Link,
     link_stream,
     links_of,
@@ -214,19 +215,8 @@ class Delivery:
     attempt: int
 
 
-def _clear_wake(values: dict[str, Any]) -> None:
-    values.update(
-        wake_id=None,
-        holder=None,
-        lease_expires_at=None,
-        snapshot=None,
-        next_attempt_at=None,
-        attempts=0,
-    )
-
-
 def _end_wake(batch: Batch, ctx: Context, row: dict[str, Any], values: dict[str, Any]) -> Outcome:
-    _clear_wake(values)
+    values.update(NO_WAKE)
     store.update_subscription(batch.conn, row["id"], values)
     row.update(values)
     mark_changed(batch, row["id"])
