@@ -447,7 +447,9 @@ def extend(
     deadline = batch.now + (lease_ms if lease_ms is not None else group.max_ack_time_ms)
     head = dropped_through(batch.conn, state)
     live = [seq for seq in seqs if seq > head]  # the rest lost their message: unknown
-    extended = set(store.extend(batch.conn, group.id, live, deadline, batch.now, consumer, named))
+    if named is not None and live:
+        live = _named_only(batch, group, live, named)
+    extended = set(store.extend(batch.conn, group.id, live, deadline, batch.now, consumer))
     return len(extended), deadline, [encode(s - 1) for s in seqs if s not in extended]
 
 
@@ -464,20 +466,24 @@ def parse_deadline(value: Any, field: str) -> int:
         raise BadRequest(f"{field} must be the ackDeadline the fetch answered", field) from None
 
 
-def _named_only(
+def _named_only(batch: Batch, group: Group, seqs: list[int], named: Named) -> list[int]:
+    """Of ``seqs``, those whose delivery now is one ``named`` names: a consumer extending or
+    giving back its leases leaves alone a later delivery of the message, which another
+    consumer may be processing (by offset alone, that was taken away)."""
+    held = store.leases(batch.conn, group.id, seqs)
+    return [
+        seq for seq in seqs if seq in held and (held[seq][0], held[seq][3]) in named.get(seq, ())
+    ]
+
+
+def _named_open(
     batch: Batch, group: Group, known: dict[int, int], named: Named | None
 ) -> dict[int, int]:
-    """Of the open deliveries ``known``, those ``named`` names (None: all): a consumer giving
-    back its prefetched leases leaves alone a later delivery of the message, which another
-    consumer may be processing (by offset alone, that was taken away)."""
+    """The open deliveries ``known`` (seq → count) that ``named`` names (None: all)."""
     if named is None or not known:
         return known
-    held = store.leases(batch.conn, group.id, list(known))
-    return {
-        seq: count
-        for seq, count in known.items()
-        if seq in held and (held[seq][0], held[seq][3]) in named.get(seq, ())
-    }
+    kept = set(_named_only(batch, group, list(known), named))
+    return {seq: count for seq, count in known.items() if seq in kept}
 
 
 def nack(
@@ -491,7 +497,7 @@ def nack(
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
-    known = _named_only(batch, group, known, named)
+    known = _named_open(batch, group, known, named)
     again = [s for s, count in known.items() if count < group.max_msg_deliveries]
     if again:
         store.postpone(batch.conn, group.id, again, batch.now + delay_ms)
@@ -512,7 +518,7 @@ def dead_letter(
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
-    known = _named_only(batch, group, known, named)
+    known = _named_open(batch, group, known, named)
     dls.add(
         batch,
         state,

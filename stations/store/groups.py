@@ -314,25 +314,14 @@ def extend(
     deadline: int,
     now: int,
     consumer: str | None,
-    named: dict[int, set[tuple[int, int]]] | None = None,
 ) -> list[int]:
-    """Leases at ``seqs`` that are held (not past their deadline, by ``consumer`` if given;
-    with ``named``, seq → {(delivery count, fetched deadline)}, only those deliveries) run
-    until ``deadline``; returns the positions extended. The lease keeps its name: the deadline
+    """Leases at ``seqs`` that are held (not past their deadline, by ``consumer`` if given)
+    run until ``deadline``; returns the positions extended. The lease keeps its name: the deadline
     it was fetched with stays in ``fetched_due``. An extended position leaves its lease range
     for a ``deliveries`` row, as a nack's does."""
     if not seqs:
         return []
     _insert_leases(conn, group_id, _cut(conn, group_id, seqs))
-    if named is not None:
-        held = leases(conn, group_id, seqs)
-        seqs = [
-            seq
-            for seq in seqs
-            if seq in held and (held[seq][0], held[seq][3]) in named.get(seq, ())
-        ]
-        if not seqs:
-            return []
     m = db.mark(conn)
     by_consumer = f" AND consumer = {m}" if consumer is not None else ""
     rows = sql.query(
