@@ -7,7 +7,7 @@ then times the two pipeline jobs on one SparkSession (``--master``, default ``lo
 - **export**: ``stations pipeline export`` of the whole station to Parquet.
 
 Each figure is rows / wall-clock seconds of the Spark job (planning included, session start-up
-not). Needs the ``stations[spark]`` extra.
+not). Needs the ``stations-streams[spark]`` extra.
 """
 
 from __future__ import annotations

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
-stations_venv ""
+stations_venv "server"
 exec stations serve "$@"

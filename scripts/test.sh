@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/venv.sh
-stations_venv "test,spark,postgresql"
+stations_venv "server,test,spark,postgresql"
 PY=.venv/bin/python
 
 # The pinned Node packages: the Durable Streams conformance suite, reference server and client.

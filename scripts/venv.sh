@@ -31,6 +31,12 @@ stations_venv() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     local spec="."
     if [ -n "$extras" ]; then spec=".[$extras]"; fi
+    # The distribution was called `stations` before it became `stations-streams` (that name
+    # on PyPI is another project). Uninstalled first: removed after the new install, it would
+    # take the `stations` command both provide with it.
+    if .venv/bin/python -m pip show -q stations >/dev/null 2>&1; then
+      .venv/bin/python -m pip uninstall --disable-pip-version-check -q -y stations
+    fi
     .venv/bin/python -m pip install --disable-pip-version-check -q -e "$spec"
     echo "$want" >"$stamp"
   fi

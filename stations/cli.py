@@ -298,7 +298,7 @@ def _refuse_empty_db(url: str | None) -> None:
 
 
 def _require_driver(url: str | None) -> None:
-    """PostgreSQL's driver is the optional extra ``stations[postgresql]``: say so in one line.
+    """PostgreSQL's driver is the optional extra ``stations-streams[postgresql]``: say so in one line.
     A database the store cannot use is named before anything is created."""
     _refuse_empty_db(url)
     if not url:
@@ -677,6 +677,23 @@ def backup(args: argparse.Namespace) -> None:
     print(f"copied {db.database_file(url)} to {args.dest} ({size / 1e6:,.1f} MB)")
 
 
+def _require_server(command: str) -> None:
+    """The server is the extra ``server`` (a base install is the SDK and the management
+    commands): without it, ``serve`` and ``backup`` say so in one line, not a traceback."""
+    try:
+        import stations.api
+        import stations.domain.service
+        import stations.store.db  # noqa: F401
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing == "stations":
+            raise
+        _fail(
+            f"stations {command} needs the server's packages ({missing} is not installed); "
+            "install them with: pip install 'stations-streams[server]'"
+        )
+
+
 def commands_epilog() -> str:
     from stations.commands.base import EXIT_CODES_HELP
 
@@ -707,8 +724,10 @@ def main(argv: list[str] | None = None) -> None:
     if commands.is_management(args):
         sys.exit(commands.run(args))
     if args.command == "serve":
+        _require_server("serve")
         serve(args)
     elif args.command == "backup":
+        _require_server("backup")
         backup(args)
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))

@@ -54,5 +54,5 @@ def run(cmd: list[str | Path], **kwargs) -> subprocess.CompletedProcess[str]:  #
 
 def build_wheel(source: Path, dist: Path) -> Path:
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, source])
-    (wheel,) = dist.glob("stations-*.whl")
+    (wheel,) = dist.glob("stations_streams-*.whl")
     return wheel

@@ -1,19 +1,22 @@
 """The package as a user installs it: the built wheel, in a fresh virtual environment, serves
 the console, the OpenAPI document and its migrations from any working directory, installs
-nothing under a generic top-level name, and needs PostgreSQL's driver only for PostgreSQL."""
+nothing under a generic top-level name, and needs PostgreSQL's driver only for PostgreSQL.
+Its base install is the SDK and the management commands, without the server's packages; the
+sdist holds what a clone holds (scripts, tests, lockfiles) and builds that wheel."""
 
 from __future__ import annotations
 
 import sqlite3
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 import httpx
 
 from stations import __version__
-from tests.harness import free_port
+from tests.harness import Server, free_port
 from tests.packaging import build_wheel, clean_env, copy_checkout, run
 
 
@@ -25,7 +28,7 @@ def _top_level(wheel: Path) -> set[str]:
 def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path: Path) -> None:
     source = copy_checkout(tmp_path / "src")
     wheel = build_wheel(source, tmp_path / "dist")
-    assert _top_level(wheel) == {"stations", f"stations-{__version__}.dist-info"}
+    assert _top_level(wheel) == {"stations", f"stations_streams-{__version__}.dist-info"}
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     for required in (
@@ -44,7 +47,7 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel])
+    run([venv / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[server]"])
     version = run([venv / "bin" / "stations", "--version"]).stdout.strip()
     assert version == f"stations {__version__}"
 
@@ -125,3 +128,86 @@ def _wait_up(http: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -> No
         except httpx.TransportError:
             time.sleep(0.1)
     raise AssertionError(f"stations serve did not come up: {log.read_text()}")
+
+
+SERVER_ONLY = ("sqlalchemy", "alembic", "apscheduler", "rbloom", "msgspec", "cryptography")
+
+
+def test_base_install_is_the_sdk_and_the_commands_without_the_server(tmp_path: Path) -> None:
+    """``pip install stations-streams`` is what an application or a Spark worker needs to talk
+    to a server; ``serve`` and ``backup`` then name the extra in one line."""
+    wheel = build_wheel(copy_checkout(tmp_path / "src"), tmp_path / "dist")
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel])
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    present = {p.name.lower() for p in site.iterdir()}
+    assert not present & set(SERVER_ONLY), sorted(present & set(SERVER_ONLY))
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for argv in (["serve"], ["backup", "copy.db"]):
+        refused = subprocess.run(
+            [venv / "bin" / "stations", *argv],
+            cwd=elsewhere,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith(f"stations: error: stations {argv[0]} needs the server's packages")
+        assert line.endswith("install them with: pip install 'stations-streams[server]'"), line
+    assert not (elsewhere / "stations-data").exists()
+
+    # The SDK and the management commands of that install, against a server of this checkout.
+    served = tmp_path / "served"
+    served.mkdir()
+    server = Server(db_url=f"sqlite:///{served}/stations.db", workdir=served).start()
+    try:
+        cli = [venv / "bin" / "stations"]
+        run([*cli, "station", "create", "light", "--url", server.url], cwd=elsewhere)
+        run([*cli, "produce", "--url", server.url, "light", '{"n": 1}'], cwd=elsewhere)
+        script = (
+            "import asyncio, sys\n"
+            "from stations.client import Client\n"
+            "async def main():\n"
+            "    async with Client(sys.argv[1]) as c:\n"
+            "        st = c.station('light')\n"
+            "        await st.produce({'n': 2}, msg_id='two')\n"
+            "        print([m.data for m in (await st.browse()).messages])\n"
+            "    assert not {'sqlalchemy', 'msgspec'} & set(sys.modules), sorted(sys.modules)\n"
+            "asyncio.run(main())\n"
+        )
+        out = run([venv / "bin" / "python", "-c", script, server.url], cwd=elsewhere).stdout
+    finally:
+        server.stop()
+    assert out.strip() == "[{'n': 1}, {'n': 2}]", out
+
+
+def test_sdist_holds_the_checkout_and_builds_the_wheel(tmp_path: Path) -> None:
+    source = copy_checkout(tmp_path / "src")
+    dist = tmp_path / "dist"
+    run([sys.executable, "-m", "build", "--sdist", "-o", dist, source])
+    (sdist,) = dist.glob("stations_streams-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    for required in (
+        "scripts/serve.sh",
+        "scripts/test.sh",
+        "scripts/venv.sh",
+        ".ci/run",
+        "docs/CONTRACT.md",
+        "tests/node/package-lock.json",
+        "vendor/package-lock.json",
+        "bench/consumers.py",
+        "tests/test_package.py",
+        "stations/web/index.html",
+    ):
+        assert required in names, required
+    assert not any("node_modules" in n or "__pycache__" in n for n in names)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, sdist])
+    (wheel,) = dist.glob("stations_streams-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert "stations/store/migrations/alembic.ini" in z.namelist()

@@ -68,10 +68,10 @@ def test_quick_start_with_the_system_python_first_on_the_path(tmp_path: Path) ->
     assert (src / "stations-data" / "stations.db").exists()
 
     # Again: the venv and the install are in place, so pip is not called (the stamp stays).
-    stamp = src / ".venv" / ".stations-installed-base"
+    stamp = src / ".venv" / ".stations-installed-server"
     before = stamp.stat().st_mtime_ns
     again = run(
-        ["bash", "-c", '. scripts/venv.sh && stations_venv "" && command -v stations'],
+        ["bash", "-c", '. scripts/venv.sh && stations_venv "server" && command -v stations'],
         cwd=src,
         env=env,
     )

@@ -7,7 +7,7 @@
   messages (or its dead-letter store) as files, for analysis.
 
 Both run on ``local[*]`` unless ``--master`` names another Spark master, show a progress bar on a
-terminal and close with a summary. PySpark is the optional extra ``stations[spark]``; this module
+terminal and close with a summary. PySpark is the optional extra ``stations-streams[spark]``; this module
 imports it only when a job runs, so ``stations --help`` stays fast.
 """
 
