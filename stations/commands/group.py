@@ -1,12 +1,24 @@
-"""``stations group ls|show|seek|delete``: a station's consumer groups."""
+"""``stations group ls|show|seek|nack|dead-letter|delete``: a station's consumer groups."""
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+import re
+import sys
+from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from stations.commands.base import Usage, human_ms, print_fields, print_json, print_table
+from stations.commands.base import (
+    Usage,
+    duration_ms,
+    human_ms,
+    print_fields,
+    print_json,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from stations.client import Client, GroupInfo
@@ -17,7 +29,11 @@ def add_parser(
     common: argparse.ArgumentParser,
     epilog: str,
 ) -> None:
-    p = sub.add_parser("group", help="list, show, seek and delete consumer groups", epilog=epilog)
+    p = sub.add_parser(
+        "group",
+        help="list, show, seek, nack, dead-letter and delete consumer groups",
+        epilog=epilog,
+    )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     ls = verbs.add_parser(
@@ -54,6 +70,53 @@ def add_parser(
         "messages stored from then on",
     )
     seek.set_defaults(handler=seek_group)
+
+    for verb, help_text in (
+        ("nack", "give leased messages back for redelivery (after --delay)"),
+        ("dead-letter", "move leased messages to the dead-letter store (with --reason)"),
+    ):
+        settle = verbs.add_parser(
+            verb,
+            parents=[common],
+            help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}. By OFFSET, any delivery of "
+            "the message the group has out is settled; by --lease, only the delivery a fetch "
+            "answered (a lease that expired and went to another consumer is left alone, and "
+            "listed as unknown). Offsets and deliveries the group does not have out are listed "
+            "as unknown and do not change the exit code.",
+            epilog=epilog,
+        )
+        settle.add_argument("station", help="station name")
+        settle.add_argument("group", help="group name")
+        settle.add_argument("offsets", nargs="*", metavar="OFFSET", help="message offsets")
+        settle.add_argument(
+            "--lease",
+            action="append",
+            default=[],
+            metavar="LEASE",
+            help="a delivery as its fetch answered it: OFFSET,DELIVERY-COUNT,ACK-DEADLINE or "
+            'the JSON object {"offset": ..., "deliveryCount": ..., "ackDeadline": ...} (a '
+            "fetched message as the API gives it) (repeatable)",
+        )
+        settle.add_argument(
+            "--leases-from",
+            metavar="PATH",
+            help="read leases from this file, one per line in either form of --lease (- for stdin)",
+        )
+        if verb == "nack":
+            settle.add_argument(
+                "--delay",
+                type=duration_ms,
+                default=0,
+                metavar="DURATION",
+                help="redeliver after this long, at most 24h, e.g. 30s (default: at once)",
+            )
+            settle.set_defaults(handler=nack)
+        else:
+            settle.add_argument(
+                "--reason", help="kept as the dead letter's error (at most 4096 characters)"
+            )
+            settle.set_defaults(handler=dead_letter)
 
     delete = verbs.add_parser(
         "delete", parents=[common], help="delete a group and its leases", epilog=epilog
@@ -167,3 +230,131 @@ async def delete_group(args: argparse.Namespace, client: Client) -> int:
     else:
         print(f"group {args.group} on {args.station} deleted")
     return 0
+
+
+# The API's limits: an offset token, a request's items, a nack's delay.
+_OFFSET = re.compile(r"[0-9]{16}_[0-9]{16}")
+MAX_ITEMS = 10_000
+MAX_DELAY_MS = 86_400_000
+
+
+def _lease(text: str, where: str) -> dict[str, Any]:
+    """One ``--lease`` (or line of ``--leases-from``) as the API names a delivery; ``where``
+    says which, for the error."""
+    text = text.strip()
+    where = f"{where} {text!r}"
+    parts: list[Any]
+    if text.startswith("{"):
+        try:
+            item = json.loads(text)
+        except ValueError:
+            item = None
+        if not isinstance(item, dict):
+            raise Usage(f"{where} is not a JSON object")
+        # Other fields (a fetched message's data, id, headers) are left out.
+        parts = [item.get("offset"), item.get("deliveryCount"), item.get("ackDeadline")]
+    else:
+        parts = text.split(",")
+        if len(parts) != 3:
+            raise Usage(f"{where} is not OFFSET,DELIVERY-COUNT,ACK-DEADLINE nor a JSON object")
+    offset, count, deadline = (p.strip() if isinstance(p, str) else p for p in parts)
+    if not (isinstance(offset, str) and _OFFSET.fullmatch(offset)):
+        raise Usage(f"{where}: {offset!r} is not an offset (0000000000000042_0000000000000000)")
+    if isinstance(count, str) and count.isascii() and count.isdigit():
+        count = int(count)
+    if not (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 1_000_000):
+        raise Usage(f"{where}: the delivery count must be a number from 1 to 1000000")
+    if not (isinstance(deadline, str) and _aware(deadline)):
+        raise Usage(f"{where}: {deadline!r} is not an ackDeadline as a fetch answers it")
+    return {"offset": offset, "deliveryCount": count, "ackDeadline": deadline}
+
+
+def _aware(text: str) -> bool:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo is not None
+    except ValueError:
+        return False
+
+
+def _lease_lines(path: str) -> Iterable[tuple[int, str]]:
+    if path == "-":
+        return [(n, line) for n, line in enumerate(sys.stdin, 1) if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as file:
+            return [(n, line) for n, line in enumerate(file, 1) if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Usage(f"--leases-from {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _settle_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
+    """``("offsets", [...])`` or ``("leases", [...])``: the API takes one or the other."""
+    leases = [_lease(text, "--lease") for text in args.lease]
+    if args.leases_from is not None:
+        leases += [
+            _lease(line, f"--leases-from line {n}") for n, line in _lease_lines(args.leases_from)
+        ]
+    if leases and args.offsets:
+        raise Usage("give OFFSETs or leases (--lease, --leases-from), not both")
+    if leases:
+        return "leases", leases
+    if args.leases_from is not None:
+        raise Usage(f"--leases-from {args.leases_from}: no lease in it")
+    if not args.offsets:
+        raise Usage("give the messages: OFFSETs, --lease or --leases-from")
+    for offset in args.offsets:
+        if not _OFFSET.fullmatch(offset):
+            raise Usage(f"OFFSET {offset!r} is not an offset (0000000000000042_0000000000000000)")
+    return "offsets", list(args.offsets)
+
+
+async def _settle(
+    args: argparse.Namespace, client: Client, action: str, counted: str, extra: dict[str, Any]
+) -> int:
+    """Send the settlement in requests of at most MAX_ITEMS and print what the API answered:
+    how many were settled, and the offsets it did not have out (``unknown``)."""
+    from stations.client import GroupNotFound, StationsError
+
+    key, items = _settle_items(args)
+    url = f"{client.station(args.station).group_url(args.group)}/{action}"
+    done, unknown = 0, []
+    for start in range(0, len(items), MAX_ITEMS):
+        body = {key: items[start : start + MAX_ITEMS], **extra}
+        try:
+            # Sent once: a nack by offset sent again could settle a later delivery.
+            reply = await client.http.call(
+                "POST", url, body, what=f"{action} on group {args.group}", not_found=GroupNotFound
+            )
+        except StationsError as exc:
+            if start == 0:
+                raise
+            # What earlier requests settled is said; the error keeps its class (exit code).
+            told = copy.copy(exc)
+            told.message = f"{exc}; the first {start} were sent before ({done} settled)"
+            told.args = (told.message,)
+            raise told from None
+        answer = reply.json()
+        done += int(answer.get(counted, 0))
+        unknown += list(answer.get("unknown") or [])
+    if args.json:
+        print_json({counted: done, "unknown": unknown})
+        return 0
+    print(f"{done} of {len(items)} messages {_PAST[action]}")
+    for offset in unknown:
+        print(f"unknown: {offset} (not out to the group, or that delivery is no longer out)")
+    return 0
+
+
+_PAST = {"nack": "nacked", "dead-letter": "dead-lettered"}
+
+
+async def nack(args: argparse.Namespace, client: Client) -> int:
+    if not 0 <= args.delay <= MAX_DELAY_MS:
+        raise Usage("--delay must be at most 24h")
+    return await _settle(args, client, "nack", "nacked", {"delayMs": args.delay})
+
+
+async def dead_letter(args: argparse.Namespace, client: Client) -> int:
+    if args.reason is not None and (len(args.reason) > 4096 or "\x00" in args.reason):
+        raise Usage("--reason must be at most 4096 characters, without NUL")
+    extra = {} if args.reason is None else {"reason": args.reason}
+    return await _settle(args, client, "dead-letter", "deadLettered", extra)

@@ -1,0 +1,210 @@
+"""The management CLI after a second review, against live servers: the group operations the API
+has and the CLI lacked (nack and dead-letter, by offset or by lease), ``dls replay --delay``,
+options given after positional arguments, and bad settings named by their option."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import Server
+
+ADMIN = "admin-secret-0123456789"
+CONSUMER = "shop-consumer-0123456789"  # role consumer, stations shop-*
+OFFSET0 = "0000000000000000_0000000000000000"
+
+
+def _port() -> int:
+    """A free loopback port from 18500-18599, this review's range."""
+    for port in range(18500, 18600):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 18500-18599")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir: Path = tmp_path_factory.mktemp("cli-review2")
+    tokens = workdir / "tokens.json"
+    tokens.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"token": ADMIN, "role": "admin"},
+                    {"token": CONSUMER, "role": "consumer", "stations": ["shop-*"]},
+                ]
+            }
+        )
+    )
+    url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
+    server = Server(url, workdir, ["--tokens", str(tokens)], port=_port()).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def http(srv: Server) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=srv.url, headers=headers, timeout=10) as client:
+        yield client
+
+
+def cli(
+    srv: Server, *args: str, stdin: str | None = None, token: str = ADMIN
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=token, PYTHONIOENCODING="utf-8")
+    return subprocess.run(
+        [sys.executable, "-m", "stations", *args],
+        input=stdin,
+        env=environment,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(ok(proc))
+
+
+def failed(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stations: error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _leased(http: httpx.Client, station: str, count: int) -> list[dict[str, Any]]:
+    """A station of ``count`` messages and group g with all of them leased."""
+    assert http.post("/api/stations", json={"name": station}).status_code == 201
+    body = {"messages": [{"data": i} for i in range(count)]}
+    assert http.post(f"/api/stations/{station}/messages", json=body).is_success
+    group = {"maxMsgDeliveries": 5}
+    assert http.put(f"/api/stations/{station}/groups/g", json=group).status_code == 201
+    fetched = http.post(f"/api/stations/{station}/groups/g/fetch", json={"max": count})
+    messages: list[dict[str, Any]] = fetched.json()["messages"]
+    assert len(messages) == count
+    return messages
+
+
+def _group(http: httpx.Client, station: str) -> dict[str, Any]:
+    (group,) = http.get(f"/api/stations/{station}/groups").json()["groups"]
+    return group  # type: ignore[no-any-return]
+
+
+def _as_text(message: dict[str, Any]) -> str:
+    return f"{message['offset']},{message['deliveryCount']},{message['ackDeadline']}"
+
+
+def test_group_nack_by_offset_and_by_lease(srv: Server, http: httpx.Client) -> None:
+    """The API's nack (by offsets, or by the leases a fetch answered) had no command: an
+    operator could not give back a message a stuck consumer held without curl."""
+    leased = _leased(http, "shop-nack", 3)
+    said = ok(cli(srv, "group", "nack", "shop-nack", "g", leased[0]["offset"]))
+    assert said.splitlines() == ["1 of 1 messages nacked"]
+    assert _group(http, "shop-nack")["inFlight"] == 2
+    # By lease, in both forms; a lease given again is no longer out: listed as unknown.
+    answer = as_json(
+        cli(srv, "group", "nack", "shop-nack", "g", "--lease", _as_text(leased[1]), "--json")
+    )
+    assert answer == {"nacked": 1, "unknown": []}
+    again = ok(cli(srv, "group", "nack", "shop-nack", "g", "--lease", json.dumps(leased[1])))
+    assert again.splitlines()[0] == "0 of 1 messages nacked"
+    assert leased[1]["offset"] in again.splitlines()[1]
+    # A lease whose delivery is no longer the one out is left alone (by offset it is not).
+    redelivered = http.post("/api/stations/shop-nack/groups/g/fetch", json={"max": 1}).json()
+    (message,) = redelivered["messages"]
+    assert message["offset"] == leased[0]["offset"] and message["deliveryCount"] == 2
+    stale = as_json(
+        cli(srv, "group", "nack", "shop-nack", "g", "--lease", _as_text(leased[0]), "--json")
+    )
+    assert stale == {"nacked": 0, "unknown": [leased[0]["offset"]]}
+    assert _group(http, "shop-nack")["inFlight"] == 2
+    # --delay: the nacked message is not due at once.
+    delayed = cli(srv, "group", "nack", "shop-nack", "g", _as_text(message), "--delay", "1h")
+    failed(delayed, 2, "OFFSET", "not an offset")
+    done = cli(
+        srv, "group", "nack", "shop-nack", "g", "--delay", "1h", "--lease", _as_text(message)
+    )
+    assert ok(done).splitlines() == ["1 of 1 messages nacked"]
+    nothing = http.post("/api/stations/shop-nack/groups/g/fetch", json={"max": 5}).json()
+    assert [m["offset"] for m in nothing["messages"]] == [leased[1]["offset"]]
+
+
+def test_group_dead_letter_by_lease_from_a_file_and_stdin(
+    srv: Server, http: httpx.Client, tmp_path: Path
+) -> None:
+    leased = _leased(http, "shop-dead", 4)
+    lines = tmp_path / "leases.jsonl"
+    lines.write_text("".join(json.dumps(m) + "\n" for m in leased[:2]) + "\n")
+    said = ok(cli(srv, "group", "dead-letter", "shop-dead", "g", "--leases-from", str(lines)))
+    assert said.splitlines() == ["2 of 2 messages dead-lettered"]
+    piped = "\n".join(_as_text(m) for m in leased[2:])
+    answer = as_json(
+        cli(
+            srv,
+            "group",
+            "dead-letter",
+            "shop-dead",
+            "g",
+            "--leases-from",
+            "-",
+            "--reason",
+            "bad input ✓",
+            "--json",
+            stdin=piped,
+        )
+    )
+    assert answer == {"deadLettered": 2, "unknown": []}
+    entries = http.get("/api/stations/shop-dead/dls").json()["entries"]
+    assert [e["error"] for e in entries] == [None, None, "bad input ✓", "bad input ✓"]
+    assert _group(http, "shop-dead")["inFlight"] == 0
+
+
+def test_group_settle_refusals_name_what_was_wrong(srv: Server, http: httpx.Client) -> None:
+    leased = _leased(http, "shop-refuse", 1)
+    lease = _as_text(leased[0])
+    base = ("group", "nack", "shop-refuse", "g")
+    failed(cli(srv, *base), 2, "OFFSET", "--lease")
+    failed(cli(srv, *base, "12"), 2, "OFFSET '12'")
+    failed(cli(srv, *base, "--lease", "a,b"), 2, "--lease 'a,b'")
+    failed(cli(srv, *base, "--lease", "{nope"), 2, "--lease", "JSON")
+    failed(cli(srv, *base, "--lease", f"{OFFSET0},0,2026-01-01T00:00:00Z"), 2, "delivery count")
+    failed(cli(srv, *base, "--lease", f"{OFFSET0},1,yesterday"), 2, "ackDeadline")
+    failed(cli(srv, *base, "--leases-from", "/no/such/file"), 2, "--leases-from")
+    failed(cli(srv, *base, "--leases-from", "-", stdin="\n"), 2, "--leases-from", "no lease")
+    failed(cli(srv, *base, "--delay", "2d", "--lease", lease), 2, "--delay")
+    dead = ("group", "dead-letter", "shop-refuse", "g", "--lease", lease)
+    failed(cli(srv, *dead, "--reason", "x" * 4097), 2, "--reason")
+    failed(cli(srv, "group", "nack", "shop-refuse", "nope", OFFSET0), 3, "group nope not found")
+    failed(cli(srv, "group", "nack", "shop-none", "g", OFFSET0), 3, "shop-none")
+    failed(cli(srv, "group", "nack", "other", "g", OFFSET0, token=CONSUMER), 5)
+    # Nothing was settled by the refusals.
+    assert _group(http, "shop-refuse")["inFlight"] == 1
+    # A scoped consumer token settles on its stations.
+    said = ok(cli(srv, *dead, "--reason", "by hand", token=CONSUMER))
+    assert said.splitlines() == ["1 of 1 messages dead-lettered"]
