@@ -140,15 +140,33 @@ def tails(conn: Connection, paths: Iterable[str]) -> dict[str, int]:
     return out
 
 
+def incarnations(conn: Connection, paths: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """(id, created_at) of each live stream among ``paths``: a stream deleted and created
+    again under its name differs in one of them (unless SQLite gave the same id back within
+    the same millisecond)."""
+    names = list(dict.fromkeys(paths))
+    out: dict[str, tuple[int, int]] = {}
+    for i in range(0, len(names), _CHUNK):
+        query = select(streams_table.c.name, streams_table.c.id, streams_table.c.created_at).where(
+            streams_table.c.name.in_(names[i : i + _CHUNK]), streams_table.c.deleted.is_(False)
+        )
+        out.update({name: (sid, created) for name, sid, created in conn.execute(query)})
+    return out
+
+
 def stream_names(conn: Connection) -> list[str]:
     query = select(streams_table.c.name).where(streams_table.c.deleted.is_(False))
     return [name for (name,) in conn.execute(query)]
 
 
 def definitions(conn: Connection, ids: Iterable[str] | None = None) -> list[Row]:
-    """What the in-memory wake index needs: pattern, wake stream and explicit paths per id."""
+    """What the in-memory wake index needs: pattern, wake stream, webhook URL and explicit paths
+    per id."""
     query = select(
-        ds_subscriptions.c.id, ds_subscriptions.c.pattern, ds_subscriptions.c.wake_stream
+        ds_subscriptions.c.id,
+        ds_subscriptions.c.pattern,
+        ds_subscriptions.c.wake_stream,
+        ds_subscriptions.c.webhook_url,
     )
     link_query = select(
         ds_subscription_streams.c.subscription_id, ds_subscription_streams.c.path

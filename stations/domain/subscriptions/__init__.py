@@ -13,6 +13,7 @@ token for one generation and wake; anything older is fenced.
 - ``wakes``: the wake's life: start, delivery and retry, callbacks, claims, leases, fencing.
 - ``keys``: Ed25519 signing of webhook bodies and of wake tokens.
 - ``engine``: what runs them: wakes on appends, one timer per subscription's next deadline.
+- ``outbound``: the slots webhook POSTs take, shared between endpoints so hung ones starve none.
 
 Every function taking a ``Batch`` runs inside the writer's transaction, so a decision and its
 rows commit together.

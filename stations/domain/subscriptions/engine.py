@@ -22,7 +22,9 @@ from typing import Any
 from stations.domain.subscriptions import wakes
 from stations.domain.subscriptions.keys import Signer
 from stations.domain.subscriptions.links import INDEX_KEY, WAKE_KEY
+from stations.domain.subscriptions.outbound import Outbound, Slot
 from stations.domain.subscriptions.spec import glob_match, literal_segments
+from stations.domain.subscriptions.urls import endpoint_of
 from stations.domain.subscriptions.wakes import Context, Delivery, Outcome
 from stations.errors import Unavailable
 from stations.repeats import Repeats
@@ -46,6 +48,7 @@ class Index:
         # against the patterns that can match it, not all of them (3,000 tenants' patterns,
         # one each, cut every append of the server tenfold).
         self._patterns: dict[str, dict[str, set[str]]] = {}
+        self._wake_streams: dict[str, set[str]] = {}  # pull-wakes by their wake stream
 
     def __len__(self) -> int:
         return len(self._defs)
@@ -63,6 +66,8 @@ class Index:
                 self._discard(bucket, old["pattern"], sub_id)
                 if not bucket:
                     self._patterns.pop(_first(old["pattern"]), None)
+            if old["wake_stream"]:
+                self._discard(self._wake_streams, old["wake_stream"], sub_id)
         if row is None:
             return
         self._defs[sub_id] = row
@@ -71,6 +76,8 @@ class Index:
         if row["pattern"]:
             bucket = self._patterns.setdefault(_first(row["pattern"]), {})
             bucket.setdefault(row["pattern"], set()).add(sub_id)
+        if row["wake_stream"]:
+            self._wake_streams.setdefault(row["wake_stream"], set()).add(sub_id)
 
     @staticmethod
     def _discard(table: dict[str, set[str]], key: str, sub_id: str) -> None:
@@ -85,6 +92,15 @@ class Index:
         made by another process a moment ago, may)."""
         row = self._defs.get(sub_id)
         return row is None or row["wake_stream"] is None
+
+    def announced_on(self, path: str) -> set[str]:
+        """The pull-wakes whose wake stream is ``path``."""
+        return set(self._wake_streams.get(path, ()))
+
+    def endpoint(self, sub_id: str) -> str:
+        """The endpoint its webhook POSTs go to ("" when not known here yet)."""
+        row = self._defs.get(sub_id)
+        return endpoint_of(row.get("webhook_url")) if row is not None else ""
 
     def match(self, path: str) -> set[str]:
         out = set(self._explicit.get(path, ()))
@@ -113,7 +129,10 @@ class SubscriptionEngine:
         self._service = service
         self._public_url = public_url
         self._send = send
-        self._sem = asyncio.Semaphore(concurrency)  # webhook POSTs in flight at most
+        # Webhook POSTs in flight at most, shared fairly between endpoints (``outbound``).
+        self._outbound = Outbound(concurrency)
+        self._sem = _SlotGate(self._outbound)
+        self._queued: set[str] = set()  # subscriptions waiting for a slot
         self.index = Index()
         # (when, handle): uvloop gives a plain Handle, without ``when()``, for a moment due.
         self._timers: dict[str, tuple[float, asyncio.Handle]] = {}
@@ -123,6 +142,10 @@ class SubscriptionEngine:
         self._touched: dict[str, set[str]] = {}
         self._index_dirty: set[str] = set()
         self._wake_dirty: set[str] = set()
+        # Wake streams that changed, and what each was when last seen ((id, created_at), None
+        # when missing): one created again announces the wakes its deletion ended.
+        self._wake_streams_fired: set[str] = set()
+        self._incarnations: dict[str, tuple[int, int] | None] = {}
         self._resync = False  # other processes' changes may have gone unannounced
         self._drainer: asyncio.Task[None] | None = None
         self._stopped = False
@@ -222,12 +245,22 @@ class SubscriptionEngine:
                 ids = self.index.match(key)
                 if ids:
                     self._touched.setdefault(key, set()).update(ids)
-        if (self._touched or self._index_dirty or self._wake_dirty) and self._drainer is None:
+                if self.index.announced_on(key):
+                    self._wake_streams_fired.add(key)
+        if (
+            self._touched or self._index_dirty or self._wake_dirty or self._wake_streams_fired
+        ) and self._drainer is None:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         try:
-            while self._resync or self._touched or self._index_dirty or self._wake_dirty:
+            while (
+                self._resync
+                or self._touched
+                or self._index_dirty
+                or self._wake_dirty
+                or self._wake_streams_fired
+            ):
                 try:
                     if self._resync:
                         self._resync = False
@@ -268,6 +301,14 @@ class SubscriptionEngine:
                             raise
                         for sub_id, at in deadlines:
                             self._arm(sub_id, at)
+                    if self._wake_streams_fired:
+                        names, self._wake_streams_fired = self._wake_streams_fired, set()
+                        try:
+                            await self._wake_streams_changed(names)
+                        except Exception:
+                            self._wake_streams_fired |= names
+                            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                            raise
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -275,6 +316,26 @@ class SubscriptionEngine:
                     log.exception("subscription wake-up failed")
         finally:
             self._drainer = None
+
+    async def _wake_streams_changed(self, names: set[str]) -> None:
+        """Each wake event fires its wake stream too: one small read tells an append from a
+        stream created (again), whose pull-wakes' pending wakes are announced then (the wake
+        its deletion ended, or one that found no stream to announce on), not at the next
+        append. A stream this process has not seen yet counts as created: a sweep too many,
+        once per wake stream, rather than a wake missed."""
+        seen = await self._service.read_db(store.incarnations, sorted(names))
+        created: set[str] = set()
+        for name in names:
+            now = seen.get(name)
+            before = self._incarnations.get(name, False)
+            if now is not None and now != before:
+                created |= self.index.announced_on(name)
+            if self.index.announced_on(name):
+                self._incarnations[name] = now
+            else:
+                self._incarnations.pop(name, None)
+        if created:
+            await self.run(wakes.announce, sorted(created))
 
     # -- timers ---------------------------------------------------------------------------
 
@@ -316,15 +377,26 @@ class SubscriptionEngine:
                 # 32 hung webhook endpoints held every pull-wake's lease 10 s past its end.
                 delivery = await self.run(wakes.due, sub_id)
                 if delivery is not None:  # made again as a webhook by another process
-                    async with self._sem:
-                        await self._deliver(delivery)
-            else:
-                # The slot is taken before the attempt is claimed in the database: an attempt
-                # that waited for a slot longer than its claim would be claimed again.
-                async with self._sem:
+                    slot = await self._outbound.acquire(endpoint_of(delivery.url))
+                    try:
+                        await self._deliver(delivery, slot)
+                    finally:
+                        self._outbound.release(slot)
+            elif sub_id not in self._queued:
+                # (One already waiting reads what is due when its turn comes.) The slot is
+                # taken before the attempt is claimed in the database: an attempt that waited
+                # for a slot longer than its claim would be claimed again.
+                self._queued.add(sub_id)
+                try:
+                    slot = await self._outbound.acquire(self.index.endpoint(sub_id))
+                finally:
+                    self._queued.discard(sub_id)
+                try:
                     delivery = await self.run(wakes.due, sub_id)
                     if delivery is not None:
-                        await self._deliver(delivery)
+                        await self._deliver(delivery, slot)
+                finally:
+                    self._outbound.release(slot)
             self._timer_failures.pop(sub_id, None)
             self._failing.succeeded()
         except asyncio.CancelledError:
@@ -340,16 +412,42 @@ class SubscriptionEngine:
             delay = min(TIMER_RETRY_MS << min(failures, 6), TIMER_RETRY_MAX_MS)
             self._arm(sub_id, now_ms() + delay)
 
-    async def _deliver(self, delivery: Delivery) -> None:
+    async def _deliver(self, delivery: Delivery, slot: Slot | None = None) -> None:
+        """POST it (in ``slot``, which it gives back when the POST ends), then record the
+        outcome of its own attempt."""
         headers = {
             "Content-Type": "application/json",
             "Webhook-Signature": self.signer.signature_header(delivery.body),
         }
+        call = self._send(delivery.url, delivery.body, headers)
         try:
-            ok, done = await self._send(delivery.url, delivery.body, headers)
+            answer = await (call if slot is None else self._outbound.post(slot, call))
         except Exception as exc:
             log.warning("subscription %s: webhook delivery failed: %r", delivery.sub_id, exc)
-            ok, done = False, False
+            answer = False, False
+        if answer is None:
+            log.warning(
+                "subscription %s: webhook POST cut short: its endpoint is slow and others wait",
+                delivery.sub_id,
+            )
+            answer = False, False
+        ok, done = answer
         await self.run(
             wakes.delivered, delivery.sub_id, delivery.wake_id, delivery.attempt, ok, done
         )
+
+
+class _SlotGate:
+    """A semaphore's face on the slots: ``acquire`` holds one (for no endpoint) until
+    ``release`` (tests hold the only slot to play a hung POST)."""
+
+    def __init__(self, outbound: Outbound) -> None:
+        self._outbound = outbound
+        self._held: list[Slot] = []
+
+    async def acquire(self) -> bool:
+        self._held.append(await self._outbound.acquire(""))
+        return True
+
+    def release(self) -> None:
+        self._outbound.release(self._held.pop())

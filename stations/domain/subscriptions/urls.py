@@ -103,3 +103,19 @@ def check_webhook_url(url: str, allow_loopback: bool) -> tuple[str, bool]:
     if parts.scheme == "http" and not loopback:
         raise UrlRejected("webhook.url must use https", "webhook.url")
     return host, address is not None
+
+
+def endpoint_of(url: str | None) -> str:
+    """``scheme://host:port`` of a webhook URL: the unit whose slowness is kept apart from the
+    others' (``outbound``); "" when unknown."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:
+        return url
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme.lower()}://{host}:{port}"

@@ -202,6 +202,19 @@ def sweep(batch: Batch, ctx: Context, sub_ids: list[str]) -> Outcome:
     return out
 
 
+def announce(batch: Batch, ctx: Context, sub_ids: list[str]) -> Outcome:
+    """Their wake stream was created (again): a pull-wake with pending work and no wake open
+    (the one its event announced ended with the stream deleted, or no stream was there to
+    announce it on) starts one now, its event on the new stream, rather than at the next
+    append to a stream it follows."""
+    out = Outcome()
+    for sub_id in sorted(sub_ids):
+        row = store.get(batch.conn, sub_id, lock=True)
+        if row is not None and row["type"] == "pull-wake":
+            out.deadlines += _maybe_wake(batch, ctx, row).deadlines
+    return out
+
+
 @dataclass
 class Delivery:
     """One webhook POST to make: the exact body bytes are what gets signed. ``attempt`` is its

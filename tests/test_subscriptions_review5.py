@@ -1,0 +1,161 @@
+"""Subscriptions, fixes from a fifth review: webhook endpoints that hang no longer starve the
+others' deliveries, and re-creating a pull-wake's wake stream announces the wakes its deletion
+ended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.harness import free_port
+from tests.test_subscriptions import LOOPBACK, ZERO, Receiver, append, wait_for
+
+HUNG = 40  # endpoints that never answer, more than the 32 slots
+SLOTS = 32
+
+
+class Hung:
+    """Webhook endpoints on ``count`` loopback ports of one aiohttp server: each accepts the
+    POST and never answers (until the test ends); counts the POSTs open at once."""
+
+    def __init__(self, count: int) -> None:
+        self.ports = [free_port() for _ in range(count)]
+        self.open = 0
+        self.most_open = 0
+        self.reached: dict[int, asyncio.Event] = {}
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}/hook"
+
+    def at(self, count: int) -> asyncio.Event:
+        """Set once ``count`` POSTs are open at the same time."""
+        event = self.reached.setdefault(count, asyncio.Event())
+        if self.open >= count:
+            event.set()
+        return event
+
+    async def _hook(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        for count, event in self.reached.items():
+            if self.open >= count:
+                event.set()
+        try:
+            await self._release.wait()
+        finally:  # the client went away: the handler is cancelled
+            self.open -= 1
+        return web.json_response({"done": True})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self._hook)
+        # A client that gives up (a cut POST) cancels its handler, so ``open`` counts only
+        # POSTs the server still has a connection for.
+        self._runner = web.AppRunner(app, handler_cancellation=True)
+        await self._runner.setup()
+        for port in self.ports:
+            await web.TCPSite(self._runner, "127.0.0.1", port).start()
+
+    async def stop(self) -> None:
+        self._release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def hung() -> AsyncIterator[Hung]:
+    endpoints = Hung(HUNG)
+    await endpoints.start()
+    yield endpoints
+    await endpoints.stop()
+
+
+async def test_hung_endpoints_do_not_starve_a_healthy_one(
+    db_url: str, make_server: Any, hung: Hung
+) -> None:
+    """40 webhook endpoints (each its own port) accept the POST and never answer; their POSTs
+    held all 32 slots until the 10 s timeout, and a healthy endpoint's wake waited behind
+    them. Now POSTs unanswered for 2 s mark their endpoint slow, and what slow endpoints hold
+    beyond half the slots is cut for the one that waits: it is delivered within seconds, and
+    never are more than 32 POSTs open at once."""
+    healthy = Receiver()
+    await healthy.start()
+    server = make_server(db_url, LOOPBACK)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            subs = [(f"h{i}", hung.url(i)) for i in range(HUNG)] + [("ok", healthy.url)]
+            for name, url in subs:
+                assert (await client.put(f"/v1/stream/{name}", json=[])).status_code == 201
+                r = await client.put(
+                    f"/v1/stream/__ds/subscriptions/{name}",
+                    json={"type": "webhook", "streams": [name], "webhook": {"url": url}},
+                )
+                assert r.status_code == 201, r.text
+            for name, _ in subs[:HUNG]:
+                await append(client, name, [{"n": 1}])
+            # Every slot is held by a hung endpoint before the healthy one has anything.
+            await asyncio.wait_for(hung.at(SLOTS).wait(), 10)
+            await append(client, "ok", [{"n": 1}])
+            start = time.monotonic()
+            await healthy.wait(1, timeout=9)
+            waited = time.monotonic() - start
+            assert waited < 6, f"the healthy endpoint waited {waited:.1f} s behind hung ones"
+            assert healthy.received[0][0]["subscription_id"] == "ok"
+            assert hung.most_open <= SLOTS, f"{hung.most_open} POSTs open at once"
+
+            async def acked() -> bool:
+                r = await client.get("/v1/stream/__ds/subscriptions/ok")
+                return bool(r.json()["streams"][0]["acked_offset"] != ZERO)
+
+            await wait_for(acked, 10, "the healthy endpoint's done to be recorded")
+    finally:
+        await healthy.stop()
+
+
+async def _events(client: httpx.AsyncClient, path: str) -> list[Any]:
+    r = await client.get(f"/v1/stream/{path}", params={"offset": "-1"})
+    if r.status_code != 200:
+        return []
+    events: list[Any] = r.json()
+    return events
+
+
+async def test_a_wake_stream_created_again_announces_the_pending_wake(
+    db_url: str, make_server: Any
+) -> None:
+    """Deleting the wake stream ends the wake its event announced (nobody had claimed it);
+    creating the stream again announced nothing until the next append to a followed stream.
+    Now its creation announces the pending wake at once."""
+    server = make_server(db_url)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for path in ("wk", "a"):
+            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+        r = await client.put(
+            "/v1/stream/__ds/subscriptions/s1",
+            json={"type": "pull-wake", "streams": ["a"], "wake_stream": "wk"},
+        )
+        assert r.status_code == 201, r.text
+        await append(client, "a", [{"n": 1}])
+
+        async def woken() -> list[Any]:
+            return await _events(client, "wk")
+
+        first = await wait_for(woken, 10, "the first wake event")
+        assert (await client.delete("/v1/stream/wk")).status_code == 204
+        assert (await client.put("/v1/stream/wk", json=[])).status_code == 201
+        again = await wait_for(woken, 10, "a wake event on the wake stream created again")
+        assert again[0]["subscription_id"] == "s1" and again[0]["stream"] == "a"
+        assert again[0]["generation"] > first[0]["generation"]
+        r = await client.post("/v1/stream/__ds/subscriptions/s1/claim", json={"worker": "w"})
+        assert r.status_code == 200, r.text
+        assert r.json()["generation"] == again[0]["generation"]
+        assert r.json()["streams"][0]["acked_offset"] == ZERO  # nothing of a was skipped
