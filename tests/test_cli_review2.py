@@ -208,3 +208,38 @@ def test_group_settle_refusals_name_what_was_wrong(srv: Server, http: httpx.Clie
     # A scoped consumer token settles on its stations.
     said = ok(cli(srv, *dead, "--reason", "by hand", token=CONSUMER))
     assert said.splitlines() == ["1 of 1 messages dead-lettered"]
+
+
+def test_options_may_follow_positional_arguments(srv: Server, http: httpx.Client) -> None:
+    """``stations produce s --msg-id a 1`` was "unrecognized arguments: 1" (exit 2): argparse
+    took the empty DATA list before the option. nats and kubectl take options anywhere."""
+    ok(cli(srv, "station", "create", "mixed"))
+    produced = ok(
+        cli(srv, "produce", "mixed", "--msg-id", "a", "1", "--msg-id", "b", "2", "--json")
+    )
+    assert [json.loads(line)["id"] for line in produced.splitlines()] == ["a", "b"]
+    stored = http.get("/api/stations/mixed/messages").json()["messages"]
+    assert [(m["id"], m["data"]) for m in stored] == [("a", 1), ("b", 2)]
+    leased = _leased(http, "shop-mixed", 2)
+    offsets = [m["offset"] for m in leased]
+    answer = as_json(
+        cli(
+            srv,
+            "group",
+            "nack",
+            "shop-mixed",
+            "--delay",
+            "1h",
+            "g",
+            offsets[0],
+            "--json",
+            offsets[1],
+        )
+    )
+    assert answer == {"nacked": 2, "unknown": []}
+    # "--" still ends the options: what follows is data, however it looks.
+    ok(cli(srv, "station", "create", "mixed-text", "--content-type", "text/plain"))
+    ok(cli(srv, "produce", "mixed-text", "--", "--json", "-5"))
+    stored = http.get("/api/stations/mixed-text/messages").json()["messages"]
+    assert [m["data"] for m in stored] == ["--json", "-5"]
+    failed(cli(srv, "produce", "mixed", "1", "--bogus"), 2, "--bogus")

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stations.commands import dls, group, produce, read, station
@@ -71,8 +72,44 @@ def common_options() -> argparse.ArgumentParser:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     common = common_options()
+    before = set(sub.choices)
     for module in MODULES:
         module.add_parser(sub, common, EXIT_CODES_HELP)
+    for name, parser in sub.choices.items():
+        if name not in before:
+            _intermix(parser)
+
+
+class _Intermixed(argparse.ArgumentParser):
+    """A command's parser that takes options after its positional arguments, as ``nats`` and
+    ``kubectl`` do: ``stations produce s --msg-id a 1`` was "unrecognized arguments: 1" (the
+    ``DATA ...`` list was taken, empty, before the option)."""
+
+    _mixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._mixing:  # Python 3.11's intermixed parse calls this again: the plain parse
+            return super().parse_known_args(args, namespace)
+        self._mixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+
+def _intermix(parser: argparse.ArgumentParser) -> None:
+    """Make the commands under ``parser`` (those without verbs of their own) ``_Intermixed``;
+    argparse cannot intermix a parser whose positional is a choice of verbs."""
+    verbs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not verbs:
+        # The class comes from ``stations.cli`` (its ``error``): a subclass of it is made.
+        parser.__class__ = type("Intermixed", (_Intermixed, type(parser)), {})
+        return
+    for each in verbs:
+        for child in set(each.choices.values()):
+            _intermix(child)
 
 
 def is_management(args: argparse.Namespace) -> bool:
