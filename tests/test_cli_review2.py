@@ -243,3 +243,21 @@ def test_options_may_follow_positional_arguments(srv: Server, http: httpx.Client
     stored = http.get("/api/stations/mixed-text/messages").json()["messages"]
     assert [m["data"] for m in stored] == ["--json", "-5"]
     failed(cli(srv, "produce", "mixed", "1", "--bogus"), 2, "--bogus")
+
+
+def test_dls_replay_takes_a_delay(srv: Server, http: httpx.Client) -> None:
+    """The API's replay takes delayMs (replayed messages due later, not in a hot loop against a
+    consumer that still fails); the CLI could only replay at once."""
+    leased = _leased(http, "shop-replay", 2)
+    offsets = [m["offset"] for m in leased]
+    body = {"offsets": offsets, "reason": "down"}
+    assert http.post("/api/stations/shop-replay/groups/g/dead-letter", json=body).is_success
+    first, second = http.get("/api/stations/shop-replay/dls").json()["entries"]
+    failed(cli(srv, "dls", "replay", "shop-replay", first["id"], "--delay", "8d"), 2, "--delay")
+    failed(cli(srv, "dls", "replay", "shop-replay", first["id"], "--delay", "x"), 2, "--delay")
+    said = ok(cli(srv, "dls", "replay", "shop-replay", first["id"], "--delay", "1h"))
+    assert said.strip() == "1 dead letters replayed"
+    assert ok(cli(srv, "dls", "replay", "shop-replay", second["id"])).strip().startswith("1 ")
+    fetched = http.post("/api/stations/shop-replay/groups/g/fetch", json={"max": 5}).json()
+    assert [m["offset"] for m in fetched["messages"]] == [offsets[1]]
+    assert _group(http, "shop-replay")["pending"] == 1  # the delayed one waits

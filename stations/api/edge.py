@@ -7,7 +7,8 @@ adds around a handler:
 3. CORS preflights, answered here (``headers.preflight``);
 4. request bodies sent with a ``Content-Encoding`` (``limits.refused_encoding``);
 5. token-less modes: writes sent by foreign web pages (``headers.refused_origin``); else the
-   bearer token (``auth.refused``);
+   bearer token (``auth.refused``); then a management route's query parameters
+   (``params.refused_query``);
 6. a slot for a waiting read (``limits.ReaderSlots``), then the handler;
 7. what the handler raised, as the JSON error it means (``errors.answer``);
 8. the console's security headers on its pages. CORS and the other headers every response
@@ -26,7 +27,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from stations.api import access, auth, errors, headers, limits
+from stations.api import access, auth, errors, headers, limits, params
 from stations.api.drain import DRAIN, Drain
 from stations.api.limits import READERS
 from stations.api.metrics import METRICS, Metrics
@@ -91,6 +92,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     if refusal is not None:
         return refusal
     try:
+        params.refused_query(request)
         if limits.waits(request):
             slots = request.app[READERS]
             with slots.slot(request.get("token")):

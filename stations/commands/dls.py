@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from stations.commands.base import Usage, payload_fields, payload_text, print_json, print_table
+from stations.commands.base import (
+    Usage,
+    duration_ms,
+    payload_fields,
+    payload_text,
+    print_json,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from stations.client import Client, DeadLetter, Station
@@ -39,6 +46,14 @@ def add_parser(
         verb.add_argument("--all", action="store_true", help="every entry instead of IDs")
         if name == "replay":
             verb.add_argument("--group", help="with --all: only this group's entries")
+            verb.add_argument(
+                "--delay",
+                type=duration_ms,
+                default=0,
+                metavar="DURATION",
+                help="the replayed messages are due this long after the replay, at most 7d, "
+                "e.g. 10m (default: at once)",
+            )
         verb.set_defaults(handler=replay if name == "replay" else drop)
 
 
@@ -109,11 +124,18 @@ def _selection(args: argparse.Namespace) -> None:
         raise Usage("--group goes with --all")
 
 
+MAX_REPLAY_DELAY_MS = 604_800_000  # the API's limit of delayMs: 7 days
+
+
 async def replay(args: argparse.Namespace, client: Client) -> int:
     _selection(args)
+    if args.delay > MAX_REPLAY_DELAY_MS:
+        raise Usage("--delay must be at most 7d")
     station = client.station(args.station)
     await _group_exists(args, station)
-    n = await station.replay_dead_letters(args.ids, all=args.all, group=args.group)
+    n = await station.replay_dead_letters(
+        args.ids, all=args.all, group=args.group, delay_ms=args.delay
+    )
     if args.json:
         print_json({"replayed": n})
     else:
