@@ -1,18 +1,28 @@
 """Subscriptions, fixes from a fifth review: webhook endpoints that hang no longer starve the
-others' deliveries, and re-creating a pull-wake's wake stream announces the wakes its deletion
+others' deliveries, a superseded webhook attempt's late done applies where the later attempt
+announced the same, and re-creating a pull-wake's wake stream announces the wakes its deletion
 ended."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from aiohttp import web
 
+from stations.api.webhooks import WebhookSender
+from stations.domain import lifecycle
+from stations.domain.service import Service
+from stations.domain.subscriptions import links, spec, wakes
+from stations.domain.subscriptions.engine import SubscriptionEngine
+from stations.store import subscriptions as store
 from tests.harness import free_port
 from tests.test_subscriptions import LOOPBACK, ZERO, Receiver, append, wait_for
 
@@ -159,3 +169,96 @@ async def test_a_wake_stream_created_again_announces_the_pending_wake(
         assert r.status_code == 200, r.text
         assert r.json()["generation"] == again[0]["generation"]
         assert r.json()["streams"][0]["acked_offset"] == ZERO  # nothing of a was skipped
+
+
+@contextlib.asynccontextmanager
+async def _engine(db_url: str) -> AsyncIterator[tuple[Service, Any, Receiver]]:
+    """The service, a receiver that answers done, and an engine that POSTs to it for real but
+    arms no timers: the test plays the attempts itself, in the order it needs."""
+    receiver = Receiver()
+    if db_url.startswith("sqlite"):
+        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if links.purge_stream not in lifecycle.purge_hooks:  # as the HTTP layer's setup does
+        lifecycle.purge_hooks.append(links.purge_stream)
+    svc = Service(db_url)
+    await svc.start()
+    sender = WebhookSender(allow_loopback=True)
+    engine = SubscriptionEngine(svc, sender.send)
+    engine.ctx = wakes.Context(await svc.write(wakes.load_signer), svc.ids)
+    engine._stopped = True
+    await receiver.start()
+    try:
+        await svc.create_station({"name": "a"})
+        definition = spec.parse_spec(
+            {"type": "webhook", "streams": ["a"], "webhook": {"url": receiver.url}}
+        )
+        await svc.write(links.create_or_confirm, "s1", definition, "http://127.0.0.1:1")
+        yield svc, engine, receiver
+    finally:
+        await receiver.stop()
+        await sender.close()
+        await svc.close()
+
+
+def _guard_passed(batch: Any) -> None:  # what 20 s without an outcome amounts to
+    store.update_subscription(batch.conn, "s1", {"next_attempt_at": 0})
+
+
+def _tails(delivery: Any) -> list[str]:
+    return [s["tail_offset"] for s in json.loads(delivery.body)["streams"]]
+
+
+async def test_a_late_done_applies_when_the_later_attempt_announced_the_same(
+    db_url: str,
+) -> None:
+    """Attempt 1's outcome comes after its guard, once attempt 2 has claimed the wake with the
+    very same tails: its ``{"done": true}`` was dropped, and the messages were sent again (a
+    duplicate). It confirms exactly what attempt 2 announced, so it now acks and ends the
+    wake; attempt 2's own answer then finds the wake ended."""
+    async with _engine(db_url) as (svc, engine, receiver):
+        ctx = engine.ctx
+        await svc.produce("a", {"messages": [{"data": 1}]})
+        await svc.write(wakes.on_append, ctx, {"a": ["s1"]})
+        first = (await svc.write(wakes.due, ctx, "s1")).value
+        await svc.write(_guard_passed)
+        second = (await svc.write(wakes.due, ctx, "s1")).value
+        assert (second.attempt, second.wake_id) == (2, first.wake_id)
+        assert _tails(first) == _tails(second)
+
+        await engine._deliver(first)  # a real POST; the receiver answers done, late
+        row, followed = await svc.read_db(links.read_view, "s1")
+        assert followed[0].acked == 1, "attempt 1's done, covering attempt 2, was dropped"
+        assert row["wake_id"] is None and row["next_attempt_at"] is None
+
+        await engine._deliver(second)  # its answer counts for nothing now
+        row, followed = await svc.read_db(links.read_view, "s1")
+        assert followed[0].acked == 1 and row["wake_id"] is None
+        assert len(receiver.received) == 2
+
+
+async def test_a_late_done_never_acks_a_stream_created_again_with_the_same_tail(
+    db_url: str,
+) -> None:
+    """Equal tails are not enough: stream a is deleted and created again between the two
+    claims and reaches the same tail, so attempt 2 announces the same offsets of other
+    messages. Attempt 1's late done confirmed the old ones only and must ack nothing."""
+    async with _engine(db_url) as (svc, engine, receiver):
+        ctx = engine.ctx
+        await svc.produce("a", {"messages": [{"data": "old"}]})
+        await svc.write(wakes.on_append, ctx, {"a": ["s1"]})
+        first = (await svc.write(wakes.due, ctx, "s1")).value
+        await svc.delete("a")
+        await svc.create_station({"name": "a"})
+        await svc.produce("a", {"messages": [{"data": "new"}]})
+        await svc.write(_guard_passed)
+        second = (await svc.write(wakes.due, ctx, "s1")).value
+        assert second.attempt == 2 and _tails(first) == _tails(second)
+
+        await engine._deliver(first)
+        row, followed = await svc.read_db(links.read_view, "s1")
+        assert followed[0].acked == 0, "acked the new stream's message on the old one's done"
+        assert row["wake_id"] == first.wake_id
+
+        await engine._deliver(second)  # attempt 2's done decides
+        row, followed = await svc.read_db(links.read_view, "s1")
+        assert followed[0].acked == 1 and row["wake_id"] is None

@@ -57,6 +57,10 @@ RETRY_JITTER = 0.2
 # A delivery attempt owns the wake for this long: if its process dies mid-attempt, another
 # process (or the restarted one) tries again once it has passed.
 ATTEMPT_GUARD_MS = 20_000
+# In a webhook wake's snapshot: the first attempt whose tails it still holds unchanged (each
+# later claim found the same tails, and no stream of them was deleted between: a deletion
+# takes the stream out of the snapshot). No stream path holds a "#".
+SAME_SINCE = "#same_since"
 
 
 @dataclass
@@ -251,14 +255,21 @@ def due(batch: Batch, ctx: Context, sub_id: str) -> Outcome:
         links = links_of(batch, sub_id)
         tails = tails_of(batch, [link.path for link in links])
         infos = stream_infos(links, tails)
-        snapshot = {link.path: tails.get(link.path, 0) for link in links}
+        snapshot: dict[str, int] = {link.path: tails.get(link.path, 0) for link in links}
         # Each claim is a new attempt with its own number. One whose guard ran out before its
         # outcome was recorded is claimed again (another process, or this one after a stall)
-        # and the snapshot is overwritten: the late outcome must not apply to this one.
+        # and the snapshot is overwritten: the late outcome applies to this one only where
+        # both announced the same (``SAME_SINCE``).
         number = row["attempts"] + 1
+        before = json.loads(row["snapshot"]) if row["snapshot"] is not None else None
+        since = number
+        if before is not None:
+            first = before.pop(SAME_SINCE, row["attempts"])
+            if before == snapshot:
+                since = first
         values = {
             "next_attempt_at": now + ATTEMPT_GUARD_MS,
-            "snapshot": json.dumps(snapshot),
+            "snapshot": json.dumps({**snapshot, SAME_SINCE: since}),
             "attempts": number,
         }
         store.update_subscription(batch.conn, sub_id, values)
@@ -302,7 +313,21 @@ def delivered(
     if row["attempts"] != attempt:
         # A later attempt claimed the wake (this one's outcome came after its guard): the
         # snapshot is the later one's, whose receiver has confirmed nothing yet; acking it
-        # lost what only the later POST announced. That attempt's outcome decides.
+        # lost what only the later POST announced. That attempt's outcome decides, unless
+        # this one's done covers it: every attempt since this one announced the same tails
+        # of the same streams, and no receiver holds the wake since (a lease: its callback
+        # decides). Acking them then is what the later attempt's done would do.
+        since = json.loads(row["snapshot"] or "{}").get(SAME_SINCE)
+        if ok and done and since is not None and since <= attempt and not row["lease_expires_at"]:
+            log.info(
+                "subscription %s: webhook attempt %d answered done after its guard ran out;"
+                " attempt %d announced the same, and the wake ends",
+                sub_id,
+                attempt,
+                row["attempts"],
+            )
+            _ack_snapshot(batch, row)
+            return _end_wake(batch, ctx, row, {"status": "active"})
         log.warning(
             "subscription %s: webhook attempt %d answered after its guard ran out; attempt"
             " %d is under way and decides",
@@ -335,6 +360,7 @@ def delivered(
 
 def _ack_snapshot(batch: Batch, row: dict[str, Any]) -> None:
     snapshot = json.loads(row["snapshot"] or "{}")
+    snapshot.pop(SAME_SINCE, None)
     links = {link.path: link for link in links_of(batch, row["id"])}
     for path, tail in snapshot.items():
         link = links.get(path)
