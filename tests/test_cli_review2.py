@@ -261,3 +261,41 @@ def test_dls_replay_takes_a_delay(srv: Server, http: httpx.Client) -> None:
     fetched = http.post("/api/stations/shop-replay/groups/g/fetch", json={"max": 5}).json()
     assert [m["offset"] for m in fetched["messages"]] == [offsets[1]]
     assert _group(http, "shop-replay")["pending"] == 1  # the delayed one waits
+
+
+def test_group_create_and_edit(srv: Server, http: httpx.Client) -> None:
+    """A group's limits (max ack time, max deliveries) could not be set or changed from the
+    CLI, nor a group created before its consumers start (to hold messages from a point on)."""
+    ok(cli(srv, "station", "create", "shop-groups"))
+    ok(cli(srv, "produce", "shop-groups", "1", "2"))
+    said = ok(cli(srv, "group", "create", "shop-groups", "g", "--from", "latest"))
+    assert said.strip() == ("group g on shop-groups created at 0000000000000002_0000000000000000")
+    created = as_json(
+        cli(srv, "group", "create", "shop-groups", "h", "--max-deliveries", "7", "--json")
+    )
+    assert (created["created"], created["lag"], created["maxMsgDeliveries"]) == (True, 2, 7)
+    # The same again is no error; other limits are a conflict, and change nothing.
+    again = as_json(cli(srv, "group", "create", "shop-groups", "h", "--json"))
+    assert (again["created"], again["maxMsgDeliveries"]) == (False, 7)
+    other = cli(srv, "group", "create", "shop-groups", "h", "--max-deliveries", "3")
+    failed(other, 4, "--max-deliveries 7", "group edit")
+    edited = as_json(
+        cli(srv, "group", "edit", "shop-groups", "h", "--max-ack-time", "2m", "--json")
+    )
+    assert (edited["maxAckTimeMs"], edited["maxMsgDeliveries"]) == (120_000, 7)
+    shown = {g["name"]: g for g in http.get("/api/stations/shop-groups/groups").json()["groups"]}
+    assert (shown["h"]["maxAckTimeMs"], shown["h"]["maxMsgDeliveries"]) == (120_000, 7)
+    assert shown["g"]["lag"] == 0
+    # Refusals name the option; edit does not create.
+    failed(cli(srv, "group", "create", "shop-groups", "x", "--from", "soon"), 2, "--from")
+    failed(cli(srv, "group", "create", "shop-groups", "x", "--max-ack-time", "1ms"), 2, "--max-ack")
+    failed(cli(srv, "group", "edit", "shop-groups", "x", "--max-deliveries", "0"), 2, "--max-del")
+    failed(cli(srv, "group", "edit", "shop-groups", "h"), 2, "nothing to change")
+    failed(cli(srv, "group", "edit", "shop-groups", "x", "--max-deliveries", "3"), 3, "group x")
+    failed(cli(srv, "group", "create", "shop-nowhere", "g"), 3, "shop-nowhere")
+    failed(cli(srv, "group", "create", "elsewhere", "g", token=CONSUMER), 5)
+    assert sorted(shown) == ["g", "h"]
+    assert [g["name"] for g in http.get("/api/stations/shop-groups/groups").json()["groups"]] == [
+        "g",
+        "h",
+    ]

@@ -1,4 +1,5 @@
-"""``stations group ls|show|seek|nack|dead-letter|delete``: a station's consumer groups."""
+"""``stations group ls|show|create|edit|seek|nack|dead-letter|delete``: a station's consumer
+groups."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def add_parser(
 ) -> None:
     p = sub.add_parser(
         "group",
-        help="list, show, seek, nack, dead-letter and delete consumer groups",
+        help="list, show, create, edit, seek, nack, dead-letter and delete consumer groups",
         epilog=epilog,
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -50,6 +51,37 @@ def add_parser(
     show.add_argument("station", help="station name")
     show.add_argument("group", help="group name")
     show.set_defaults(handler=show_group)
+
+    create = verbs.add_parser(
+        "create",
+        parents=[common],
+        help="create a group (the same limits again is not an error)",
+        description="Create a consumer group. A group that exists with the limits given (or "
+        "none given) is no error; with other limits it is exit 4 (change them with group "
+        "edit). Consumers also create their group on start.",
+        epilog=epilog,
+    )
+    create.add_argument("station", help="station name")
+    create.add_argument("group", help="group name")
+    create.add_argument(
+        "--from",
+        dest="start",
+        metavar="WHERE",
+        help="earliest, latest or an offset: where the group starts (default earliest)",
+    )
+    _limit_options(create, " (default: the station's consumer default)")
+    create.set_defaults(handler=create_group)
+
+    edit = verbs.add_parser(
+        "edit",
+        parents=[common],
+        help="change a group's limits (only the options given)",
+        epilog=epilog,
+    )
+    edit.add_argument("station", help="station name")
+    edit.add_argument("group", help="group name")
+    _limit_options(edit, "")
+    edit.set_defaults(handler=edit_group)
 
     seek = verbs.add_parser(
         "seek",
@@ -126,6 +158,88 @@ def add_parser(
     delete.set_defaults(handler=delete_group)
 
 
+def _limit_options(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--max-ack-time",
+        type=duration_ms,
+        metavar="DURATION",
+        help="lease time before a message is delivered again, 100ms to 12h" + default,
+    )
+    p.add_argument(
+        "--max-deliveries",
+        type=int,
+        metavar="N",
+        help="deliveries before a message is dead-lettered, 1 to 1000" + default,
+    )
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits given, checked here so that the error names the option (the server's names
+    the JSON field, in milliseconds)."""
+    limits: dict[str, Any] = {}
+    if args.max_ack_time is not None:
+        if not 100 <= args.max_ack_time <= 43_200_000:
+            raise Usage("--max-ack-time must be from 100ms to 12h")
+        limits["max_ack_time_ms"] = args.max_ack_time
+    if args.max_deliveries is not None:
+        if not 1 <= args.max_deliveries <= 1000:
+            raise Usage("--max-deliveries must be from 1 to 1000")
+        limits["max_msg_deliveries"] = args.max_deliveries
+    return limits
+
+
+async def create_group(args: argparse.Namespace, client: Client) -> int:
+    from stations.client import Conflict, GroupNotFound
+
+    limits = _limits(args)
+    if args.start is not None and not (
+        args.start in ("earliest", "latest") or _OFFSET.fullmatch(args.start)
+    ):
+        raise Usage(f"--from must be earliest, latest or an offset, not {args.start!r}")
+    station = client.station(args.station)
+    try:
+        standing: GroupInfo | None = await _find(client, args.station, args.group)
+    except GroupNotFound:
+        standing = None
+    if standing is not None:
+        # A PUT would change a standing group's limits, and ignore --from, without a word.
+        for key, option, value in (
+            ("max_ack_time_ms", "--max-ack-time", human_ms(standing.max_ack_time_ms)),
+            ("max_msg_deliveries", "--max-deliveries", standing.max_msg_deliveries),
+        ):
+            if key in limits and limits[key] != getattr(standing, key):
+                raise Conflict(
+                    f"group {args.group} exists on {args.station} with {option} {value} "
+                    "(change it with: stations group edit)",
+                    status=409,
+                )
+        info = standing
+    else:
+        info = await station.ensure_group(args.group, start_from=args.start, **limits)
+    if args.json:
+        print_json({**_wire(info), "created": info.created})
+    elif info.created:
+        print(f"group {args.group} on {args.station} created at {info.cursor}")
+    else:
+        # --from places a new group only: a standing one stays where it is.
+        where = " (--from places a new group only: see group seek)" if args.start else ""
+        print(f"group {args.group} on {args.station} already exists with these limits{where}")
+    return 0
+
+
+async def edit_group(args: argparse.Namespace, client: Client) -> int:
+    limits = _limits(args)
+    if not limits:
+        raise Usage("nothing to change: give --max-ack-time or --max-deliveries")
+    await _find(client, args.station, args.group)  # a PUT would create it
+    info = await client.station(args.station).ensure_group(args.group, **limits)
+    if args.json:
+        print_json(_wire(info))
+    else:
+        _print_group(args, info)
+    return 0
+
+
 def _wire(group: GroupInfo) -> dict[str, Any]:
     return {
         "name": group.name,
@@ -177,20 +291,24 @@ async def show_group(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(_wire(group))
     else:
-        print_fields(
-            [
-                ("Name", group.name),
-                ("Station", args.station),
-                ("Pending", group.pending),
-                ("In flight", group.in_flight),
-                ("Lag", group.lag),
-                ("Dead-lettered", group.dead_lettered),
-                ("Max ack time", human_ms(group.max_ack_time_ms)),
-                ("Max deliveries", group.max_msg_deliveries),
-                ("Cursor", group.cursor),
-            ]
-        )
+        _print_group(args, group)
     return 0
+
+
+def _print_group(args: argparse.Namespace, group: GroupInfo) -> None:
+    print_fields(
+        [
+            ("Name", group.name),
+            ("Station", args.station),
+            ("Pending", group.pending),
+            ("In flight", group.in_flight),
+            ("Lag", group.lag),
+            ("Dead-lettered", group.dead_lettered),
+            ("Max ack time", human_ms(group.max_ack_time_ms)),
+            ("Max deliveries", group.max_msg_deliveries),
+            ("Cursor", group.cursor),
+        ]
+    )
 
 
 def _seek_target(args: argparse.Namespace) -> str | int | datetime:
