@@ -97,6 +97,9 @@ class Index:
         """The pull-wakes whose wake stream is ``path``."""
         return set(self._wake_streams.get(path, ()))
 
+    def is_wake_stream(self, path: str) -> bool:
+        return path in self._wake_streams
+
     def endpoint(self, sub_id: str) -> str:
         """The endpoint its webhook POSTs go to ("" when not known here yet)."""
         row = self._defs.get(sub_id)
@@ -207,6 +210,7 @@ class SubscriptionEngine:
             self.index.put(sub_id, rows.get(sub_id))
             if sub_id not in rows:
                 self._disarm(sub_id)
+        self._forget_wake_streams()
         if rows:
             self._arm_all(await self._service.write(wakes.sweep, self.ctx, sorted(rows)))
 
@@ -218,6 +222,7 @@ class SubscriptionEngine:
             self.index.put(sub_id, rows.get(sub_id))
             if sub_id not in rows:
                 self._disarm(sub_id)
+        self._forget_wake_streams()
         if rows:
             self._arm_all(await self._service.write(wakes.sweep, self.ctx, list(rows)))
 
@@ -245,7 +250,7 @@ class SubscriptionEngine:
                 ids = self.index.match(key)
                 if ids:
                     self._touched.setdefault(key, set()).update(ids)
-                if self.index.announced_on(key):
+                if self.index.is_wake_stream(key):
                     self._wake_streams_fired.add(key)
         if (
             self._touched or self._index_dirty or self._wake_dirty or self._wake_streams_fired
@@ -317,6 +322,11 @@ class SubscriptionEngine:
         finally:
             self._drainer = None
 
+    def _forget_wake_streams(self) -> None:
+        """What was seen of wake streams no subscription announces on any more."""
+        for name in [n for n in self._incarnations if not self.index.is_wake_stream(n)]:
+            del self._incarnations[name]
+
     async def _wake_streams_changed(self, names: set[str]) -> None:
         """Each wake event fires its wake stream too: one small read tells an append from a
         stream created (again), whose pull-wakes' pending wakes are announced then (the wake
@@ -330,7 +340,7 @@ class SubscriptionEngine:
             before = self._incarnations.get(name, False)
             if now is not None and now != before:
                 created |= self.index.announced_on(name)
-            if self.index.announced_on(name):
+            if self.index.is_wake_stream(name):
                 self._incarnations[name] = now
             else:
                 self._incarnations.pop(name, None)
