@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -180,9 +181,37 @@ async def patch_station(request: web.Request) -> web.Response:
     return web.json_response(await service(request).patch_station(station_name(request), body))
 
 
+def _created_at(request: web.Request) -> int | None:
+    """The ``createdAt`` a DELETE names (an RFC 3339 date-time, as a StationView gives it), in
+    ms; None if not given."""
+    raw = query_once(request, "createdAt")
+    if raw is None:
+        return None
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:  # without its offset, the instant is a guess
+        raise BadRequest(
+            "createdAt must be a date-time with its offset, as the station's view gives it "
+            "(a '+' in a query is written %2B)",
+            "createdAt",
+        )
+    micros = (when - _EPOCH) // timedelta(microseconds=1)
+    if micros % 1000:  # a createdAt is whole ms: rounding could match what was not meant
+        raise BadRequest("createdAt is given to the millisecond at most", "createdAt")
+    return micros // 1000
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 @needs("admin")
 async def delete_station(request: web.Request) -> web.Response:
-    await service(request).delete(station_name(request))
+    # ?createdAt=: only the station created then (one deleted and created again since is a
+    # 409 naming createdAt, and nothing is deleted); decided in the delete's own transaction.
+    name = station_name(request)
+    await service(request).delete(name, _created_at(request))
     return web.Response(status=204)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from stations.domain import idwindow
 from stations.domain.idwindow import IdWindow
+from stations.domain.messages import iso
 from stations.domain.station import first_difference
 from stations.domain.streams import same_content_type, upkeep_columns
 from stations.errors import BadRequest, Conflict, Gone, NotFound
@@ -197,8 +198,12 @@ def _sub_offset(tx: Tx, source: StreamState, offset: int, sub: int) -> tuple[int
     return offset, [nxt.data[:sub]]
 
 
-def remove(batch: Batch, window: IdWindow, name: str) -> None:
-    """DELETE: gone for good, or soft-deleted while forks still read it."""
+def remove(batch: Batch, window: IdWindow, name: str, created_at: int | None = None) -> None:
+    """DELETE: gone for good, or soft-deleted while forks still read it. ``created_at`` (ms,
+    optional): only the stream created then; another of the same name (the one known was
+    deleted and created again since) is a Conflict naming ``createdAt``, and nothing is
+    deleted. Decided here, on the row locked in the writer's transaction, so no create by
+    another request or process can come between the check and the delete."""
     batch.flush()
     batch.forget()
     state = load(batch.conn, name, lock=True)
@@ -206,6 +211,12 @@ def remove(batch: Batch, window: IdWindow, name: str) -> None:
         raise NotFound(f"stream {name} not found")
     if state.deleted:
         raise Gone(f"stream {name} was deleted")
+    if created_at is not None and state.created_at != created_at:
+        raise Conflict(
+            f"stream {name} was created at {iso(state.created_at)}, not at the createdAt "
+            "given (deleted and created again since?): nothing was deleted",
+            "createdAt",
+        )
     purge(batch, window, state)
 
 

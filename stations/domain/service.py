@@ -317,8 +317,11 @@ class Service:
     async def create(self, req: CreateRequest) -> CreateResult:
         return await self.write(lifecycle.create, self.ids, req)
 
-    async def delete(self, name: str) -> None:
-        await self.write(lifecycle.remove, self.ids, name, then=lambda _: self.tally.forget(name))
+    async def delete(self, name: str, created_at: int | None = None) -> None:
+        """``created_at``: delete only the stream created then (see ``lifecycle.remove``)."""
+        await self.write(
+            lifecycle.remove, self.ids, name, created_at, then=lambda _: self.tally.forget(name)
+        )
 
     async def stream(self, name: str) -> StreamState:
         return await self.read_db(reads.open_stream, name, now_ms())
