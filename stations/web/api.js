@@ -26,6 +26,32 @@ export class ApiError extends Error {
  */
 export const notFound = (err) => err?.status === 404 && err?.code === 'not_found';
 
+/**
+ * A poll's read refused with 403 (the token's role or scope does not allow it) gets the same
+ * answer every time it is asked again with the same token: it asks nothing more until the tab
+ * has another token (a sign-in), or `clear()` (the person asks to try again). `note(err)`:
+ * whether `err` was such a refusal (then kept); `stands`: whether to hold off now.
+ */
+export function refusal() {
+  let refused; // the token refused (null: none was sent); undefined: not refused
+  return {
+    note(err) {
+      if (err?.status !== 403) return false;
+      refused = token.get();
+      return true;
+    },
+    get stands() {
+      return refused !== undefined && refused === token.get();
+    },
+    clear() {
+      refused = undefined;
+    },
+  };
+}
+
+/** A request naming a station's `createdAt` found another station under its name (409). */
+export const isRecreated = (err) => err?.status === 409 && err?.field === 'createdAt';
+
 // How long the server may take to begin its answer before the console says it is not
 // answering. Without a limit, a stopped server (or a connection dropped without a word, as
 // after a network change) left every refresh waiting for ever and its last figures on screen
@@ -156,7 +182,9 @@ export const api = {
   station: (name, opts) => request('GET', one(name), undefined, opts),
   create: (config) => request('POST', '/api/stations', config),
   patch: (name, changes) => request('PATCH', one(name), changes),
-  remove: (name) => request('DELETE', one(name)),
+  // With `createdAt` (the view's): only that station; one created again since answers 409
+  // naming createdAt, and nothing is deleted (see isRecreated).
+  remove: (name, createdAt) => request('DELETE', one(name) + query({ createdAt })),
   messages: (name, offset = '-1', limit = 50, opts) =>
     request('GET', one(name) + '/messages' + query({ offset, limit }), undefined, { ...opts, exact: true }),
   produce: (name, message) => request('POST', one(name) + '/messages', { messages: [message] }),

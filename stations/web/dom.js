@@ -161,6 +161,25 @@ export function alertBox(err) {
   return h('p', { class: 'alert', role: 'alert' }, errorText(err));
 }
 
+/**
+ * A read this token may not make (403): said once, with what is not shown; the polls stop
+ * (see `refusal`) until another token is given, or `retry` (a Try again button) is pressed.
+ */
+export function refusedBox(err, what, retry) {
+  return h(
+    'div',
+    { class: 'alert refused', role: 'alert' },
+    h(
+      'p',
+      {},
+      `This token may not read ${what}`,
+      err?.message ? ` (${err.message})` : '',
+      '. Nothing more is asked for them until you sign in with another token. ',
+      retry ? h('button', { type: 'button', class: 'quiet', onclick: retry }, 'Try again') : null,
+    ),
+  );
+}
+
 /** A refresh failed: why, and how old the figures still on screen are (`since`: a Date). */
 export function staleBox(err, since) {
   const age = since ? ` What is shown is from ${since.toLocaleTimeString()}.` : '';

@@ -1,9 +1,9 @@
 // Consumer groups of a station with their live counts, and a form that moves (seeks) a group
 // to the earliest retained message, to now, to an offset or to a time.
 
-import { api } from '../api.js';
+import { api, refusal } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, duration, errorText, h, num, staleBox } from '../dom.js';
+import { alertBox, announce, duration, errorText, h, num, refusedBox, staleBox } from '../dom.js';
 import { renderCursors } from './cursors.js';
 import { stationHref } from '../routes.js';
 
@@ -129,25 +129,43 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     empty.hidden = groups.length > 0;
     seek.setGroups(groups.map((g) => g.name));
     updated = new Date();
+    refused.clear();
     problem.replaceChildren();
   }
+
+  // A token that may not read groups (a producer's): said in place of the rows, and not
+  // asked again every 2 s for the same 403 (until another token, or Try again).
+  const refused = refusal();
+  const tryAgain = () => {
+    refused.clear();
+    poll();
+  };
+  /** A read failed: `first`, nothing was shown yet. */
+  function failed(err, first) {
+    if (err?.status === 401 || ctx.signal.aborted) return;
+    if (refused.note(err)) {
+      problem.replaceChildren(refusedBox(err, 'consumer groups', tryAgain));
+      table.hidden = true;
+      empty.hidden = true;
+      seek.element.hidden = true;
+      return;
+    }
+    // A failed refresh leaves the last figures on screen: say they are not current.
+    if (first) {
+      problem.replaceChildren(alertBox(err));
+      table.hidden = true;
+    } else problem.replaceChildren(staleBox(err, updated));
+    lost(err);
+  }
+  const poll = () => (refused.stands ? undefined : refresh().catch((err) => failed(err, updated === null)));
 
   panel.replaceChildren(h('h2', {}, 'Consumer groups'), problem, table, empty, seek.element);
   try {
     await refresh();
   } catch (err) {
-    if (err?.status === 401 || ctx.signal.aborted) return;
-    problem.replaceChildren(alertBox(err));
-    table.hidden = true;
-    lost(err);
+    failed(err, true);
   }
-  // A failed refresh leaves the last figures on screen: say they are not current.
-  ctx.every(2000, () =>
-    refresh().catch((err) => {
-      if (err?.status !== 401 && !ctx.signal.aborted) problem.replaceChildren(staleBox(err, updated));
-      lost(err);
-    }),
-  );
+  ctx.every(2000, poll);
   await renderCursors(panel, ctx, name, lost);
 }
 

@@ -1,9 +1,9 @@
 // One station: a heading, tabs (Overview, Messages, Groups, DLS, Settings) and the chosen panel.
 
-import { api, notFound } from '../api.js';
+import { api, isRecreated, notFound, refusal } from '../api.js';
 import { LiveChart, RateMeter, position } from '../charts.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, bytes, duration, errorText, h, num, staleBox, when } from '../dom.js';
+import { alertBox, announce, bytes, duration, errorText, h, num, refusedBox, staleBox, when } from '../dom.js';
 import { renderForm } from './form.js';
 import { renderMessages } from './messages.js';
 import { renderGroups } from './groups.js';
@@ -117,11 +117,14 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
   // copy; an edit being typed) under the notice: a live tail stops and says so by itself, and
   // Settings can no longer be saved.
   let ended = false;
-  const gone = (recreated) => {
+  /** `before`: what to say first (what the action that found it out did not do). */
+  const gone = (recreated, before = '') => {
     if (ctx.signal.aborted || ended) return;
-    const text = recreated
-      ? `Station “${name}” was deleted and created again: what was shown here was the old station’s.`
-      : `Station “${name}” no longer exists: it was deleted.`;
+    const text =
+      before +
+      (recreated
+        ? `Station “${name}” was deleted and created again: what was shown here was the old station’s.`
+        : `Station “${name}” no longer exists: it was deleted.`);
     if (tab === 'messages' || tab === 'settings') {
       ended = true;
       // A status, not a second alert: the live tail's own may say the same.
@@ -152,19 +155,23 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
   };
   // After a replay or drop: the count on the DLS tab follows (best effort).
   // (Nothing more once the station is gone: a tab that keeps its content keeps its polls.)
+  // Refused (403: the token's stations no longer cover this one), the badge's poll asks no
+  // more with that token; the tab's own reads say why.
+  const badgeRefused = refusal();
   const recount = async () => {
-    if (ended) return;
+    if (ended || badgeRefused.stands) return;
     await api
       .station(name, { signal: ctx.signal })
       .then((s) => same(s) && marks.update(s))
       .catch((err) => {
         if (notFound(err)) gone(false);
+        else badgeRefused.note(err);
       });
   };
   // Dead letters come from consumers at any time, so the badge follows on a poll: the Overview
   // reads the station every 2 s anyway and the DLS tab with its own poll; the others read it here.
   if (tab !== 'overview' && tab !== 'dls') ctx.every(BADGE_POLL_MS, recount);
-  if (tab === 'overview') renderOverview(panel, ctx, station, marks);
+  if (tab === 'overview') renderOverview(panel, ctx, station, marks, gone, same);
   else if (tab === 'messages') await renderMessages(panel, ctx, station);
   else if (tab === 'groups') await renderGroups(panel, ctx, station, lost);
   else if (tab === 'dls') await renderDls(panel, ctx, station, params, recount, (s) => same(s) && marks.update(s), lost);
@@ -175,7 +182,11 @@ function stat(label, value, cls) {
   return h('div', { class: `stat ${cls || ''}` }, h('dt', {}, label), h('dd', {}, value));
 }
 
-function renderOverview(panel, ctx, station, marks) {
+/**
+ * `ended(recreated, before)`: the station shown is no more (the page says so, and stops).
+ * `same(view)`: whether a view read again is of the station shown (if not, said and stopped).
+ */
+function renderOverview(panel, ctx, station, marks, ended, same) {
   const stats = h('dl', { class: 'stats' });
   const problem = h('div');
   const closedNote = h(
@@ -230,10 +241,18 @@ function renderOverview(panel, ctx, station, marks) {
     });
     if (!yes || ctx.signal.aborted) return;
     try {
-      await api.remove(station.name);
+      // The station this page shows, not whichever has its name now: one deleted and created
+      // again since (elsewhere) answers 409 and stays.
+      await api.remove(station.name, station.createdAt);
       announce(`Station ${station.name} deleted.`);
       location.hash = '#/';
     } catch (err) {
+      if (isRecreated(err)) {
+        const nothing = 'Nothing was deleted. ';
+        announce(nothing + `Station ${station.name} was deleted and created again since this page was loaded.`);
+        ended(true, nothing);
+        return;
+      }
       announce(errorText(err));
     }
   });
@@ -244,8 +263,33 @@ function renderOverview(panel, ctx, station, marks) {
     const t = Date.now() / 1000;
     const perSecond = meter.sample(t, position(s.stats?.tailOffset));
     if (perSecond !== null) rate.push(t, { [s.name]: perSecond });
-    lag.push(t, Object.fromEntries(groups.map((g) => [g.name, g.lag])));
+    if (groups) lag.push(t, Object.fromEntries(groups.map((g) => [g.name, g.lag])));
   };
+  // A token that may not read groups (a producer's: 403) has no lag to chart: said once, and
+  // the groups are not asked for again every 2 s (until another token, or Try again).
+  const lagRefused = refusal();
+  const lagNote = h('div', { class: 'lag-refused' });
+  const readGroups = () =>
+    lagRefused.stands
+      ? null
+      : api.groups(station.name, { signal: ctx.signal }).then(
+          (g) => {
+            lagRefused.clear();
+            lagNote.replaceChildren();
+            return g.groups || [];
+          },
+          (err) => {
+            if (lagRefused.note(err)) {
+              lagNote.replaceChildren(
+                refusedBox(err, 'consumer groups: their lag is not shown', () => {
+                  lagRefused.clear();
+                  lagNote.replaceChildren();
+                }),
+              );
+            }
+            return null; // the station's own figures still refresh
+          },
+        );
   ctx.signal.addEventListener('abort', () => {
     rate.destroy();
     lag.destroy();
@@ -255,6 +299,7 @@ function renderOverview(panel, ctx, station, marks) {
     h('h2', {}, 'Live stats'),
     problem,
     stats,
+    lagNote,
     h('div', { class: 'charts' }, rate.el, lag.el),
     h('h2', {}, 'Settings'),
     config,
@@ -277,11 +322,12 @@ function renderOverview(panel, ctx, station, marks) {
         if (notFound(err) && !ctx.signal.aborted) gone();
         throw err;
       }),
-      // A producer token may not list groups (403): the station's own figures still refresh.
-      api.groups(station.name, { signal: ctx.signal }).catch(() => ({ groups: [] })),
+      readGroups(),
     ]);
+    // Created again elsewhere: its figures are another station's, under the old settings.
+    if (!same(s)) return;
     fill(s);
-    sample(s, g.groups || []);
+    sample(s, g);
     updated = new Date();
     problem.replaceChildren();
   };
