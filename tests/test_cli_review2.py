@@ -299,3 +299,20 @@ def test_group_create_and_edit(srv: Server, http: httpx.Client) -> None:
         "g",
         "h",
     ]
+
+
+def test_refusals_name_the_option_not_the_json_field(srv: Server, http: httpx.Client) -> None:
+    """The server names a setting by its JSON field ("idempotencyWindowMs must be between 100
+    and 86400000 (got 1)"), which the user of --window never typed; likewise an offset
+    ("malformed offset") for --from, and "to" or "time" for a seek's --to and --time."""
+    failed(cli(srv, "station", "create", "named", "--window", "1"), 1, "--window: ")
+    failed(cli(srv, "station", "create", "named", "--max-bytes", "-1"), 1, "--max-bytes: ")
+    failed(cli(srv, "station", "create", "named", "--content-type", "x"), 1, "--content-type: ")
+    ok(cli(srv, "station", "create", "named", "--window", "10m"))
+    failed(cli(srv, "station", "create", "named", "--window", "5m"), 4, "--window: ", "600000")
+    failed(cli(srv, "station", "edit", "named", "--max-deliveries", "0"), 1, "--max-deliveries: ")
+    failed(cli(srv, "read", "named", "--from", "soon"), 1, "--from soon: ")
+    failed(cli(srv, "tail", "named", "--from", "soon"), 1, "--from soon: ")
+    ok(cli(srv, "group", "create", "named", "g"))
+    failed(cli(srv, "group", "seek", "named", "g", "--to", "12"), 1, "--to 12: ")
+    failed(cli(srv, "group", "seek", "named", "g", "--time", "9" * 20), 1, "--time 9999")

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import json
 import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stations.client import StationsError
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the server refused the request (bad input, 400/413/...)
@@ -29,6 +33,15 @@ EXIT_CODES_HELP = (
     "7 standard output could not be written, "
     "141 standard output closed by its reader (as SIGPIPE)"
 )
+
+
+def retold(exc: StationsError, message: str) -> StationsError:
+    """``exc`` saying ``message`` instead: the same class and status, so the same exit code
+    (what was done before it failed, or the option a refused field came from)."""
+    told = copy.copy(exc)
+    told.message = message
+    told.args = (message,)
+    return told
 
 
 class Usage(Exception):

@@ -4,7 +4,6 @@ groups."""
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import re
 import sys
@@ -19,6 +18,7 @@ from stations.commands.base import (
     print_fields,
     print_json,
     print_table,
+    retold,
 )
 
 if TYPE_CHECKING:
@@ -329,7 +329,16 @@ def _seek_target(args: argparse.Namespace) -> str | int | datetime:
 
 
 async def seek_group(args: argparse.Namespace, client: Client) -> int:
-    result = await client.station(args.station).seek(args.group, _seek_target(args))
+    from stations.client import BadRequest
+
+    try:
+        result = await client.station(args.station).seek(args.group, _seek_target(args))
+    except BadRequest as exc:
+        # The server names the JSON field: "to must be earliest, now or an offset".
+        if exc.field not in ("to", "time"):
+            raise
+        given = args.to if exc.field == "to" else args.time
+        raise retold(exc, f"--{exc.field} {given}: {exc.message}") from None
     if args.json:
         print_json({"cursor": result.cursor, "revoked": result.revoked, "dropped": result.dropped})
     else:
@@ -445,11 +454,10 @@ async def _settle(
         except StationsError as exc:
             if start == 0:
                 raise
-            # What earlier requests settled is said; the error keeps its class (exit code).
-            told = copy.copy(exc)
-            told.message = f"{exc}; the first {start} were sent before ({done} settled)"
-            told.args = (told.message,)
-            raise told from None
+            # What earlier requests settled is said.
+            raise retold(
+                exc, f"{exc}; the first {start} were sent before ({done} settled)"
+            ) from None
         answer = reply.json()
         done += int(answer.get(counted, 0))
         unknown += list(answer.get("unknown") or [])

@@ -20,6 +20,7 @@ from stations.commands.base import (
     message_count,
     payload_fields,
     payload_text,
+    retold,
     shown_url,
 )
 
@@ -185,9 +186,19 @@ async def _messages(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+async def _naming_from(args: argparse.Namespace, client: Client) -> int:
+    try:
+        return await _messages(args, client)
+    except StationsError as exc:
+        # "malformed offset 'x'", "offset is beyond the tail...": the offset is --from's.
+        if exc.field != "offset" or exc.status not in (400, 410):
+            raise
+        raise retold(exc, f"--from {args.start}: {exc.message}") from None
+
+
 async def read(args: argparse.Namespace, client: Client) -> int:
-    return await _messages(args, client)
+    return await _naming_from(args, client)
 
 
 async def tail(args: argparse.Namespace, client: Client) -> int:
-    return await _messages(args, client)
+    return await _naming_from(args, client)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stations.commands.base import (
@@ -12,6 +12,7 @@ from stations.commands.base import (
     print_fields,
     print_json,
     print_table,
+    retold,
 )
 
 if TYPE_CHECKING:
@@ -222,6 +223,34 @@ def _describe(info: StationInfo) -> list[tuple[str, Any]]:
     ]
 
 
+# The option of each setting the server names by its JSON field (in a 400 or 409): the error
+# then names what was typed ("--window: idempotencyWindowMs must be between 100 and ...").
+_OPTIONS = {
+    "contentType": "--content-type",
+    "idempotencyWindowMs": "--window",
+    "retention.maxAgeMs": "--max-age",
+    "retention.maxMessages": "--max-messages",
+    "retention.maxBytes": "--max-bytes",
+    "dls.poison": "--dls-poison",
+    "dls.forwardTo": "--dls-forward-to",
+    "dls.retentionMs": "--dls-retention",
+    "consumerDefaults.maxAckTimeMs": "--max-ack-time",
+    "consumerDefaults.maxMsgDeliveries": "--max-deliveries",
+}
+
+
+async def _naming_options(call: Awaitable[T]) -> T:
+    from stations.client import StationsError
+
+    try:
+        return await call
+    except StationsError as exc:
+        option = _OPTIONS.get(exc.field or "")
+        if option is None:
+            raise
+        raise retold(exc, f"{option}: {exc.message}") from None
+
+
 async def list_stations(args: argparse.Namespace, client: Client) -> int:
     stations = await client.list_stations()
     if args.json:
@@ -256,7 +285,9 @@ async def show_station(args: argparse.Namespace, client: Client) -> int:
 
 
 async def create_station(args: argparse.Namespace, client: Client) -> int:
-    info = await client.create_station(args.name, content_type=args.content_type, **_settings(args))
+    info = await _naming_options(
+        client.create_station(args.name, content_type=args.content_type, **_settings(args))
+    )
     if args.json:
         print_json({**info.raw, "created": info.created})
     elif info.created:
@@ -272,7 +303,7 @@ async def edit_station(args: argparse.Namespace, client: Client) -> int:
         from stations.commands.base import Usage
 
         raise Usage("nothing to change: give at least one setting (see: stations station edit -h)")
-    info = await client.patch_station(args.name, **settings)
+    info = await _naming_options(client.patch_station(args.name, **settings))
     if args.json:
         print_json(dict(info.raw))
     else:
