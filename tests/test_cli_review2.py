@@ -316,3 +316,23 @@ def test_refusals_name_the_option_not_the_json_field(srv: Server, http: httpx.Cl
     ok(cli(srv, "group", "create", "named", "g"))
     failed(cli(srv, "group", "seek", "named", "g", "--to", "12"), 1, "--to 12: ")
     failed(cli(srv, "group", "seek", "named", "g", "--time", "9" * 20), 1, "--time 9999")
+
+
+def test_dls_replay_and_drop_take_more_ids_than_one_request(
+    srv: Server, http: httpx.Client
+) -> None:
+    """More than 10000 IDs (xargs gives that many) were refused whole with 400 ("ids must
+    be..."): they go in requests of 10000. An ID that is no number is refused naming it (the
+    server's words were "ids.0 is not a DLS entry id")."""
+    failed(cli(srv, "dls", "drop", "shop-many", "abc"), 2, "ID 'abc'")
+    failed(cli(srv, "dls", "replay", "shop-many", "1", "x1"), 2, "ID 'x1'")
+    leased = _leased(http, "shop-many", 2)
+    body = {"offsets": [m["offset"] for m in leased]}
+    assert http.post("/api/stations/shop-many/groups/g/dead-letter", json=body).is_success
+    first, second = (e["id"] for e in http.get("/api/stations/shop-many/dls").json()["entries"])
+    unknown = [str(n) for n in range(10**9, 10**9 + 10_000)]
+    said = ok(cli(srv, "dls", "replay", "shop-many", *unknown, first, "--json"))
+    assert json.loads(said) == {"replayed": 1}
+    said = ok(cli(srv, "dls", "drop", "shop-many", *unknown, second))
+    assert said.strip() == "1 dead letters dropped"
+    assert http.get("/api/stations/shop-many/dls").json()["entries"] == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
@@ -12,6 +14,7 @@ from stations.commands.base import (
     payload_text,
     print_json,
     print_table,
+    retold,
 )
 
 if TYPE_CHECKING:
@@ -117,11 +120,41 @@ async def _group_exists(args: argparse.Namespace, station: Station) -> None:
         raise GroupNotFound(f"group {args.group} not found on station {args.station}")
 
 
+_ENTRY_ID = re.compile(r"[0-9]{1,20}")  # as dls ls gives them
+MAX_IDS = 10_000  # per request (the API's limit)
+
+
 def _selection(args: argparse.Namespace) -> None:
     if args.all == bool(args.ids):
         raise Usage("give entry IDs or --all (not both)")
     if getattr(args, "group", None) and not args.all:
         raise Usage("--group goes with --all")
+    for entry in args.ids:
+        # The server's refusal named the JSON field ("ids.0 is not a DLS entry id").
+        if not _ENTRY_ID.fullmatch(entry):
+            raise Usage(f"ID {entry!r} is not a DLS entry id (a number, see: stations dls ls)")
+
+
+async def _by_ids(
+    args: argparse.Namespace, send: Callable[[list[str] | None], Awaitable[int]]
+) -> int:
+    """``send`` once for --all, else once per MAX_IDS ids (more in one request is refused
+    whole, as ``xargs`` may well give); returns how many entries were handled."""
+    if args.all:
+        return await send(None)
+    from stations.client import StationsError
+
+    done = 0
+    for start in range(0, len(args.ids), MAX_IDS):
+        try:
+            done += await send(args.ids[start : start + MAX_IDS])
+        except StationsError as exc:
+            if start == 0:
+                raise
+            raise retold(
+                exc, f"{exc}; {done} of the first {start} IDs were handled before"
+            ) from None
+    return done
 
 
 MAX_REPLAY_DELAY_MS = 604_800_000  # the API's limit of delayMs: 7 days
@@ -133,8 +166,11 @@ async def replay(args: argparse.Namespace, client: Client) -> int:
         raise Usage("--delay must be at most 7d")
     station = client.station(args.station)
     await _group_exists(args, station)
-    n = await station.replay_dead_letters(
-        args.ids, all=args.all, group=args.group, delay_ms=args.delay
+    n = await _by_ids(
+        args,
+        lambda ids: station.replay_dead_letters(
+            ids, all=args.all, group=args.group, delay_ms=args.delay
+        ),
     )
     if args.json:
         print_json({"replayed": n})
@@ -145,7 +181,8 @@ async def replay(args: argparse.Namespace, client: Client) -> int:
 
 async def drop(args: argparse.Namespace, client: Client) -> int:
     _selection(args)
-    n = await client.station(args.station).drop_dead_letters(args.ids, all=args.all)
+    station = client.station(args.station)
+    n = await _by_ids(args, lambda ids: station.drop_dead_letters(ids, all=args.all))
     if args.json:
         print_json({"dropped": n})
     else:
