@@ -178,12 +178,14 @@ async def get_station(request: web.Request) -> web.Response:
 async def patch_station(request: web.Request) -> web.Response:
     body = await settings_body(request)
     _require_named_stations(request, body)
-    return web.json_response(await service(request).patch_station(station_name(request), body))
+    # ?createdAt=, as on DELETE: only the station created then is changed.
+    name = station_name(request)
+    return web.json_response(await service(request).patch_station(name, body, _created_at(request)))
 
 
 def _created_at(request: web.Request) -> int | None:
-    """The ``createdAt`` a DELETE names (an RFC 3339 date-time, as a StationView gives it), in
-    ms; None if not given."""
+    """The ``createdAt`` a DELETE or PATCH names (an RFC 3339 date-time, as a StationView gives
+    it), in ms; None if not given."""
     raw = query_once(request, "createdAt")
     if raw is None:
         return None

@@ -14,7 +14,7 @@ from typing import Any
 from stations.domain import idwindow
 from stations.domain import station as config_rules
 from stations.domain.idwindow import IdWindow
-from stations.domain.lifecycle import CreateRequest, CreateResult, create
+from stations.domain.lifecycle import CreateRequest, CreateResult, create, created_as_known
 from stations.domain.log import live_stream
 from stations.domain.messages import iso
 from stations.domain.offsets import encode
@@ -55,8 +55,13 @@ def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
     return result
 
 
-def patch_station(batch: Batch, window: IdWindow, name: str, raw: Any) -> StreamState:
+def patch_station(
+    batch: Batch, window: IdWindow, name: str, raw: Any, created_at: int | None = None
+) -> StreamState:
+    """PATCH: the settings ``raw`` names change; with ``created_at`` (ms) only on the stream
+    created then (``lifecycle.created_as_known``)."""
     state = live_stream(batch.stream(name), name, batch.now)
+    created_as_known(state, name, created_at, "nothing was changed")
     before = state.window_ms
     state.config = config_rules.apply_patch(state.config, raw)
     if state.window_ms < before:

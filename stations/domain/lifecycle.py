@@ -211,13 +211,21 @@ def remove(batch: Batch, window: IdWindow, name: str, created_at: int | None = N
         raise NotFound(f"stream {name} not found")
     if state.deleted:
         raise Gone(f"stream {name} was deleted")
+    created_as_known(state, name, created_at, "nothing was deleted")
+    purge(batch, window, state)
+
+
+def created_as_known(state: StreamState, name: str, created_at: int | None, undone: str) -> None:
+    """A request naming the ``createdAt`` (ms) of the stream it acts on is for that stream
+    only: another of the same name (the one known was deleted and created again since) is a
+    Conflict naming ``createdAt``. Called on the row the request's own transaction changes,
+    so no create by another request or process comes between the check and the change."""
     if created_at is not None and state.created_at != created_at:
         raise Conflict(
             f"stream {name} was created at {iso(state.created_at)}, not at the createdAt "
-            "given (deleted and created again since?): nothing was deleted",
+            f"given (deleted and created again since?): {undone}",
             "createdAt",
         )
-    purge(batch, window, state)
 
 
 def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:

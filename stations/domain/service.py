@@ -503,8 +503,11 @@ class Service:
         result = await self.write(catalog.create_station, self.ids, raw)
         return await self.station(result.state.name), result.created
 
-    async def patch_station(self, name: str, raw: Any) -> dict[str, Any]:
-        await self.write(catalog.patch_station, self.ids, name, raw, locks=(name,))
+    async def patch_station(
+        self, name: str, raw: Any, created_at: int | None = None
+    ) -> dict[str, Any]:
+        """``created_at``: change only the stream created then (see ``catalog.patch_station``)."""
+        await self.write(catalog.patch_station, self.ids, name, raw, created_at, locks=(name,))
         return await self.station(name)
 
     async def station(self, name: str) -> dict[str, Any]:

@@ -181,7 +181,8 @@ export const api = {
   stations: (page = {}, opts) => request('GET', '/api/stations' + query(page), undefined, opts),
   station: (name, opts) => request('GET', one(name), undefined, opts),
   create: (config) => request('POST', '/api/stations', config),
-  patch: (name, changes) => request('PATCH', one(name), changes),
+  // With `createdAt` (the view's), as remove: only that station is changed (isRecreated).
+  patch: (name, changes, createdAt) => request('PATCH', one(name) + query({ createdAt }), changes),
   // With `createdAt` (the view's): only that station; one created again since answers 409
   // naming createdAt, and nothing is deleted (see isRecreated).
   remove: (name, createdAt) => request('DELETE', one(name) + query({ createdAt })),

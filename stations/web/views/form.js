@@ -1,7 +1,7 @@
 // Create a station, or change the settings of one. Checks what the API checks before sending,
 // and puts the API's own errors at the field it names (`error.field`, a dotted path).
 
-import { api } from '../api.js';
+import { api, isRecreated } from '../api.js';
 import {
   alertBox,
   announce,
@@ -405,7 +405,9 @@ export async function renderForm(container, ctx, station) {
     submit.disabled = true;
     try {
       if (editing) {
-        await api.patch(config.name, changedSettings(config, out));
+        // The createdAt the form was filled from: a station deleted and created again since
+        // (elsewhere) keeps its own settings rather than taking these.
+        await api.patch(config.name, changedSettings(config, out), config.createdAt);
         announce('Settings saved.');
         location.hash = stationHref(config.name);
       } else {
@@ -418,6 +420,17 @@ export async function renderForm(container, ctx, station) {
         // The token was revoked: the sign-in comes over the page, and this form keeps its input.
         const what = editing ? 'Not saved' : 'Not created';
         summary.replaceChildren(alertBox(new Error(`${what}: ${errorText(err)}`)));
+        return;
+      }
+      if (isRecreated(err)) {
+        summary.replaceChildren(
+          alertBox(
+            new Error(
+              `Not saved: station “${config.name}” was deleted and created again since this form was ` +
+                'loaded, and nothing was changed. Open its Settings again to edit the new station.',
+            ),
+          ),
+        );
         return;
       }
       const id = err?.field && (FIELDS[err.field] || FIELDS[err.field.split('.')[0]]);
