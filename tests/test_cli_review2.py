@@ -336,3 +336,12 @@ def test_dls_replay_and_drop_take_more_ids_than_one_request(
     said = ok(cli(srv, "dls", "drop", "shop-many", *unknown, second))
     assert said.strip() == "1 dead letters dropped"
     assert http.get("/api/stations/shop-many/dls").json()["entries"] == []
+
+
+def test_a_tls_failure_is_not_called_a_permission_error(srv: Server) -> None:
+    """An https URL to a plain-http server (or a certificate refused) said "cannot reach URL
+    (Operation not permitted)": OpenSSL's error code 1 was read as an OS errno."""
+    url = srv.url.replace("http://", "https://")
+    proc = cli(srv, "station", "ls", "--url", url)
+    said = failed(proc, 6, f"cannot reach {url}", "TLS", "plain http")
+    assert "not permitted" not in said

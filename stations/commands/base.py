@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import re
+import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -149,7 +150,11 @@ def _describe_error(exc: BaseException, url: str) -> str:
         # asyncio's strerror is "Connect call failed ('127.0.0.1', 4437)": the errno says why.
         errno = getattr(os_error, "errno", None)
         reason: str | None
-        if isinstance(errno, int) and errno > 0:  # a resolver's (negative) has its own words
+        if isinstance(os_error, ssl.SSLError):
+            # Its errno is OpenSSL's (1 for most): as an OS errno it read "Operation not
+            # permitted" for an https URL to a plain-http server, or a bad certificate.
+            reason = _tls_reason(os_error)
+        elif isinstance(errno, int) and errno > 0:  # a resolver's (negative) has its own words
             reason = os.strerror(errno)
         else:
             reason = getattr(os_error, "strerror", None)
@@ -157,6 +162,16 @@ def _describe_error(exc: BaseException, url: str) -> str:
             reason = "no answer in time (--timeout)"
         return f"cannot reach {url} ({reason or _one_line(cause or exc)})"
     return _one_line(exc)
+
+
+def _tls_reason(error: ssl.SSLError) -> str:
+    verify = getattr(error, "verify_message", None)  # a certificate refused: which way
+    if verify:
+        return f"TLS: certificate {verify}"
+    text = re.sub(r" \(_ssl\.c:[0-9]+\)", "", error.strerror or str(error))
+    if error.reason == "WRONG_VERSION_NUMBER":
+        text += "; is the server plain http?"
+    return f"TLS: {text}"
 
 
 def _default(value: Any) -> Any:
