@@ -345,3 +345,11 @@ def test_a_tls_failure_is_not_called_a_permission_error(srv: Server) -> None:
     proc = cli(srv, "station", "ls", "--url", url)
     said = failed(proc, 6, f"cannot reach {url}", "TLS", "plain http")
     assert "not permitted" not in said
+
+
+def test_help_names_the_fallback_url_not_the_variables_value(srv: Server) -> None:
+    """With STATIONS_URL set, every command's help said "(default: $STATIONS_URL or
+    http://that-value)", as if that value were the fallback."""
+    said = " ".join(ok(cli(srv, "group", "nack", "--help")).split())
+    assert "(default: $STATIONS_URL, else http://127.0.0.1:4437)" in said
+    assert srv.url not in said

@@ -41,7 +41,9 @@ def common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--url",
         default=os.environ.get("STATIONS_URL", DEFAULT_URL),
-        help="the Stations server (default: $STATIONS_URL or %(default)s)",
+        # Not %(default)s: that is $STATIONS_URL's value when it is set, which read as the
+        # fallback ("$STATIONS_URL or http://other:1").
+        help=f"the Stations server (default: $STATIONS_URL, else {DEFAULT_URL})",
     )
     token = common.add_mutually_exclusive_group()
     token.add_argument(
