@@ -353,3 +353,10 @@ def test_help_names_the_fallback_url_not_the_variables_value(srv: Server) -> Non
     said = " ".join(ok(cli(srv, "group", "nack", "--help")).split())
     assert "(default: $STATIONS_URL, else http://127.0.0.1:4437)" in said
     assert srv.url not in said
+
+
+def test_an_unknown_option_points_at_the_commands_help(srv: Server) -> None:
+    """``stations produce s 1 --bogus`` said "(see: stations --help)", whose page lists the
+    commands, not the options of produce."""
+    failed(cli(srv, "produce", "mixed", "1", "--bogus"), 2, "--bogus", "stations produce --help")
+    failed(cli(srv, "group", "nack", "s", "g", "--frob"), 2, "(see: stations group nack --help)")

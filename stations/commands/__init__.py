@@ -96,9 +96,14 @@ class _Intermixed(argparse.ArgumentParser):
             return super().parse_known_args(args, namespace)
         self._mixing = True
         try:
-            return self.parse_known_intermixed_args(args, namespace)
+            parsed, extras = self.parse_known_intermixed_args(args, namespace)
         finally:
             self._mixing = False
+        if extras:
+            # Refused here rather than by ``stations``'s parser, so that the error points at
+            # this command's help, not at "stations --help".
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def _intermix(parser: argparse.ArgumentParser) -> None:
