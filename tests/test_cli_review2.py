@@ -360,3 +360,12 @@ def test_an_unknown_option_points_at_the_commands_help(srv: Server) -> None:
     commands, not the options of produce."""
     failed(cli(srv, "produce", "mixed", "1", "--bogus"), 2, "--bogus", "stations produce --help")
     failed(cli(srv, "group", "nack", "s", "g", "--frob"), 2, "(see: stations group nack --help)")
+
+
+def test_an_unauthorized_answer_says_whether_a_token_was_given(srv: Server) -> None:
+    """Both a missing token (STATIONS_TOKEN unset in a new shell) and a wrong one said only
+    "a valid bearer token is required"."""
+    failed(cli(srv, "station", "ls", token=""), 5, "no token was given", "--token-file")
+    wrong = cli(srv, "read", "shop-x", token="not-a-token-0123456789")
+    failed(wrong, 5, "the server does not accept the token given")
+    assert "not-a-token" not in wrong.stderr

@@ -173,7 +173,15 @@ def run(args: argparse.Namespace) -> int:
 
         if not isinstance(exc, StationsError):
             raise
-        print(f"stations: error: {describe_error(exc, args.url)}", file=sys.stderr)
+        said = describe_error(exc, args.url)
+        if exc.status == 401:
+            # The server's "a valid bearer token is required" does not say which it lacked.
+            said += (
+                "; no token was given (--token-file, $STATIONS_TOKEN or --token)"
+                if not args.token
+                else "; the server does not accept the token given"
+            )
+        print(f"stations: error: {said}", file=sys.stderr)
         return exit_code(exc)
 
 
