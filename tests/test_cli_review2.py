@@ -369,3 +369,35 @@ def test_an_unauthorized_answer_says_whether_a_token_was_given(srv: Server) -> N
     wrong = cli(srv, "read", "shop-x", token="not-a-token-0123456789")
     failed(wrong, 5, "the server does not accept the token given")
     assert "not-a-token" not in wrong.stderr
+
+
+def test_group_fetch_leases_what_nack_and_dead_letter_take(srv: Server, http: httpx.Client) -> None:
+    """Leases for --lease came only from the API or the SDK: group fetch leases messages (as
+    nats consumer next does), and its --json lines go to --leases-from as they are."""
+    ok(cli(srv, "station", "create", "shop-fetch"))
+    ok(cli(srv, "produce", "shop-fetch", "1", "2", "3"))
+    ok(cli(srv, "group", "create", "shop-fetch", "g", "--max-deliveries", "5"))
+    lines = ok(cli(srv, "group", "fetch", "shop-fetch", "g", "-n", "2", "--json")).splitlines()
+    fetched = [json.loads(line) for line in lines]
+    assert [(m["data"], m["deliveryCount"]) for m in fetched] == [(1, 1), (2, 1)]
+    said = ok(cli(srv, "group", "nack", "shop-fetch", "g", "--leases-from", "-", stdin=lines[0]))
+    assert said.splitlines() == ["1 of 1 messages nacked"]
+    table = ok(cli(srv, "group", "fetch", "shop-fetch", "g", "-n", "5"))
+    rows = [line.split() for line in table.splitlines()]
+    assert rows[0] == ["OFFSET", "DELIVERY", "ACK-DEADLINE", "ID", "DATA"]
+    assert [(r[0], r[1], r[4]) for r in rows[1:]] == [
+        (fetched[0]["offset"], "2", "1"),
+        ("0000000000000002_0000000000000000", "1", "3"),
+    ]
+    group = _group(http, "shop-fetch")
+    assert (group["inFlight"], group["pending"]) == (3, 0)
+    # --ack settles what it printed; a wait longer than --timeout is no timeout.
+    http.post("/api/stations/shop-fetch/groups/g/nack", json={"offsets": [fetched[1]["offset"]]})
+    acked = ok(cli(srv, "group", "fetch", "shop-fetch", "g", "--ack", "--json"))
+    assert json.loads(acked)["offset"] == fetched[1]["offset"]
+    assert _group(http, "shop-fetch")["inFlight"] == 2
+    empty = cli(srv, "group", "fetch", "shop-fetch", "g", "--wait", "2s", "--timeout", "1")
+    assert ok(empty) == ""
+    failed(cli(srv, "group", "fetch", "shop-fetch", "nope"), 3, "group nope not found")
+    failed(cli(srv, "group", "fetch", "shop-fetch", "g", "-n", "1001"), 2, "--limit")
+    failed(cli(srv, "group", "fetch", "shop-fetch", "g", "--wait", "6m"), 2, "--wait")

@@ -1,5 +1,5 @@
-"""``stations group ls|show|create|edit|seek|nack|dead-letter|delete``: a station's consumer
-groups."""
+"""``stations group ls|show|create|edit|seek|fetch|nack|dead-letter|delete``: a station's
+consumer groups."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
+    Refused,
     Usage,
+    dumps,
     duration_ms,
     human_ms,
+    message_count,
+    payload_text,
     print_fields,
     print_json,
     print_table,
@@ -32,7 +36,7 @@ def add_parser(
 ) -> None:
     p = sub.add_parser(
         "group",
-        help="list, show, create, edit, seek, nack, dead-letter and delete consumer groups",
+        help="list, show, create, edit, seek, fetch, nack, dead-letter and delete consumer groups",
         epilog=epilog,
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -102,6 +106,41 @@ def add_parser(
         "messages stored from then on",
     )
     seek.set_defaults(handler=seek_group)
+
+    fetch = verbs.add_parser(
+        "fetch",
+        parents=[common],
+        help="lease messages from a group and print them (with --ack, ack them)",
+        description="Lease up to -n messages from a group, as a consumer's fetch does, and print "
+        "them with their delivery count and ack deadline. Without --ack they stay leased until "
+        "settled (group nack, group dead-letter, or an ack) or until their lease expires. "
+        "With --json each line is the message as the API gives it, which --leases-from takes: "
+        "stations group fetch s g --json | stations group nack s g --leases-from -",
+        epilog=epilog,
+    )
+    fetch.add_argument("station", help="station name")
+    fetch.add_argument("group", help="group name")
+    fetch.add_argument(
+        "-n",
+        "--limit",
+        type=message_count,
+        default=1,
+        help="lease at most this many, up to 1000 (default %(default)s)",
+    )
+    fetch.add_argument(
+        "--wait",
+        type=duration_ms,
+        default=0,
+        metavar="DURATION",
+        help="wait this long for a first message, at most 5m, e.g. 10s (default: answer at once)",
+    )
+    fetch.add_argument(
+        "--consumer", default="cli", help="the consumer name the leases go to (default %(default)s)"
+    )
+    fetch.add_argument(
+        "--ack", action="store_true", help="ack the messages once printed (as nats consumer next)"
+    )
+    fetch.set_defaults(handler=fetch_messages)
 
     for verb, help_text in (
         ("nack", "give leased messages back for redelivery (after --delay)"),
@@ -484,3 +523,55 @@ async def dead_letter(args: argparse.Namespace, client: Client) -> int:
         raise Usage("--reason must be at most 4096 characters, without NUL")
     extra = {} if args.reason is None else {"reason": args.reason}
     return await _settle(args, client, "dead-letter", "deadLettered", extra)
+
+
+MAX_FETCH = 1000  # the API's limits of a fetch's max and waitMs
+MAX_WAIT_MS = 300_000
+
+
+async def fetch_messages(args: argparse.Namespace, client: Client) -> int:
+    from stations.client import GroupNotFound
+    from stations.client.models import message_data
+
+    if args.limit > MAX_FETCH:
+        raise Usage(f"--limit must be at most {MAX_FETCH}")
+    if args.wait > MAX_WAIT_MS:
+        raise Usage("--wait must be at most 5m")
+    url = f"{client.station(args.station).group_url(args.group)}/fetch"
+    body = {"max": args.limit, "waitMs": args.wait, "consumer": args.consumer}
+    what = f"fetch from group {args.group}"
+    # Sent once: a fetch sent again after a lost answer would lease other messages.
+    reply = await client.http.request(
+        "POST", url, json_body=body, read_timeout=args.timeout + args.wait / 1000
+    )
+    messages = client.http.checked(reply, what=what, not_found=GroupNotFound).json()["messages"]
+    if args.json:
+        for message in messages:
+            print(dumps(message), flush=True)  # as the API gives it: --leases-from takes it
+    elif messages:
+        print_table(
+            ["OFFSET", "DELIVERY", "ACK-DEADLINE", "ID", "DATA"],
+            [
+                [
+                    m["offset"],
+                    m["deliveryCount"],
+                    m["ackDeadline"],
+                    m.get("id"),
+                    payload_text(message_data(m)),
+                ]
+                for m in messages
+            ],
+        )
+    if args.ack and messages:
+        acked = await client.http.call(
+            "POST",
+            f"{client.station(args.station).group_url(args.group)}/ack",
+            {"offsets": [m["offset"] for m in messages]},
+            what=f"ack on group {args.group}",
+            not_found=GroupNotFound,
+        )
+        unknown = acked.json().get("unknown") or []
+        if unknown:
+            # Their leases expired before the ack: they will be delivered again.
+            raise Refused(f"{len(unknown)} were no longer leased when acked: {' '.join(unknown)}")
+    return 0
