@@ -401,3 +401,26 @@ def test_group_fetch_leases_what_nack_and_dead_letter_take(srv: Server, http: ht
     failed(cli(srv, "group", "fetch", "shop-fetch", "nope"), 3, "group nope not found")
     failed(cli(srv, "group", "fetch", "shop-fetch", "g", "-n", "1001"), 2, "--limit")
     failed(cli(srv, "group", "fetch", "shop-fetch", "g", "--wait", "6m"), 2, "--wait")
+
+
+def test_leases_from_a_terminal_are_refused_at_once(srv: Server) -> None:
+    """``--leases-from -`` on a terminal waited, without a word, for leases typed by hand
+    (produce already refuses a terminal stdin)."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    try:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+        environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+        proc = subprocess.run(
+            [sys.executable, "-m", "stations", "group", "nack", "s", "g", "--leases-from", "-"],
+            stdin=terminal,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    failed(proc, 2, "--leases-from -", "terminal")

@@ -444,6 +444,8 @@ def _aware(text: str) -> bool:
 
 def _lease_lines(path: str) -> Iterable[tuple[int, str]]:
     if path == "-":
+        if sys.stdin.isatty():  # it would wait, silent, for lines typed by hand
+            raise Usage("--leases-from -: stdin is a terminal; pipe the leases in")
         return [(n, line) for n, line in enumerate(sys.stdin, 1) if line.strip()]
     try:
         with open(path, encoding="utf-8") as file:
