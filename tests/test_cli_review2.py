@@ -424,3 +424,24 @@ def test_leases_from_a_terminal_are_refused_at_once(srv: Server) -> None:
         os.close(terminal)
         os.close(controller)
     failed(proc, 2, "--leases-from -", "terminal")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["tail", ""], "the station name is empty"),
+        (["station", "show", ""], "the station name is empty"),
+        (["station", "delete", ""], "the station name is empty"),
+        (["produce", "", "1"], "the station name is empty"),
+        (["group", "nack", "", "g", OFFSET0], "the station name is empty"),
+        (["group", "create", "shop-empty", ""], "the group name is empty"),
+        (["group", "seek", "shop-empty", "", "--to", "now"], "the group name is empty"),
+        (["dls", "replay", "", "--all"], "the station name is empty"),
+        (["dls", "ls", "shop-empty", "--group", ""], "the group name is empty"),
+        (["produce", "shop-empty", "--id-field", "", "{}"], "--id-field is empty"),
+    ],
+)
+def test_an_empty_name_is_a_usage_error(srv: Server, args: list[str], fragment: str) -> None:
+    """An empty name made another URL path: "Not Found" (exit 3, as if no such station) or
+    "Method Not Allowed" (exit 1); --id-field '' stored messages without ids."""
+    failed(cli(srv, *args), 2, fragment)

@@ -150,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
         said = shown_url(str(exc))
         print(f"stations: error: --{said}", file=sys.stderr)
         return exit_code(Usage(said))
+    empty = _empty_name(args)
+    if empty is not None:
+        print(f"stations: error: {empty}", file=sys.stderr)
+        return exit_code(Usage(empty))
     try:
         return asyncio.run(_run(args))
     except (Usage, Refused) as exc:
@@ -183,6 +187,24 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"stations: error: {said}", file=sys.stderr)
         return exit_code(exc)
+
+
+# Names that go into a URL path, and --id-field: an empty one is no name. In a path it made
+# another route ("Not Found", exit 3, or "Method Not Allowed", exit 1); --id-field '' was
+# taken for none given.
+_NAMES = {
+    "station": "the station name",
+    "name": "the station name",
+    "group": "the group name",
+    "id_field": "--id-field",
+}
+
+
+def _empty_name(args: argparse.Namespace) -> str | None:
+    for attr, what in _NAMES.items():
+        if getattr(args, attr, None) == "":
+            return f"{what} is empty"
+    return None
 
 
 def _stdout_to_devnull() -> None:
