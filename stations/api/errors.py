@@ -65,6 +65,13 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         if exc.status < 400 or exc.content_type == "application/json":
             raise exc
         reason, field = exc.reason, None
+        if exc.status == 404 and request.match_info.route.resource is None:
+            # No route has this path: a URL with a proxy's prefix, or a typo. Its own code, so
+            # that clients (the SDK, the CLI, the console) do not take it for a station or
+            # group that is not there, or was deleted.
+            return error_response(
+                404, "no_route", f"nothing is served at {request.path} (is the URL right?)"
+            )
         if exc.status == 413:
             reason = f"the request body is larger than {request.client_max_size} bytes"
             field = "body"

@@ -252,6 +252,9 @@ def error_for(
             received_seq=int(received) if _digits(received) else -1,
             **common,
         )
+    if status == 404 and code == "no_route":
+        # No route at that path (the base URL's path is wrong): nothing said of a station.
+        return StationsError(message, **common)
     if status == 404:
         # "group", or a transaction item's "ack.0.group"
         named_group = field is not None and (field == "group" or field.endswith(".group"))

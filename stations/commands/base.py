@@ -64,6 +64,8 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, ConnectionFailed):
         return EXIT_UNAVAILABLE
     status = getattr(exc, "status", None)
+    if status == 404 and getattr(exc, "code", None) == "no_route":
+        return EXIT_REFUSED  # no station is missing: the URL's path is wrong
     if status in (404, 410):
         return EXIT_NOT_FOUND
     if status == 409:
