@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ def add_parser(
     ls.add_argument(
         "-n", "--limit", type=int, default=100, help="at most this many (default %(default)s)"
     )
+    ls.add_argument("--after", metavar="ID", help="the entries after this one (the next page)")
     ls.set_defaults(handler=list_dls)
 
     for name, help_text in (
@@ -81,15 +83,26 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
     station = client.station(args.station)
     await _group_exists(args, station)
     entries: list[DeadLetter] = []
-    after = None
+    after = args.after
+    if after is not None and not after.isdigit():
+        raise Usage(f"--after takes a dead letter's ID (a number), not {after!r}")
+    more = None  # the ID after which the entries left out start, if some were
     while len(entries) < args.limit:
         page = await station.dead_letters(
             group=args.group, limit=min(1000, args.limit - len(entries)), after=after
         )
         entries += page.entries
+        more = page.next
         if page.next is None or not page.entries:
             break
         after = page.next
+    if more is not None:
+        # The table alone read as the whole store: say that it is not, and how to go on.
+        print(
+            f"stations: {len(entries)} shown, more after ID {more} "
+            f"(--after {more}, or a larger --limit)",
+            file=sys.stderr,
+        )
     if args.json:
         print_json([_wire(e) for e in entries])
         return 0
