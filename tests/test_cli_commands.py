@@ -376,7 +376,10 @@ def test_dls_commands(srv: Server, http: httpx.Client) -> None:
         (3, "g1", "bad"),
         (4, "g1", "bad"),
     ]
-    rows = table(ok(cli(srv, "dls", "ls", "cli-dls", "-n", "2")))
+    first_two = cli(srv, "dls", "ls", "cli-dls", "-n", "2")
+    assert first_two.returncode == 0, first_two.stderr
+    assert first_two.stderr.startswith("stations: 2 shown, more after ID "), first_two.stderr
+    rows = table(first_two.stdout)
     assert rows[0] == ["ID", "GROUP", "OFFSET", "DELIVERIES", "REASON", "ERROR", "DATA"]
     assert len(rows) == 3
     assert as_json(cli(srv, "dls", "replay", "cli-dls", entries[0]["id"], "--json")) == {
