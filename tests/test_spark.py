@@ -900,9 +900,13 @@ def test_pipeline_errors_name_the_flag_and_the_token_with_the_cli_exit_codes(
             ([*export, "--token", admin, "--from-offset", "abc"], "--from-offset: not a", 2),
             ([*export, "--token", admin, "--to-offset", "7"], "--to-offset: not a Stations", 2),
             (export, f"station orders at {server.url}: a valid bearer token is required", 5),
-            ([*export, "--token", scoped], "does not cover that station (the --token given)", 5),
+            (
+                [*export, "--token", scoped],
+                "does not cover station 'orders' (the --token given)",
+                5,
+            ),
             (missing, f"station nosuch does not exist at {server.url}", 3),
-            ([*export, "--token-file", str(scoped_file)], "does not cover that station", 5),
+            ([*export, "--token-file", str(scoped_file)], "does not cover station 'orders'", 5),
             ([*export, "--token-file", str(tmp_path / "none")], "--token-file", 2),
             ([*export[:-1], nobody], f"cannot reach {nobody}", 6),
         ):

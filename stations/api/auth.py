@@ -252,9 +252,16 @@ def refused(request: web.Request) -> web.Response | None:
     request["token"] = token
     needed = route_class(request)
     if needed not in ALLOWED[token.role]:
-        return error_response(403, "forbidden", f"role {token.role} may not {needed} here")
-    if not token.covers(station_of(request)):
-        return error_response(403, "forbidden", "this token does not cover that station")
+        able = " or ".join(role for role in ROLES if needed in ALLOWED[role])
+        return error_response(
+            403, "forbidden", f"role {token.role} may not do this: it needs a token of role {able}"
+        )
+    name = station_of(request)
+    if not token.covers(name):
+        # The name is the request's own (its path): saying it tells the client nothing new.
+        return error_response(
+            403, "forbidden", f"this token does not cover station {(name or '')[:200]!r}"
+        )
     if token.stations and _every_station(request):
         return error_response(
             403, "forbidden", "this answer covers every station; this token covers only some"
