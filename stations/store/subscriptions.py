@@ -94,8 +94,24 @@ def delete_link(conn: Connection, sub_id: str, path: str) -> None:
 def forget_stream(conn: Connection, path: str) -> None:
     """A deleted stream's cursors start again: a link only a pattern made goes (the pattern
     links the stream again, from its start, when it is created again); one the subscription
-    names stays, at the start."""
+    names stays, at the start.
+
+    First it locks the rows of the subscriptions following it and of those holding a snapshot
+    (PostgreSQL; in one statement, in id order, so that two purges cannot deadlock). A claim
+    locks its row before it reads the tails for its snapshot, so one in progress commits
+    before the purge reads the snapshots (``snapshots``), and one that comes later waits and
+    finds the stream gone. Else the purge missed a snapshot written at the same moment, and a
+    later ``done`` acked the deleted stream's tail on a stream created again under the name."""
     links = ds_subscription_streams.c
+    if db.shared(conn):
+        subs = ds_subscriptions.c
+        following = select(links.subscription_id).where(links.path == path)
+        conn.execute(
+            select(subs.id)
+            .where(subs.id.in_(following) | subs.snapshot.is_not(None))
+            .order_by(subs.id)
+            .with_for_update()
+        )
     conn.execute(
         delete(ds_subscription_streams).where(links.path == path, links.explicit.is_(False))
     )
@@ -118,9 +134,14 @@ def unclaimed_wakes_on(conn: Connection, wake_stream: str) -> list[str]:
 
 
 def snapshots(conn: Connection) -> list[tuple[str, str]]:
-    """(subscription id, snapshot JSON) of the wakes in flight that hold one."""
-    query = select(ds_subscriptions.c.id, ds_subscriptions.c.snapshot).where(
-        ds_subscriptions.c.snapshot.is_not(None)
+    """(subscription id, snapshot JSON) of the wakes in flight that hold one, locked
+    (PostgreSQL: a claim writing one at the same moment commits first, and its snapshot is
+    read, not overwritten with the one before)."""
+    query = (
+        select(ds_subscriptions.c.id, ds_subscriptions.c.snapshot)
+        .where(ds_subscriptions.c.snapshot.is_not(None))
+        .order_by(ds_subscriptions.c.id)
+        .with_for_update()
     )
     return [(sub_id, snapshot) for sub_id, snapshot in conn.execute(query)]
 
