@@ -369,7 +369,7 @@ def test_the_wheel_is_typed_and_builds_without_deprecated_metadata(tmp_path: Pat
     dist = tmp_path / "dist"
     built = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", dist, source])
     assert "SetuptoolsDeprecationWarning" not in built.stdout + built.stderr
-    (wheel,) = dist.glob("stations-*.whl")
+    (wheel,) = dist.glob("stations_streams-*.whl")
     with zipfile.ZipFile(wheel) as z:
         assert "stations/py.typed" in z.namelist()
         (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
