@@ -96,14 +96,42 @@ class _Intermixed(argparse.ArgumentParser):
             return super().parse_known_args(args, namespace)
         self._mixing = True
         try:
-            parsed, extras = self.parse_known_intermixed_args(args, namespace)
+            parsed, extras = self.parse_known_intermixed_args(_escaped(args), namespace)
         finally:
             self._mixing = False
+        _unescape(parsed)
         if extras:
             # Refused here rather than by ``stations``'s parser, so that the error points at
             # this command's help, not at "stations --help".
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
+
+
+# CPython's intermixed parse drops ``--`` when the first positional comes after it, so a
+# station named ``-a`` (``stations station show -- -a``) was an unknown option. What follows
+# ``--`` and looks like an option is marked with a NUL (no argv string can hold one), which
+# takes it for a positional, and unmarked once parsed.
+_MARK = "\0"
+
+
+def _escaped(args: Sequence[str] | None) -> list[str]:
+    given = list(sys.argv[1:] if args is None else args)
+    if "--" not in given:
+        return given
+    cut = given.index("--")
+    return given[:cut] + [_MARK + a if a.startswith("-") else a for a in given[cut + 1 :]]
+
+
+def _unescape(parsed: argparse.Namespace) -> None:
+    for key, value in vars(parsed).items():
+        if isinstance(value, str) and value.startswith(_MARK):
+            setattr(parsed, key, value[1:])
+        elif isinstance(value, list):
+            setattr(
+                parsed,
+                key,
+                [v[1:] if isinstance(v, str) and v.startswith(_MARK) else v for v in value],
+            )
 
 
 def _intermix(parser: argparse.ArgumentParser) -> None:
