@@ -444,6 +444,8 @@ def _aware(text: str) -> bool:
 
 def _lease_lines(path: str) -> Iterable[tuple[int, str]]:
     if path == "-":
+        if sys.stdin is None:  # started with its stdin closed (<&-)
+            raise Usage("--leases-from -: stdin is closed; pipe the leases in")
         if sys.stdin.isatty():  # it would wait, silent, for lines typed by hand
             raise Usage("--leases-from -: stdin is a terminal; pipe the leases in")
         return [(n, line) for n, line in enumerate(sys.stdin, 1) if line.strip()]

@@ -242,7 +242,7 @@ class _Messages:
 async def produce(args: argparse.Namespace, client: Client) -> int:
     if args.msg_id and args.id_field:
         raise Usage("give --msg-id or --id-field, not both")
-    if not args.data and sys.stdin.isatty():
+    if not args.data and (sys.stdin is None or sys.stdin.isatty()):  # None: closed (<&-)
         raise Usage("no messages: give DATA arguments, or pipe one message per line on stdin")
     station = client.station(args.station)
     info = await station.info()
