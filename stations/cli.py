@@ -120,7 +120,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--db",
         default=os.environ.get("STATIONS_DB_URL"),
         help="SQLite or PostgreSQL URL: sqlite:///PATH, or postgresql://user@host:5432/db "
-        "(needs stations[postgresql]) (default: $STATIONS_DB_URL or "
+        "(needs the extra stations-streams[postgresql]) (default: $STATIONS_DB_URL or "
         "sqlite:///stations-data/stations.db, relative to the working directory)",
     )
     p.add_argument(

@@ -79,7 +79,7 @@ def is_sqlite(url: str) -> bool:
 class NotServable:
     """Why Stations cannot serve the database a URL names: ``reason`` in one line, and
     ``driver``, the package to install when a missing driver is the reason (PostgreSQL's is
-    the optional extra ``stations[postgresql]``)."""
+    the optional extra ``stations-streams[postgresql]``)."""
 
     reason: str
     driver: str | None = None
