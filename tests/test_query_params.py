@@ -87,3 +87,16 @@ def test_the_table_holds_what_the_handlers_read() -> None:
     assert table["GET", "/api/stations/{name}/dls"] == {"group", "limit", "after"}
     assert table["GET", "/api/stations/{name}/offsets"] == {"time"}
     assert not any(path.startswith("/v1/") for _, path in table)
+
+
+def test_the_document_says_every_route_may_answer_400() -> None:
+    """An undocumented parameter is a 400 on every route: the document lists that answer."""
+    import yaml
+
+    spec = yaml.safe_load(params.SPEC.read_text())
+    missing = [
+        (method, path)
+        for method, path in params.table()
+        if "400" not in spec["paths"][path][method.lower()]["responses"]
+    ]
+    assert not missing, missing
