@@ -39,6 +39,8 @@ def test_settings_saved_after_the_station_was_created_again_change_nothing(
     assert view["createdAt"] == new
     assert view["idempotencyWindowMs"] == 120_000
     expect(page.get_by_label("Idempotency window")).to_have_value("7")  # what was typed stays
+    # the same save would meet the same 409: it is not offered again
+    expect(page.get_by_role("button", name="Save changes")).to_be_disabled()
 
 
 def test_settings_saved_name_the_station_they_were_loaded_from(

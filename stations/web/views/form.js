@@ -393,6 +393,7 @@ export async function renderForm(container, ctx, station) {
     }
   }
 
+  let gone = false; // the station this form was loaded from was deleted and created again
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
     clearFieldErrors(form);
@@ -423,6 +424,7 @@ export async function renderForm(container, ctx, station) {
         return;
       }
       if (isRecreated(err)) {
+        gone = true; // the same save would meet the same 409: nothing more to send from here
         summary.replaceChildren(
           alertBox(
             new Error(
@@ -442,7 +444,7 @@ export async function renderForm(container, ctx, station) {
         summary.replaceChildren(alertBox(new Error(errorText(err))));
       }
     } finally {
-      submit.disabled = false;
+      submit.disabled = gone;
     }
   });
 
