@@ -71,7 +71,15 @@ def test_settings_meant_for_the_old_station_do_not_change_the_new_one(
     assert http.get(PATH).json()["idempotencyWindowMs"] == 7_000
 
 
-@pytest.mark.parametrize("bad", ["yesterday", "2026-11-28T10:00:00", "2026-11-28T10:00:00.0001Z"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "yesterday",
+        "2026-11-28T10:00:00",
+        "2026-11-28T10:00:00.0001Z",
+        "2026-11-28T10:00:00.0000001Z",  # digits past the sixth: dropped, not refused, before
+    ],
+)
 def test_a_malformed_created_at_is_a_400_naming_it(http: httpx.Client, bad: str) -> None:
     _create(http)
     answer = _patch(http, {"idempotencyWindowMs": 5_000}, bad)

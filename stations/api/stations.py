@@ -200,12 +200,15 @@ def _created_at(request: web.Request) -> int | None:
             "createdAt",
         )
     micros = (when - _EPOCH) // timedelta(microseconds=1)
-    if micros % 1000:  # a createdAt is whole ms: rounding could match what was not meant
+    # A createdAt is whole ms: rounding could match what was not meant (and fromisoformat
+    # drops digits past the sixth without a word).
+    if micros % 1000 or _TOO_FINE.search(raw):
         raise BadRequest("createdAt is given to the millisecond at most", "createdAt")
     return micros // 1000
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TOO_FINE = re.compile(r"\.\d{7,}")
 
 
 @needs("admin")
