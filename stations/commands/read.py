@@ -157,14 +157,18 @@ async def _messages(args: argparse.Namespace, client: Client) -> int:
         offset = await _tail_offset(station)
         outage.over()
     remaining = args.limit
+    first = True
     while remaining is None or remaining > 0:
         try:
             page = await station.browse(offset, PAGE if remaining is None else min(PAGE, remaining))
         except StationsError as exc:
+            if exc.field == "offset" and exc.status in (400, 410):
+                raise _offset_refused(exc, args.start if first else None, offset) from None
             if not args.follow:
                 raise
             await outage.wait(exc)
             continue
+        first = False
         outage.over()
         for message in page.messages:
             _print(args, message)
@@ -186,19 +190,20 @@ async def _messages(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-async def _naming_from(args: argparse.Namespace, client: Client) -> int:
-    try:
-        return await _messages(args, client)
-    except StationsError as exc:
-        # "malformed offset 'x'", "offset is beyond the tail...": the offset is --from's.
-        if exc.field != "offset" or exc.status not in (400, 410):
-            raise
-        raise retold(exc, f"--from {args.start}: {exc.message}") from None
+def _offset_refused(exc: StationsError, start: str | None, offset: str) -> StationsError:
+    """An offset the server refused: on the first request it is --from's ("malformed offset
+    'x'", "offset is beyond the tail"); later it is where the read had got to, which
+    retention dropped before it was read (the read was slower than the station's limits)."""
+    if start is not None:
+        return retold(exc, f"--from {start}: {exc.message}")
+    return retold(
+        exc, f"the read reached offset {offset} after retention dropped it: {exc.message}"
+    )
 
 
 async def read(args: argparse.Namespace, client: Client) -> int:
-    return await _naming_from(args, client)
+    return await _messages(args, client)
 
 
 async def tail(args: argparse.Namespace, client: Client) -> int:
-    return await _naming_from(args, client)
+    return await _messages(args, client)
