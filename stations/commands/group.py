@@ -26,7 +26,7 @@ from stations.commands.base import (
 )
 
 if TYPE_CHECKING:
-    from stations.client import Client, GroupInfo
+    from stations.client import Client, GroupInfo, StationsError
 
 
 def add_parser(
@@ -228,7 +228,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def create_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import Conflict, GroupNotFound
+    from stations.client import Conflict, GroupNotFound, StationsError
 
     limits = _limits(args)
     if args.start is not None and not (
@@ -254,7 +254,10 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
                 )
         info = standing
     else:
-        info = await station.ensure_group(args.group, start_from=args.start, **limits)
+        try:
+            info = await station.ensure_group(args.group, start_from=args.start, **limits)
+        except StationsError as exc:
+            raise _by_option(exc, args) from None
     if args.json:
         print_json({**_wire(info), "created": info.created})
     elif info.created:
@@ -267,16 +270,38 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
 
 
 async def edit_group(args: argparse.Namespace, client: Client) -> int:
+    from stations.client import StationsError
+
     limits = _limits(args)
     if not limits:
         raise Usage("nothing to change: give --max-ack-time or --max-deliveries")
     await _find(client, args.station, args.group)  # a PUT would create it
-    info = await client.station(args.station).ensure_group(args.group, **limits)
+    try:
+        info = await client.station(args.station).ensure_group(args.group, **limits)
+    except StationsError as exc:
+        raise _by_option(exc, args) from None
     if args.json:
         print_json(_wire(info))
     else:
         _print_group(args, info)
     return 0
+
+
+# The group's JSON fields by the options that set them: a refusal names what was typed.
+_OPTIONS = {
+    "startFrom": ("--from", "start"),
+    "maxAckTimeMs": ("--max-ack-time", "max_ack_time"),
+    "maxMsgDeliveries": ("--max-deliveries", "max_deliveries"),
+}
+
+
+def _by_option(exc: StationsError, args: argparse.Namespace) -> StationsError:
+    named = _OPTIONS.get(exc.field or "")
+    if named is None:
+        return exc
+    option, dest = named
+    message = exc.message.replace(exc.field or "", "it", 1) if exc.field else exc.message
+    return retold(exc, f"{option} {getattr(args, dest, '')}: {message}")
 
 
 def _wire(group: GroupInfo) -> dict[str, Any]:
