@@ -86,3 +86,37 @@ def test_a_malformed_created_at_is_a_400_naming_it(http: httpx.Client, bad: str)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["field"] == "createdAt"
     assert http.get(PATH).json()["idempotencyWindowMs"] == 120_000
+
+
+def test_the_sdk_sends_the_created_at_of_a_station_info(server: Server) -> None:
+    """``patch_station`` / ``delete`` take ``created_at`` (a ``StationInfo``'s, a datetime with
+    its offset, or the view's string) and raise ``Conflict`` naming createdAt."""
+    import asyncio
+
+    from stations.client import Client
+    from stations.client.errors import Conflict
+
+    async def main() -> None:
+        async with Client(server.url) as client:
+            old = await client.create_station(NAME)
+            assert old.created_at is not None and old.created_at.tzinfo is not None
+            await client.delete_station(NAME)
+            new = await client.create_station(NAME)
+            while new.created_at == old.created_at:
+                await client.delete_station(NAME)
+                new = await client.create_station(NAME)
+            with pytest.raises(Conflict) as refused:
+                await client.patch_station(
+                    NAME, idempotency_window_ms=5_000, created_at=old.created_at
+                )
+            assert refused.value.field == "createdAt"
+            with pytest.raises(Conflict):
+                await client.station(NAME).delete(created_at=old.created_at)
+            changed = await client.patch_station(
+                NAME, idempotency_window_ms=5_000, created_at=new.created_at
+            )
+            assert changed.idempotency_window_ms == 5_000
+            await client.station(NAME).delete(created_at=new.created_at)
+            assert NAME not in {s.name for s in await client.list_stations()}
+
+    asyncio.run(main())

@@ -8,6 +8,7 @@ import base64
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -164,9 +165,12 @@ class Client:
         retention: Retention | Settings | None = None,
         dls: DeadLetterSettings | Settings | None = None,
         consumer_defaults: ConsumerDefaults | Settings | None = None,
+        created_at: datetime | str | None = None,
     ) -> StationInfo:
         """Change mutable settings. A mapping changes only the keys it names
-        (``retention={"max_age_ms": 60_000}``); a dataclass sets every field of its section."""
+        (``retention={"max_age_ms": 60_000}``); a dataclass sets every field of its section.
+        ``created_at`` (a ``StationInfo.created_at``): only the station created then; one
+        deleted and created again since raises ``Conflict`` (field ``createdAt``) unchanged."""
         body = _settings(
             idempotency_window_ms=idempotency_window_ms,
             retention=retention,
@@ -174,12 +178,24 @@ class Client:
             consumer_defaults=consumer_defaults,
         )
         reply = await self.http.call(
-            "PATCH", self._api(path_segment(name)), body, what=f"patch station {name}"
+            "PATCH",
+            self._api(path_segment(name)),
+            body,
+            what=f"patch station {name}",
+            params=_created(created_at),
         )
         return StationInfo.from_wire(reply.json())
 
-    async def delete_station(self, name: str) -> None:
-        await self.http.call("DELETE", self._api(path_segment(name)), what=f"delete station {name}")
+    async def delete_station(self, name: str, *, created_at: datetime | str | None = None) -> None:
+        """Delete a station with its messages, groups and dead letters. ``created_at`` (a
+        ``StationInfo.created_at``): only the station created then; one deleted and created
+        again since raises ``Conflict`` (field ``createdAt``) and stays."""
+        await self.http.call(
+            "DELETE",
+            self._api(path_segment(name)),
+            what=f"delete station {name}",
+            params=_created(created_at),
+        )
 
     def station(self, name: str, *, content_type: str | None = None) -> Station:
         """A handle on a station (no request is made)."""
@@ -228,8 +244,8 @@ class Station:
     async def patch(self, **settings: Any) -> StationInfo:
         return await self.client.patch_station(self.name, **settings)
 
-    async def delete(self) -> None:
-        await self.client.delete_station(self.name)
+    async def delete(self, *, created_at: datetime | str | None = None) -> None:
+        await self.client.delete_station(self.name, created_at=created_at)
 
     # -- producing with message ids -------------------------------------------------------------
 
@@ -481,3 +497,15 @@ def _wire_message(message: NewMessage) -> dict[str, Any]:
     else:
         wire["data"] = message.data
     return wire
+
+
+def _created(created_at: datetime | str | None) -> dict[str, str] | None:
+    """The ``createdAt`` precondition as the API takes it (to the millisecond, with its
+    offset); a string is sent as given (the ``createdAt`` of a view)."""
+    if created_at is None:
+        return None
+    if isinstance(created_at, datetime):
+        if created_at.tzinfo is None:
+            raise ValueError("created_at needs its time zone (StationInfo.created_at has it)")
+        created_at = created_at.isoformat(timespec="milliseconds")
+    return {"createdAt": created_at}
