@@ -67,6 +67,12 @@ def add_parser(
     )
     edit.add_argument("name", help="station name")
     _settings_options(edit, creating=False)
+    edit.add_argument(
+        "--created-at",
+        metavar="TIME",
+        help="only the station created then (its createdAt, as show --json gives it): one "
+        "deleted and created again since is not changed (exit 4)",
+    )
     edit.set_defaults(handler=edit_station)
 
     delete = verbs.add_parser(
@@ -76,6 +82,12 @@ def add_parser(
         epilog=epilog,
     )
     delete.add_argument("name", help="station name")
+    delete.add_argument(
+        "--created-at",
+        metavar="TIME",
+        help="only the station created then (its createdAt, as show --json gives it): one "
+        "deleted and created again since is not deleted (exit 4)",
+    )
     delete.set_defaults(handler=delete_station)
 
 
@@ -236,6 +248,7 @@ _OPTIONS = {
     "dls.retentionMs": "--dls-retention",
     "consumerDefaults.maxAckTimeMs": "--max-ack-time",
     "consumerDefaults.maxMsgDeliveries": "--max-deliveries",
+    "createdAt": "--created-at",
 }
 
 
@@ -303,7 +316,9 @@ async def edit_station(args: argparse.Namespace, client: Client) -> int:
         from stations.commands.base import Usage
 
         raise Usage("nothing to change: give at least one setting (see: stations station edit -h)")
-    info = await _naming_options(client.patch_station(args.name, **settings))
+    info = await _naming_options(
+        client.patch_station(args.name, **settings, created_at=args.created_at)
+    )
     if args.json:
         print_json(dict(info.raw))
     else:
@@ -312,7 +327,7 @@ async def edit_station(args: argparse.Namespace, client: Client) -> int:
 
 
 async def delete_station(args: argparse.Namespace, client: Client) -> int:
-    await client.delete_station(args.name)
+    await _naming_options(client.delete_station(args.name, created_at=args.created_at))
     if args.json:
         print_json({"deleted": args.name})
     else:
