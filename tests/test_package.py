@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import pytest
 
 from stations import __version__
 from tests.harness import Server, free_port
@@ -25,9 +26,16 @@ def _top_level(wheel: Path) -> set[str]:
         return {name.split("/")[0] for name in z.namelist()}
 
 
-def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(tmp_path: Path) -> None:
-    source = copy_checkout(tmp_path / "src")
-    wheel = build_wheel(source, tmp_path / "dist")
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of a copy of the checkout, built once for the tests that install it."""
+    built = tmp_path_factory.mktemp("wheel")
+    return build_wheel(copy_checkout(built / "src"), built / "dist")
+
+
+def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(
+    tmp_path: Path, wheel: Path
+) -> None:
     assert _top_level(wheel) == {"stations", f"stations_streams-{__version__}.dist-info"}
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
@@ -133,10 +141,11 @@ def _wait_up(http: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -> No
 SERVER_ONLY = ("sqlalchemy", "alembic", "apscheduler", "rbloom", "msgspec", "cryptography")
 
 
-def test_base_install_is_the_sdk_and_the_commands_without_the_server(tmp_path: Path) -> None:
+def test_base_install_is_the_sdk_and_the_commands_without_the_server(
+    tmp_path: Path, wheel: Path
+) -> None:
     """``pip install stations-streams`` is what an application or a Spark worker needs to talk
     to a server; ``serve`` and ``backup`` then name the extra in one line."""
-    wheel = build_wheel(copy_checkout(tmp_path / "src"), tmp_path / "dist")
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])
     run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel])
