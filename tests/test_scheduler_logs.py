@@ -58,4 +58,11 @@ def test_a_lease_tick_stopped_while_it_waits_for_the_writer_ends_quietly(
 
     with caplog.at_level(logging.ERROR):
         asyncio.run(run())
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # A pending accept of another test's server on this worker, garbage-collected now, is
+    # logged by asyncio whichever test runs at the time ("Task was destroyed but it is
+    # pending ... _accept_connection2"): not this test's doing (seen in a CI run).
+    assert not [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and "_accept_connection2" not in r.getMessage()
+    ]
