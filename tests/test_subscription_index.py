@@ -98,14 +98,14 @@ async def test_a_pull_wake_lease_ends_while_webhooks_hold_every_slot(
             except Exception:
                 await asyncio.sleep(0.05)
         assert answer is not None
-        await engine._sem.acquire()  # a hung webhook POST holds the only slot
+        held = await engine._outbound.acquire("")  # a hung webhook POST holds the only slot
         await asyncio.sleep(1.6)  # past the 1 s lease
         row: Any
         row, _ = await svc.read_db(links.read_view, "pw")
         assert row["holder"] is None, "the lease did not end while the slot was held"
         again = await engine.run(wakes.claim, "pw", "w2")
         assert again["generation"] > answer["generation"]
-        engine._sem.release()
+        engine._outbound.release(held)
     finally:
         await engine.stop()
         await svc.close()

@@ -257,7 +257,7 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
         try:
             info = await station.ensure_group(args.group, start_from=args.start, **limits)
         except StationsError as exc:
-            raise _by_option(exc, args) from None
+            raise _said_of_from(exc, args) from None
     if args.json:
         print_json({**_wire(info), "created": info.created})
     elif info.created:
@@ -270,16 +270,11 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
 
 
 async def edit_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import StationsError
-
     limits = _limits(args)
     if not limits:
         raise Usage("nothing to change: give --max-ack-time or --max-deliveries")
     await _find(client, args.station, args.group)  # a PUT would create it
-    try:
-        info = await client.station(args.station).ensure_group(args.group, **limits)
-    except StationsError as exc:
-        raise _by_option(exc, args) from None
+    info = await client.station(args.station).ensure_group(args.group, **limits)
     if args.json:
         print_json(_wire(info))
     else:
@@ -287,21 +282,12 @@ async def edit_group(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-# The group's JSON fields by the options that set them: a refusal names what was typed.
-_OPTIONS = {
-    "startFrom": ("--from", "start"),
-    "maxAckTimeMs": ("--max-ack-time", "max_ack_time"),
-    "maxMsgDeliveries": ("--max-deliveries", "max_deliveries"),
-}
-
-
-def _by_option(exc: StationsError, args: argparse.Namespace) -> StationsError:
-    named = _OPTIONS.get(exc.field or "")
-    if named is None:
+def _said_of_from(exc: StationsError, args: argparse.Namespace) -> StationsError:
+    """The server names the JSON field ("startFrom is beyond the station's tail"); the user
+    typed --from. (The limits are checked before any request: ``_limits``.)"""
+    if exc.field != "startFrom":
         return exc
-    option, dest = named
-    message = exc.message.replace(exc.field or "", "it", 1) if exc.field else exc.message
-    return retold(exc, f"{option} {getattr(args, dest, '')}: {message}")
+    return retold(exc, f"--from {args.start}: {exc.message.replace('startFrom', 'it', 1)}")
 
 
 def _wire(group: GroupInfo) -> dict[str, Any]:

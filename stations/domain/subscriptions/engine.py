@@ -134,7 +134,6 @@ class SubscriptionEngine:
         self._send = send
         # Webhook POSTs in flight at most, shared fairly between endpoints (``outbound``).
         self._outbound = Outbound(concurrency)
-        self._sem = _SlotGate(self._outbound)
         self._queued: set[str] = set()  # subscriptions waiting for a slot
         self.index = Index()
         # (when, handle): uvloop gives a plain Handle, without ``when()``, for a moment due.
@@ -445,19 +444,3 @@ class SubscriptionEngine:
         await self.run(
             wakes.delivered, delivery.sub_id, delivery.wake_id, delivery.attempt, ok, done
         )
-
-
-class _SlotGate:
-    """A semaphore's face on the slots: ``acquire`` holds one (for no endpoint) until
-    ``release`` (tests hold the only slot to play a hung POST)."""
-
-    def __init__(self, outbound: Outbound) -> None:
-        self._outbound = outbound
-        self._held: list[Slot] = []
-
-    async def acquire(self) -> bool:
-        self._held.append(await self._outbound.acquire(""))
-        return True
-
-    def release(self) -> None:
-        self._outbound.release(self._held.pop())
