@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,18 +20,6 @@ from tests.harness import Server
 ADMIN = "admin-secret-0123456789"
 CONSUMER = "shop-consumer-0123456789"  # role consumer, stations shop-*
 OFFSET0 = "0000000000000000_0000000000000000"
-
-
-def _port() -> int:
-    """A free loopback port from 18500-18599, this review's range."""
-    for port in range(18500, 18600):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18500-18599")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +37,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         )
     )
     url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
-    server = Server(url, workdir, ["--tokens", str(tokens)], port=_port()).start()
+    server = Server(url, workdir, ["--tokens", str(tokens)]).start()
     yield server
     server.kill()
 
