@@ -27,6 +27,7 @@ from stations.domain.groups import (
     parse_seek,
     validate_name,
 )
+from stations.domain.instants import format_ms
 from stations.domain.offsets import encode
 from stations.domain.station import MAX_ACK_MS, MIN_ACK_MS
 from stations.errors import BadRequest
@@ -108,7 +109,7 @@ def _views(is_json: bool, delivered: list[Delivered]) -> list[dict[str, Any]]:
     is valid compact JSON already: it goes into the answer as it is (``orjson.Fragment``)
     instead of being parsed and serialized again, which was most of a fetch's cost per
     message."""
-    deadline = messages.iso(delivered[0].ack_deadline) if delivered else ""
+    deadline = format_ms(delivered[0].ack_deadline) if delivered else ""
     views: list[dict[str, Any]] = []
     for d in delivered:
         view: dict[str, Any] = {
@@ -163,7 +164,7 @@ async def extend(request: web.Request) -> web.Response:
     return web.json_response(
         # Not "ackDeadline": that is the lease's name, as its fetch answered it, which a
         # transaction gives; taken for it, this deadline could name a later delivery.
-        {"extended": n, "leaseUntil": messages.iso(deadline) if n else None, "unknown": unknown}
+        {"extended": n, "leaseUntil": format_ms(deadline) if n else None, "unknown": unknown}
     )
 
 

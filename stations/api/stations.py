@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -14,7 +13,7 @@ from aiohttp import web
 from stations.api import keys
 from stations.api.auth import needs, require_station
 from stations.api.limits import LIMITS
-from stations.domain import messages
+from stations.domain import instants, messages
 from stations.domain.catalog import Page
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
 from stations.domain.station import validate_name
@@ -184,31 +183,16 @@ async def patch_station(request: web.Request) -> web.Response:
 
 
 def _created_at(request: web.Request) -> int | None:
-    """The ``createdAt`` a DELETE or PATCH names (an RFC 3339 date-time, as a StationView gives
-    it), in ms; None if not given."""
+    """The ``createdAt`` a DELETE or PATCH names (as a StationView gives it), in ms; None if
+    not given."""
     raw = query_once(request, "createdAt")
     if raw is None:
         return None
-    try:
-        when = datetime.fromisoformat(raw)
-    except ValueError:
-        when = None
-    if when is None or when.tzinfo is None:  # without its offset, the instant is a guess
-        raise BadRequest(
-            "createdAt must be a date-time with its offset, as the station's view gives it "
-            "(a '+' in a query is written %2B)",
-            "createdAt",
-        )
-    micros = (when - _EPOCH) // timedelta(microseconds=1)
-    # A createdAt is whole ms: rounding could match what was not meant (and fromisoformat
-    # drops digits past the sixth without a word).
-    if micros % 1000 or _TOO_FINE.search(raw):
+    when = instants.parse(raw, "createdAt")
+    # A createdAt is whole ms: rounding could match what was not meant.
+    if not when.whole_ms:
         raise BadRequest("createdAt is given to the millisecond at most", "createdAt")
-    return micros // 1000
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_TOO_FINE = re.compile(r"\.\d{7,}")
+    return when.ms
 
 
 @needs("admin")

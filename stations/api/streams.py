@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -14,7 +13,7 @@ from stations.api.auth import TOKENS, needs, require_station
 from stations.api.limits import LIMITS
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
-from stations.domain import framing
+from stations.domain import framing, instants
 from stations.domain.lifecycle import CreateRequest
 from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import EARLIEST, NOW, BadOffset, Start, decode_start, encode
@@ -32,15 +31,9 @@ _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,256}$")
 _NOT_TEXT = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _MEDIA_TYPE = re.compile(rf"^{_TOKEN}/{_TOKEN}[ \t]*(;[\x20-\x7e\t]*)?$")
-# RFC 3339 date-time (its "T" and "Z" are case-insensitive); any number of fraction digits.
-_RFC3339 = re.compile(
-    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?"
-    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
-)
 MAX_CONTENT_TYPE = 255  # streams.content_type is a 255-character column
 MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
 MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
-MAX_EXPIRES_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 # With tokens a read is one token's answer: "public" would let a shared cache (a CDN) store it
 # although the request carried Authorization (RFC 9111 §3.5) and hand it to other tokens or none.
@@ -95,45 +88,16 @@ def _stream_headers(response: web.StreamResponse, state: StreamState) -> None:
     if state.ttl_seconds is not None:
         response.headers["Stream-TTL"] = str(state.ttl_seconds)
     if state.expires_at is not None:
-        response.headers["Stream-Expires-At"] = _rfc3339(state.expires_at)
+        response.headers["Stream-Expires-At"] = instants.format_ms(state.expires_at)
 
 
 # Milliseconds since it, in integers: through float seconds, 9999-12-31T23:59:59.999Z came back
 # one millisecond early.
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
-
-
-def _rfc3339(ms: int) -> str:
-    moment = _EPOCH + ms * _MS
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 # -- create -----------------------------------------------------------------------------------
 
 
 def _parse_expires(value: str) -> int:
-    match = _RFC3339.match(value)
-    if match is None:
-        raise BadRequest(
-            "Stream-Expires-At must be an RFC 3339 timestamp such as 2030-01-01T00:00:00Z",
-            "Stream-Expires-At",
-        )
-    date, time_of_day, fraction, zone = match.groups()
-    fraction = (fraction or ".0")[:7]  # Python takes at most microseconds
-    zone = "+00:00" if zone in ("Z", "z") else zone
-    try:
-        parsed = datetime.fromisoformat(f"{date}T{time_of_day}{fraction}{zone}")
-        ms = (parsed - _EPOCH) // _MS
-    except (ValueError, OverflowError):
-        raise BadRequest(
-            f"Stream-Expires-At {value!r} is not a valid date and time", "Stream-Expires-At"
-        ) from None
-    if not 0 <= ms <= MAX_EXPIRES_MS:
-        raise BadRequest(
-            "Stream-Expires-At must lie between 1970 and 9999 (UTC)", "Stream-Expires-At"
-        )
-    return ms
+    return instants.parse(value, "Stream-Expires-At", rfc3339=True).ms
 
 
 def _fork_source(value: str) -> str:

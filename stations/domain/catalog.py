@@ -14,9 +14,9 @@ from typing import Any
 from stations.domain import idwindow
 from stations.domain import station as config_rules
 from stations.domain.idwindow import IdWindow
+from stations.domain.instants import format_ms as iso
 from stations.domain.lifecycle import CreateRequest, CreateResult, create, created_as_known
 from stations.domain.log import live_stream
-from stations.domain.messages import iso
 from stations.domain.offsets import encode
 from stations.domain.streams import upkeep_columns
 from stations.errors import NotFound

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from stations.domain.instants import format_ms as iso
 from stations.domain.log import in_use, live_stream
-from stations.domain.messages import iso
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode
 from stations.errors import BadRequest, NotFound
 from stations.records import StreamState

@@ -31,8 +31,9 @@ from typing import Any
 
 from stations.domain import retention, text
 from stations.domain.idwindow import IdWindow
+from stations.domain.instants import format_ms as iso
 from stations.domain.log import AppendRequest, append, in_use, live_stream, unpack
-from stations.domain.messages import iso, to_view
+from stations.domain.messages import to_view
 from stations.domain.reads import SEP, Message, Piece
 from stations.errors import BadRequest, StationsError
 from stations.records import StreamState

@@ -14,7 +14,7 @@ from typing import Any
 
 from stations.domain import idwindow
 from stations.domain.idwindow import IdWindow
-from stations.domain.messages import iso
+from stations.domain.instants import format_ms as iso
 from stations.domain.station import first_difference
 from stations.domain.streams import same_content_type, upkeep_columns
 from stations.errors import BadRequest, Conflict, Gone, NotFound

@@ -11,13 +11,13 @@ import binascii
 import gc
 import json
 import re
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from stations.domain import framing, log
 from stations.domain.idwindow import IdWindow
+from stations.domain.instants import format_ms
 from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import encode
 from stations.domain.reads import Message
@@ -298,14 +298,6 @@ def produce(
     return log.append(batch, window, parse_batch(state, body, max_messages)), state
 
 
-def iso(ms: int) -> str:
-    return (
-        datetime.fromtimestamp(ms / 1000, UTC)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
-
-
 def put_data(view: dict[str, Any], data: bytes) -> None:
     """A non-JSON station's data: as text where it is UTF-8, else base64."""
     try:
@@ -320,7 +312,7 @@ def to_view(state: StreamState, msg: Message) -> dict[str, Any]:
         "offset": encode(msg.seq - 1),
         "id": msg.msg_id,
         "headers": json.loads(msg.headers) if msg.headers else {},
-        "time": iso(msg.stored_at),
+        "time": format_ms(msg.stored_at),
     }
     if state.is_json:
         view["data"] = json.loads(msg.data)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from stations.domain.instants import format_ms
 from stations.domain.offsets import encode
 from stations.domain.subscriptions.errors import (
     AlreadyExists,
@@ -221,7 +221,7 @@ def view(
         "webhook": None,
         "wake_stream": row["wake_stream"],
         "lease_ttl_ms": row["lease_ttl_ms"],
-        "created_at": _iso(row["created_at"]),
+        "created_at": format_ms(row["created_at"]),
         "status": row["status"],
         "description": row["description"],
         "generation": row["generation"],
@@ -235,11 +235,6 @@ def view(
                 "jwks_url": (public_url or row["base_url"]) + "/v1/stream/__ds/jwks.json",
             }
     return out
-
-
-def _iso(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def read_view(conn: Any, sub_id: str) -> tuple[dict[str, Any], list[Link]]:
