@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import re
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -43,6 +44,8 @@ from stations.client.transaction import Transaction
 Settings = Mapping[str, Any]
 
 logger = logging.getLogger("stations.client")
+
+MAX_DLS_IDS = 10_000  # ids per DLS replay or drop request (the server's limit)
 
 
 def _settings(
@@ -465,25 +468,71 @@ class Station:
         delay_ms: int = 0,
     ) -> int:
         """Send entries back to their group's queue with a fresh delivery count, due after
-        ``delay_ms``."""
-        body: dict[str, Any] = {"all": True} if all else {"ids": list(ids or [])}
-        if all and group is not None:
-            body["group"] = group
+        ``delay_ms``; returns how many went back (ids of no entry are skipped). ``group``: only
+        that group's entries (of those listed, or of all). More than 10,000 ids (the server's
+        limit per request) go in several requests (see ``drop_dead_letters``)."""
+        options: dict[str, Any] = {}
+        if group is not None:
+            options["group"] = group
         if delay_ms:
-            body["delayMs"] = delay_ms
-        reply = await self.client.http.call(
-            "POST", self._api("dls", "replay"), body, what=f"replay dead letters of {self.name}"
-        )
-        return int(reply.json().get("replayed", 0))
+            options["delayMs"] = delay_ms
+        what = f"replay dead letters of {self.name}"
+        return await self._dls("replay", "replayed", ids, all, options, what)
 
     async def drop_dead_letters(
         self, ids: Iterable[str] | None = None, *, all: bool = False
     ) -> int:
-        body: dict[str, Any] = {"all": True} if all else {"ids": list(ids or [])}
-        reply = await self.client.http.call(
-            "POST", self._api("dls", "drop"), body, what=f"drop dead letters of {self.name}"
-        )
-        return int(reply.json().get("dropped", 0))
+        """Delete entries for good; returns how many were dropped (ids of no entry are
+        skipped). More than 10,000 ids (the server's limit per request) go in several
+        requests, and the counts are added up; when one fails, the error says how many the
+        requests before it handled (those stay done) and its ``field`` indexes ``ids``."""
+        what = f"drop dead letters of {self.name}"
+        return await self._dls("drop", "dropped", ids, all, {}, what)
+
+    async def _dls(
+        self,
+        action: str,
+        counted: str,
+        ids: Iterable[str] | None,
+        all: bool,
+        options: dict[str, Any],
+        what: str,
+    ) -> int:
+        async def send(selection: dict[str, Any]) -> int:
+            reply = await self.client.http.call(
+                "POST", self._api("dls", action), {**selection, **options}, what=what
+            )
+            return int(reply.json().get(counted, 0))
+
+        if all:
+            return await send({"all": True})
+        listed = list(ids or [])
+        if not listed:
+            return await send({"ids": []})  # refused by the server, as before: nothing named
+        done = 0
+        for start in range(0, len(listed), MAX_DLS_IDS):
+            try:
+                done += await send({"ids": listed[start : start + MAX_DLS_IDS]})
+            except StationsError as exc:
+                if start:
+                    _retell_chunk(exc, start, done)
+                raise
+        return done
+
+
+def _retell_chunk(exc: StationsError, start: int, done: int) -> None:
+    """``exc`` of the request of ``ids[start:]`` told as of the caller's whole list: its
+    ``ids.N`` field counted from the list's start, and what the requests before it did (the
+    same exception, so the same class and status)."""
+    message = exc.message
+    index = (exc.field or "").removeprefix("ids.")
+    if exc.field is not None and exc.field != index and index.isascii() and index.isdigit():
+        field = f"ids.{start + int(index)}"
+        # The server's message names the field too ("ids.1 is not a DLS entry id").
+        message = re.sub(rf"\b{re.escape(exc.field)}\b", field, message, count=1)
+        exc.field = field
+    exc.message = f"{message}; {done} of the first {start} ids were handled before"
+    exc.args = (exc.message,)
 
 
 def _wire_message(message: NewMessage) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class BadRequest(StationsError):
 
 
 class Unauthorized(StationsError):
-    """401: no token, or an unknown one."""
+    """401: no token, or one the server does not know (never issued, or revoked)."""
 
     status = 401
 
@@ -229,6 +229,10 @@ def error_for(
     message, code, field = _describe(body)
     if not message:  # e.g. a HEAD answer: say what was asked instead
         message = f"{what}: HTTP {status}" if what else f"HTTP {status}"
+        if status == 401:
+            # A producer's or an SSE reader's first request is a HEAD: a token revoked while
+            # the program ran said only "HTTP 401" there.
+            message += ": no token, or the server refused the token (unknown to it, or revoked)"
     common: dict[str, Any] = {"status": status, "code": code, "field": field, "headers": headers}
     if _html(headers, body):
         # A proxy's error page, or another web server at this URL: its 404 says nothing of a

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,8 +36,10 @@ class ReadBatch:
 
 
 class StreamReader:
-    """An async iterator of ``ReadBatch``; use ``async with`` (or ``aclose()``) when you may
-    stop early, so an open SSE connection is released at once.
+    """An async iterator of ``ReadBatch``. Leaving ``async for station.read(...)`` by
+    ``break`` (or an exception) releases its connection at once; a reader kept in a variable
+    holds an SSE connection until it is dropped, so use ``async with`` (or
+    ``contextlib.aclosing``, or ``aclose()``) when you may stop early.
 
     ``live=None`` reads what is there and stops when up to date; ``"long-poll"`` and ``"sse"``
     follow the stream until it is closed. Only batches with items are yielded."""
@@ -58,37 +60,33 @@ class StreamReader:
             raise ValueError("live must be None, 'long-poll' or 'sse'")
         self.url = url
         self.live = live
-        self._http = http
-        self._offset = offset
-        self._content_type = content_type
-        self._retry = retry
-        self._read_timeout = read_timeout
-        self._owns_http = owns_http
-        self._cursor: str | None = None
-        self._closed = False
-        self._up_to_date = False
-        self._gen: AsyncIterator[ReadBatch] | None = None
+        # The generator reads through ``_read``, never through this object: holding each
+        # other, reader and generator lived until the garbage collector ran, and so did the
+        # SSE connection of a ``break``. This way the loop that drops the reader drops the
+        # generator too, and asyncio closes it (and its connection) at once.
+        self._read = _Read(http, url, offset, live, content_type, retry, read_timeout, owns_http)
+        self._gen: AsyncGenerator[ReadBatch, None] | None = None
 
     @property
     def offset(self) -> str:
         """The offset to resume from: after the last batch yielded (or the start offset)."""
-        return self._offset
+        return self._read.offset
 
     @property
     def closed(self) -> bool:
         """True once the stream's closure (EOF) was seen."""
-        return self._closed
+        return self._read.closed
 
     @property
     def up_to_date(self) -> bool:
-        return self._up_to_date
+        return self._read.up_to_date
 
     def __aiter__(self) -> StreamReader:
         return self
 
     async def __anext__(self) -> ReadBatch:
         if self._gen is None:
-            self._gen = self._batches()
+            self._gen = self._read.batches()
         try:
             return await self._gen.__anext__()
         except asyncio.CancelledError:
@@ -100,9 +98,9 @@ class StreamReader:
 
     async def aclose(self) -> None:
         if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
-        elif self._owns_http:
-            await self._http.close()
+            await self._gen.aclose()
+        elif self._read.owns_http:
+            await self._read.http.close()
 
     async def __aenter__(self) -> StreamReader:
         return self
@@ -110,35 +108,65 @@ class StreamReader:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _batches(self) -> AsyncIterator[ReadBatch]:
+
+class _Read:
+    """A reader's state and the generators that read: what ``StreamReader`` hands out."""
+
+    def __init__(
+        self,
+        http: Http,
+        url: str,
+        offset: str,
+        live: Live,
+        content_type: str | None,
+        retry: RetryPolicy,
+        read_timeout: float,
+        owns_http: bool,
+    ) -> None:
+        self.http = http
+        self.url = url
+        self.live = live
+        self.offset = offset
+        self.owns_http = owns_http
+        self._content_type = content_type
+        self._retry = retry
+        self._read_timeout = read_timeout
+        self._cursor: str | None = None
+        self.closed = False
+        self.up_to_date = False
+
+    async def batches(self) -> AsyncGenerator[ReadBatch, None]:
+        source = self._sse() if self.live == "sse" else self._polls()
         try:
-            source = self._sse() if self.live == "sse" else self._polls()
             async for batch in source:
                 yield batch
         finally:
-            if self._owns_http:
-                await self._http.close()
+            # Ended early (aclose, a break): the source's own finally closes its response now,
+            # before the session goes, rather than when the source is collected.
+            await source.aclose()
+            if self.owns_http:
+                await self.http.close()
 
     def _advance(self, offset: str | None, up_to_date: bool, closed: bool) -> None:
         if offset:
-            self._offset = offset
-        self._up_to_date = up_to_date or closed
-        self._closed = closed
+            self.offset = offset
+        self.up_to_date = up_to_date or closed
+        self.closed = closed
 
     # -- catch-up and long-poll ---------------------------------------------------------------
 
     async def _get(self, params: dict[str, str]) -> Reply:
-        reply = await self._http.request(
+        reply = await self.http.request(
             "GET", self.url, params=params, read_timeout=self._read_timeout
         )
         if reply.status not in (200, 204):
             raise error_for(reply.status, reply.headers, reply.body, what=f"read {self.url}")
         return reply
 
-    async def _polls(self) -> AsyncIterator[ReadBatch]:
+    async def _polls(self) -> AsyncGenerator[ReadBatch, None]:
         backoff = Backoff(self._retry)
         while True:
-            params = {"offset": self._offset}
+            params = {"offset": self.offset}
             if self.live is not None:
                 params["live"] = self.live
                 if self._cursor:
@@ -156,8 +184,8 @@ class StreamReader:
             )
             items = self._decode(reply) if reply.status == 200 else []
             if items:
-                yield ReadBatch(items, self._offset, self._up_to_date, closed)
-            if closed or (self.live is None and self._up_to_date):
+                yield ReadBatch(items, self.offset, self.up_to_date, closed)
+            if closed or (self.live is None and self.up_to_date):
                 return
 
     def _decode(self, reply: Reply) -> list[Any]:
@@ -175,7 +203,7 @@ class StreamReader:
         """SSE answers are ``text/event-stream``: ask the stream itself (HEAD) whether it is JSON."""
         while self._content_type is None:
             try:
-                reply = await self._http.request("HEAD", self.url)
+                reply = await self.http.request("HEAD", self.url)
                 if reply.status != 200:
                     raise error_for(reply.status, reply.headers, b"", what=f"HEAD {self.url}")
                 self._content_type = reply.header("Content-Type") or "application/octet-stream"
@@ -184,15 +212,15 @@ class StreamReader:
         backoff.reset()
         return self._content_type
 
-    async def _sse(self) -> AsyncIterator[ReadBatch]:
+    async def _sse(self) -> AsyncGenerator[ReadBatch, None]:
         backoff = Backoff(self._retry)
         json_mode = is_json_type(await self._learn_content_type(backoff))
         while True:
-            params = {"offset": self._offset, "live": "sse"}
+            params = {"offset": self.offset, "live": "sse"}
             if self._cursor:
                 params["cursor"] = self._cursor
             try:
-                response = await self._http.open(
+                response = await self.http.open(
                     "GET",
                     self.url,
                     params=params,
@@ -227,7 +255,7 @@ class StreamReader:
                             control.get("streamNextOffset"), control.get("upToDate") is True, closed
                         )
                         if items:
-                            yield ReadBatch(items, self._offset, self._up_to_date, closed)
+                            yield ReadBatch(items, self.offset, self.up_to_date, closed)
                             items = []
                         if closed:
                             return
