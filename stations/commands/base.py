@@ -10,9 +10,9 @@ import os
 import re
 import ssl
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from stations.client import StationsError
@@ -43,6 +43,52 @@ def retold(exc: StationsError, message: str) -> StationsError:
     told.message = message
     told.args = (message,)
     return told
+
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+
+async def naming_options(call: Awaitable[T], options: Mapping[str, str], *, it: bool = False) -> T:
+    """``call``'s result. The server names a refused value by its JSON field
+    ("idempotencyWindowMs must be ...", "startFrom is beyond the station's tail"), which the user
+    never typed: a refusal whose field is in ``options`` (field -> the option as it was given,
+    "--window" or "--from latest") is said of that option. ``it``: the field's name in the
+    message becomes "it" ("--from X: it is beyond the station's tail")."""
+    from stations.client import StationsError
+
+    try:
+        return await call
+    except StationsError as exc:
+        said = options.get(exc.field or "")
+        if said is None or exc.field is None:
+            raise
+        message = exc.message.replace(exc.field, "it", 1) if it else exc.message
+        raise retold(exc, f"{said}: {message}") from None
+
+
+async def in_chunks(
+    items: Sequence[Item],
+    size: int,
+    send: Callable[[Sequence[Item]], Awaitable[int]],
+    before: Callable[[int, int], str],
+) -> int:
+    """``send`` the items in requests of at most ``size`` (the API refuses more whole, and
+    ``xargs`` may well give more); returns the sum of what ``send`` returned. A request refused
+    after others went through says what they did: ``before(sent, done)`` is added to its
+    message (each request is sent once: sent again, a settlement by offset could settle a
+    later delivery)."""
+    from stations.client import StationsError
+
+    done = 0
+    for start in range(0, len(items), size):
+        try:
+            done += await send(items[start : start + size])
+        except StationsError as exc:
+            if start == 0:
+                raise
+            raise retold(exc, f"{exc}; {before(start, done)}") from None
+    return done
 
 
 class Usage(Exception):

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from stations.commands.base import (
     Usage,
     duration_ms,
+    in_chunks,
     payload_fields,
     payload_text,
     print_json,
     print_table,
-    retold,
 )
 
 if TYPE_CHECKING:
@@ -155,19 +155,12 @@ async def _by_ids(
     whole, as ``xargs`` may well give); returns how many entries were handled."""
     if args.all:
         return await send(None)
-    from stations.client import StationsError
-
-    done = 0
-    for start in range(0, len(args.ids), MAX_IDS):
-        try:
-            done += await send(args.ids[start : start + MAX_IDS])
-        except StationsError as exc:
-            if start == 0:
-                raise
-            raise retold(
-                exc, f"{exc}; {done} of the first {start} IDs were handled before"
-            ) from None
-    return done
+    return await in_chunks(
+        args.ids,
+        MAX_IDS,
+        lambda ids: send(list(ids)),
+        lambda sent, done: f"{done} of the first {sent} IDs were handled before",
+    )
 
 
 MAX_REPLAY_DELAY_MS = 604_800_000  # the API's limit of delayMs: 7 days

@@ -7,7 +7,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,16 +17,17 @@ from stations.commands.base import (
     dumps,
     duration_ms,
     human_ms,
+    in_chunks,
     message_count,
+    naming_options,
     payload_text,
     print_fields,
     print_json,
     print_table,
-    retold,
 )
 
 if TYPE_CHECKING:
-    from stations.client import Client, GroupInfo, StationsError
+    from stations.client import Client, GroupInfo
 
 
 def add_parser(
@@ -228,7 +229,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def create_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import Conflict, GroupNotFound, StationsError
+    from stations.client import Conflict, GroupNotFound
 
     limits = _limits(args)
     if args.start is not None and not (
@@ -254,10 +255,11 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
                 )
         info = standing
     else:
-        try:
-            info = await station.ensure_group(args.group, start_from=args.start, **limits)
-        except StationsError as exc:
-            raise _said_of_from(exc, args) from None
+        info = await naming_options(
+            station.ensure_group(args.group, start_from=args.start, **limits),
+            {"startFrom": f"--from {args.start}"},
+            it=True,
+        )
     if args.json:
         print_json({**_wire(info), "created": info.created})
     elif info.created:
@@ -280,14 +282,6 @@ async def edit_group(args: argparse.Namespace, client: Client) -> int:
     else:
         _print_group(args, info)
     return 0
-
-
-def _said_of_from(exc: StationsError, args: argparse.Namespace) -> StationsError:
-    """The server names the JSON field ("startFrom is beyond the station's tail"); the user
-    typed --from. (The limits are checked before any request: ``_limits``.)"""
-    if exc.field != "startFrom":
-        return exc
-    return retold(exc, f"--from {args.start}: {exc.message.replace('startFrom', 'it', 1)}")
 
 
 def _wire(group: GroupInfo) -> dict[str, Any]:
@@ -379,16 +373,11 @@ def _seek_target(args: argparse.Namespace) -> str | int | datetime:
 
 
 async def seek_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import BadRequest
-
-    try:
-        result = await client.station(args.station).seek(args.group, _seek_target(args))
-    except BadRequest as exc:
-        # The server names the JSON field: "to must be earliest, now or an offset".
-        if exc.field not in ("to", "time"):
-            raise
-        given = args.to if exc.field == "to" else args.time
-        raise retold(exc, f"--{exc.field} {given}: {exc.message}") from None
+    # The server names the JSON field: "to must be earliest, now or an offset".
+    result = await naming_options(
+        client.station(args.station).seek(args.group, _seek_target(args)),
+        {"to": f"--to {args.to}", "time": f"--time {args.time}"},
+    )
     if args.json:
         print_json({"cursor": result.cursor, "revoked": result.revoked, "dropped": result.dropped})
     else:
@@ -493,28 +482,32 @@ async def _settle(
 ) -> int:
     """Send the settlement in requests of at most MAX_ITEMS and print what the API answered:
     how many were settled, and the offsets it did not have out (``unknown``)."""
-    from stations.client import GroupNotFound, StationsError
+    from stations.client import GroupNotFound
 
     key, items = _settle_items(args)
     url = f"{client.station(args.station).group_url(args.group)}/{action}"
-    done, unknown = 0, []
-    for start in range(0, len(items), MAX_ITEMS):
-        body = {key: items[start : start + MAX_ITEMS], **extra}
-        try:
-            # Sent once: a nack by offset sent again could settle a later delivery.
-            reply = await client.http.call(
-                "POST", url, body, what=f"{action} on group {args.group}", not_found=GroupNotFound
-            )
-        except StationsError as exc:
-            if start == 0:
-                raise
-            # What earlier requests settled is said.
-            raise retold(
-                exc, f"{exc}; the first {start} were sent before ({done} settled)"
-            ) from None
+    unknown: list[str] = []
+
+    async def send(chunk: Sequence[Any]) -> int:
+        # Sent once: a nack by offset sent again could settle a later delivery.
+        reply = await client.http.call(
+            "POST",
+            url,
+            {key: list(chunk), **extra},
+            what=f"{action} on group {args.group}",
+            not_found=GroupNotFound,
+        )
         answer = reply.json()
-        done += int(answer.get(counted, 0))
-        unknown += list(answer.get("unknown") or [])
+        unknown.extend(answer.get("unknown") or [])
+        return int(answer.get(counted, 0))
+
+    done = await in_chunks(
+        items,
+        MAX_ITEMS,
+        send,
+        # What earlier requests settled is said.
+        lambda sent, settled: f"the first {sent} were sent before ({settled} settled)",
+    )
     if args.json:
         print_json({counted: done, "unknown": unknown})
         return 0

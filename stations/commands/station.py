@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stations.commands.base import (
     duration_ms,
     human_ms,
+    naming_options,
     print_fields,
     print_json,
     print_table,
-    retold,
 )
 
 if TYPE_CHECKING:
@@ -252,18 +252,6 @@ _OPTIONS = {
 }
 
 
-async def _naming_options(call: Awaitable[T]) -> T:
-    from stations.client import StationsError
-
-    try:
-        return await call
-    except StationsError as exc:
-        option = _OPTIONS.get(exc.field or "")
-        if option is None:
-            raise
-        raise retold(exc, f"{option}: {exc.message}") from None
-
-
 async def list_stations(args: argparse.Namespace, client: Client) -> int:
     stations = await client.list_stations()
     if args.json:
@@ -298,8 +286,9 @@ async def show_station(args: argparse.Namespace, client: Client) -> int:
 
 
 async def create_station(args: argparse.Namespace, client: Client) -> int:
-    info = await _naming_options(
-        client.create_station(args.name, content_type=args.content_type, **_settings(args))
+    info = await naming_options(
+        client.create_station(args.name, content_type=args.content_type, **_settings(args)),
+        _OPTIONS,
     )
     if args.json:
         print_json({**info.raw, "created": info.created})
@@ -316,8 +305,8 @@ async def edit_station(args: argparse.Namespace, client: Client) -> int:
         from stations.commands.base import Usage
 
         raise Usage("nothing to change: give at least one setting (see: stations station edit -h)")
-    info = await _naming_options(
-        client.patch_station(args.name, **settings, created_at=args.created_at)
+    info = await naming_options(
+        client.patch_station(args.name, **settings, created_at=args.created_at), _OPTIONS
     )
     if args.json:
         print_json(dict(info.raw))
@@ -327,7 +316,7 @@ async def edit_station(args: argparse.Namespace, client: Client) -> int:
 
 
 async def delete_station(args: argparse.Namespace, client: Client) -> int:
-    await _naming_options(client.delete_station(args.name, created_at=args.created_at))
+    await naming_options(client.delete_station(args.name, created_at=args.created_at), _OPTIONS)
     if args.json:
         print_json({"deleted": args.name})
     else:
