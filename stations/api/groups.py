@@ -17,7 +17,7 @@ from stations.api.stations import (
     station_name,
 )
 from stations.domain import dls, messages, text
-from stations.domain.fields import integer
+from stations.domain.fields import body_of, integer
 from stations.domain.groups import (
     MAX_FETCH,
     Delivered,
@@ -41,16 +41,6 @@ def _group(request: web.Request) -> str:
 
 def _body_int(body: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
     return integer(body.get(key, default), key, lo, hi)
-
-
-def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object", None)
-    unknown = set(body) - allowed
-    if unknown:
-        field = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {field}", field)
-    return body
 
 
 async def _require_forward_scope(request: web.Request, station: str) -> None:
@@ -90,7 +80,7 @@ async def delete_group(request: web.Request) -> web.Response:
 async def fetch(request: web.Request) -> web.Response:
     # Every field has a default, so an empty body is a fetch with the defaults.
     raw = await json_body(request) if request.can_read_body else {}
-    body = _object(raw, {"max", "waitMs", "consumer"})
+    body = body_of(raw, {"max", "waitMs", "consumer"})
     max_count = _body_int(body, "max", 10, 1, MAX_FETCH)
     wait_ms = _body_int(body, "waitMs", 0, 0, MAX_WAIT_MS)
     consumer = text.check(body.get("consumer", "default"), "consumer", text.NAME)
@@ -133,7 +123,7 @@ async def _settle(
     """The body, its positions and, with ``by_lease``, the deliveries its ``leases`` name
     (offset, deliveryCount, ackDeadline as a fetch answered them), given instead of
     ``offsets``: only those deliveries are settled, not a later one of the same message."""
-    body = _object(await json_body(request), {"offsets", *extra, *(["leases"] if by_lease else [])})
+    body = body_of(await json_body(request), {"offsets", *extra, *(["leases"] if by_lease else [])})
     if "leases" in body:
         if "offsets" in body:
             raise BadRequest("give offsets or leases (one of them)", "offsets")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from stations.domain.fields import body_of
 from stations.domain.instants import format_ms as iso
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode
@@ -34,13 +35,7 @@ def validate_name(name: str) -> str:
 
 
 def _position(raw: Any, state: StreamState) -> int:
-    if not isinstance(raw, dict):
-        raise BadRequest("the body must be a JSON object", None)
-    unknown = set(raw) - {"offset"}
-    if unknown:
-        field = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {field}", field)
-    offset = raw.get("offset")
+    offset = body_of(raw, {"offset"}).get("offset")
     if not isinstance(offset, str):
         raise BadRequest("offset must be an offset string", "offset")
     try:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from stations.domain import retention, text
+from stations.domain.fields import body_of
 from stations.domain.idwindow import IdWindow
 from stations.domain.instants import format_ms as iso
 from stations.domain.log import AppendRequest, append, in_use, live_stream, unpack
@@ -341,13 +342,8 @@ def _entry(state: StreamState, row: Any) -> dict[str, Any]:
 
 
 def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
-    if not isinstance(raw, dict):
-        raise BadRequest('the body must be {"ids": [...]} or {"all": true}', None)
     allowed = {"ids", "all", "group"} if allow_group else {"ids", "all"}
-    unknown = set(raw) - allowed
-    if unknown:
-        field = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {field}", field)
+    raw = body_of(raw, allowed, '{"ids": [...]} or {"all": true}')
     group = raw.get("group")
     if group is not None:
         text.check(group, "group", text.NAME)  # a NUL was a 500 on PostgreSQL

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from stations.domain import dls, instants, isolate, reads
-from stations.domain.fields import integer, object_of
+from stations.domain.fields import body_of, integer, object_of
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
@@ -119,12 +119,8 @@ def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock
 def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool]:
     """PUT a group: create it, or update the limits of a standing one."""
     validate_name(name)
-    if not isinstance(raw, dict):  # a JSON null too: no body at all is the API's {}
-        raise BadRequest("the body must be a JSON object", None)
-    unknown = set(raw) - {"maxAckTimeMs", "maxMsgDeliveries", "startFrom"}
-    if unknown:
-        field = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {field}", field)
+    # A JSON null is refused too: no body at all is the API's {}.
+    raw = body_of(raw, {"maxAckTimeMs", "maxMsgDeliveries", "startFrom"})
     ack_ms = _int(raw, "maxAckTimeMs", MIN_ACK_MS, MAX_ACK_MS)
     max_deliveries = _int(raw, "maxMsgDeliveries", 1, MAX_DELIVERIES)
     start = raw.get("startFrom", "earliest")
@@ -577,12 +573,7 @@ class SeekResult:
 
 def parse_seek(raw: Any) -> tuple[str, Any]:
     """``{"to": "earliest" | "now" | <offset>}`` or ``{"time": <ISO 8601> | <epoch ms>}``."""
-    if not isinstance(raw, dict):
-        raise BadRequest("the body must be a JSON object", None)
-    unknown = set(raw) - {"to", "time"}
-    if unknown:
-        field = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {field}", field)
+    raw = body_of(raw, {"to", "time"})
     if ("to" in raw) == ("time" in raw):
         raise BadRequest("give exactly one of to and time", "to")
     if "time" in raw:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from stations.domain import framing, log
+from stations.domain.fields import body_of
 from stations.domain.idwindow import IdWindow
 from stations.domain.instants import format_ms
 from stations.domain.log import AppendRequest, AppendResult
@@ -238,14 +239,11 @@ def check_count(body: Any, max_messages: int = MAX_BATCH) -> None:
         raise BadRequest(f"at most {limit} messages per request", "messages")
 
 
+_BATCH_KEYS = frozenset({"messages"})
+
+
 def parse_batch(state: StreamState, body: Any, max_messages: int = MAX_BATCH) -> AppendRequest:
-    if not isinstance(body, dict):
-        raise BadRequest('the body must be {"messages": [...]}', None)
-    unknown = set(body) - {"messages"}
-    if unknown:
-        key = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {key}", key)
-    items = body.get("messages")
+    items = body_of(body, _BATCH_KEYS, '{"messages": [...]}').get("messages")
     if not isinstance(items, list) or not items:
         raise BadRequest("messages must be a non-empty array", "messages")
     check_count(body, max_messages)

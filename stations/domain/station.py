@@ -10,6 +10,7 @@ import copy
 import re
 from typing import Any
 
+from stations.domain.fields import body_of, object_of
 from stations.errors import BadRequest
 
 DEFAULT_CONTENT_TYPE = "application/json"
@@ -91,15 +92,9 @@ def _int_in(value: Any, field: str, lo: int, hi: int, nullable: bool = False) ->
 
 def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
     value = raw.get(key, {})
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise BadRequest(f"{key} must be an object", key)
-    unknown = set(value) - set(DEFAULTS[key]) - OPTIONAL.get(key, set())
-    if unknown:
-        field = f"{key}.{sorted(unknown)[0]}"
-        raise BadRequest(f"unknown field {field}", field)
-    return value
+    return object_of(
+        {} if value is None else value, key, DEFAULTS[key].keys() | OPTIONAL.get(key, set())
+    )
 
 
 def _validate_settings(raw: dict[str, Any], base: dict[str, Any], name: str) -> dict[str, Any]:
@@ -164,15 +159,8 @@ def parse_redrive(raw: Any) -> dict[str, Any] | None:
     dead-lettering. Null turns redrive off."""
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise BadRequest("dls.redrive must be an object or null", "dls.redrive")
     allowed = {"maxRedrives", "delayMs", "backoff", "maxDelayMs"}
-    unknown = set(raw) - allowed
-    if unknown:
-        field = f"dls.redrive.{sorted(unknown)[0]}"
-        raise BadRequest(f"unknown field {field}", field)
-    if "maxRedrives" not in raw:
-        raise BadRequest("dls.redrive.maxRedrives is required", "dls.redrive.maxRedrives")
+    raw = object_of(raw, "dls.redrive", allowed, {"maxRedrives"}, shape="an object or null")
     policy: dict[str, Any] = {
         "maxRedrives": _int_in(raw["maxRedrives"], "dls.redrive.maxRedrives", 1, MAX_REDRIVES),
         "delayMs": _int_in(
@@ -192,19 +180,9 @@ def parse_redrive(raw: Any) -> dict[str, Any] | None:
     return policy
 
 
-def _check_object(raw: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise BadRequest("the body must be a JSON object", None)
-    unknown = set(raw) - allowed
-    if unknown:
-        field = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {field}", field)
-    return raw
-
-
 def parse_config(raw: Any) -> dict[str, Any]:
     """A full StationConfig from a create request, defaults filled in."""
-    raw = _check_object(raw, {"name", *DEFAULTS})
+    raw = body_of(raw, {"name", *DEFAULTS})
     config = {"name": validate_name(raw.get("name"))}
     base = copy.deepcopy(DEFAULTS)
     if "contentType" in raw:
@@ -215,7 +193,7 @@ def parse_config(raw: Any) -> dict[str, Any]:
 
 def apply_patch(current: dict[str, Any], raw: Any) -> dict[str, Any]:
     """The config after a PATCH; name and content type are fixed at creation."""
-    raw = _check_object(raw, {"name", *DEFAULTS})
+    raw = body_of(raw, {"name", *DEFAULTS})
     if "name" in raw and raw["name"] != current["name"]:
         raise BadRequest("a station cannot be renamed", "name")
     if "contentType" in raw and raw["contentType"] != current["contentType"]:

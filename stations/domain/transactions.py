@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stations.domain import dls, groups, messages, text
-from stations.domain.fields import integer, object_of
+from stations.domain.fields import body_of, integer, object_of
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append
 from stations.domain.offsets import encode
@@ -116,13 +116,7 @@ def parse(raw: Any, max_produce: int = MAX_ITEMS) -> TxRequest:
     """``max_produce``: the server's ``--max-append-messages``; produced messages are messages
     appended like any produce's, so the cap on one append bounds them too (all stations'
     together: the transaction writes them in one database transaction)."""
-    if not isinstance(raw, dict):
-        raise BadRequest('the body must be {"ack": [...], "produce": [...], ...}', None)
-    unknown = set(raw) - {"consumer", "produce", *VERBS}
-    if unknown:
-        key = sorted(unknown)[0]
-        raise BadRequest(f"unknown field {key}", key)
-    body = raw
+    body = body_of(raw, {"consumer", "produce", *VERBS}, '{"ack": [...], "produce": [...], ...}')
     req = TxRequest()
     consumer = body.get("consumer")
     if consumer is not None:
