@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,7 +27,11 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # being restarted (``Server.restart``) is down and still counts on it.
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 PORTS = range(20_000 + 1_500 * _WORKER, 20_000 + 1_500 * (_WORKER + 1))
-_next_port = iter(itertools.cycle(PORTS))
+# Each process starts at a random point of its range: two test runs on one box (their gw0s
+# share a range) walked the same ports in the same order, and one run's test talked to, or
+# restarted onto, the other's server.
+_start = random.randrange(len(PORTS))
+_next_port = itertools.cycle([*PORTS[_start:], *PORTS[:_start]])
 
 
 def free_port() -> int:
@@ -84,20 +89,32 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30) -> Server:
-        with open(self.workdir / f"server-{self.port}.log", "ab") as log:
-            self.proc = self._spawn(log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"stations serve exited with {self.proc.returncode}: {self.log()}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+        # Ready is this process's own "serving" line, not a connection: another test run on
+        # the box may hold the port, and a connection to its server passed for this one's.
+        # A first start whose port was taken meanwhile moves to another port; a restart
+        # keeps its port (clients hold the URL).
+        first = self.proc is None
+        for _ in range(5):
+            path = self.workdir / f"server-{self.port}.log"
+            seen = path.stat().st_size if path.exists() else 0
+            with open(path, "ab") as log:
+                self.proc = self._spawn(log)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                said = path.read_bytes()[seen:]
+                if self.proc.poll() is not None:
+                    if first and b"already in use" in said:
+                        self.port = free_port()
+                        break
+                    raise RuntimeError(
+                        f"stations serve exited with {self.proc.returncode}: {self.log()}"
+                    )
+                if b"stations: serving http" in said:
                     return self
-            except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"stations serve did not come up: {self.log()}")
+            else:
+                raise RuntimeError(f"stations serve did not come up: {self.log()}")
+        raise RuntimeError(f"stations serve found no free port: {self.log()}")
 
     def _spawn(self, log) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
         command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
