@@ -4,6 +4,7 @@ consumer groups."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -24,6 +25,7 @@ from stations.commands.base import (
     print_fields,
     print_json,
     print_table,
+    retold,
 )
 
 if TYPE_CHECKING:
@@ -229,7 +231,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def create_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import Conflict, GroupNotFound
+    from stations.client import Conflict, StationsError
 
     limits = _limits(args)
     if args.start is not None and not (
@@ -237,28 +239,40 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
     ):
         raise Usage(f"--from must be earliest, latest or an offset, not {args.start!r}")
     station = client.station(args.station)
-    try:
-        standing: GroupInfo | None = await _find(client, args.station, args.group)
-    except GroupNotFound:
-        standing = None
-    if standing is not None:
-        # A PUT would change a standing group's limits, and ignore --from, without a word.
+    # The API has no create-only PUT, and a PUT of a standing group changes its limits. So the
+    # first PUT carries none: it creates the group (201) or changes nothing (200), and the
+    # server decides which, not a look-up that another client's create could overtake.
+    info = await naming_options(
+        station.ensure_group(args.group, start_from=args.start),
+        {"startFrom": f"--from {args.start}"},
+        it=True,
+    )
+    differs = [
+        (option, value)
         for key, option, value in (
-            ("max_ack_time_ms", "--max-ack-time", human_ms(standing.max_ack_time_ms)),
-            ("max_msg_deliveries", "--max-deliveries", standing.max_msg_deliveries),
-        ):
-            if key in limits and limits[key] != getattr(standing, key):
-                raise Conflict(
-                    f"group {args.group} exists on {args.station} with {option} {value} "
-                    "(change it with: stations group edit)",
-                    status=409,
-                )
-        info = standing
-    else:
-        info = await naming_options(
-            station.ensure_group(args.group, start_from=args.start, **limits),
-            {"startFrom": f"--from {args.start}"},
-            it=True,
+            ("max_ack_time_ms", "--max-ack-time", human_ms(info.max_ack_time_ms)),
+            ("max_msg_deliveries", "--max-deliveries", info.max_msg_deliveries),
+        )
+        if key in limits and limits[key] != getattr(info, key)
+    ]
+    if info.created and differs:
+        # Made by this command with the station's defaults: its own limits go on now.
+        try:
+            made = await station.ensure_group(args.group, start_from=args.start, **limits)
+        except StationsError as exc:
+            raise retold(
+                exc,
+                f"{exc}; group {args.group} was created with the station's consumer defaults "
+                "before (change them with: stations group edit)",
+            ) from None
+        info = dataclasses.replace(made, created=True)
+    elif differs:
+        option, value = differs[0]
+        # A standing group keeps its limits (and place): change them with edit, not create.
+        raise Conflict(
+            f"group {args.group} exists on {args.station} with {option} {value} "
+            "(change it with: stations group edit)",
+            status=409,
         )
     if args.json:
         print_json({**_wire(info), "created": info.created})
@@ -272,11 +286,28 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
 
 
 async def edit_group(args: argparse.Namespace, client: Client) -> int:
+    from stations.client import GroupNotFound, StationsError
+
     limits = _limits(args)
     if not limits:
         raise Usage("nothing to change: give --max-ack-time or --max-deliveries")
-    await _find(client, args.station, args.group)  # a PUT would create it
-    info = await client.station(args.station).ensure_group(args.group, **limits)
+    # The API has no PUT that only changes a standing group: one deleted meanwhile is made
+    # again. The look-up narrows that to the time between it and the PUT; a PUT that made the
+    # group all the same (201) is undone at once.
+    await _find(client, args.station, args.group)
+    station = client.station(args.station)
+    info = await station.ensure_group(args.group, **limits)
+    if info.created:
+        gone = f"group {args.group} not found on station {args.station}: it was deleted meanwhile"
+        try:
+            await station.delete_group(args.group)
+        except StationsError as exc:
+            raise retold(
+                exc,
+                f"{gone}, and this edit made it again, which could not be deleted ({exc}); "
+                f"delete it with: stations group delete {args.station} {args.group}",
+            ) from None
+        raise GroupNotFound(f"{gone} (this edit made it again, and deleted it)", status=404)
     if args.json:
         print_json(_wire(info))
     else:

@@ -1,0 +1,216 @@
+"""The management CLI, as a fourth review found it, against one live server:
+
+- ``group edit`` looked the group up and then PUT: a group deleted in between was made again
+  by the edit. ``group create`` looked it up and then PUT its limits: a group another client
+  made in between had its limits changed, and the command said "already exists with these
+  limits". The API has no create-only or conditional PUT; the races are placed here by a relay
+  between the CLI and the server that acts just before it forwards the CLI's PUT;
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import Server, free_port
+from tests.module_server import module_server
+
+OFFSET0 = "0000000000000000_0000000000000000"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    for server in module_server("sqlite", tmp_path_factory):
+        assert isinstance(server, Server)
+        yield server
+
+
+@pytest.fixture
+def http(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        yield client
+
+
+def cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
+    env.update(STATIONS_URL=url, PYTHONIOENCODING="utf-8")
+    return subprocess.run(
+        [sys.executable, "-m", "stations", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def failed(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stations: error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _groups(http: httpx.Client, station: str) -> dict[str, dict[str, Any]]:
+    return {g["name"]: g for g in http.get(f"/api/stations/{station}/groups").json()["groups"]}
+
+
+# -- a relay that acts between the CLI's requests ------------------------------------------------
+
+
+class Relay:
+    """An HTTP relay to the server on a port of its own; ``before(method, path)`` runs before
+    each request is forwarded, so a test can change the server's state between two requests of
+    one command."""
+
+    def __init__(self, target: str) -> None:
+        self.before: Callable[[str, str], None] = lambda method, path: None
+        self.seen: list[tuple[str, str]] = []
+        relay = self
+        upstream = httpx.Client(base_url=target, timeout=30)
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                relay.seen.append((self.command, self.path))
+                relay.before(self.command, self.path)
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")
+                }
+                answer = upstream.request(self.command, self.path, content=body, headers=headers)
+                self.send_response(answer.status_code)
+                for key in ("Content-Type", "Location"):
+                    if key in answer.headers:
+                        self.send_header(key, answer.headers[key])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _forward  # noqa: N815
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._upstream = upstream
+        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._upstream.close()
+
+
+@pytest.fixture
+def relay(srv: Server) -> Iterator[Relay]:
+    made = Relay(srv.url)
+    yield made
+    made.close()
+
+
+def _once(action: Callable[[], None], method: str, suffix: str) -> Callable[[str, str], None]:
+    """A ``Relay.before`` that runs ``action`` before the first ``method`` to a path ending in
+    ``suffix``."""
+    done: list[bool] = []
+
+    def before(seen_method: str, path: str) -> None:
+        if not done and seen_method == method and path.split("?")[0].endswith(suffix):
+            done.append(True)
+            action()
+
+    return before
+
+
+# -- group edit never creates --------------------------------------------------------------------
+
+
+def test_edit_does_not_make_again_a_group_deleted_meanwhile(
+    srv: Server, http: httpx.Client, relay: Relay
+) -> None:
+    assert http.post("/api/stations", json={"name": "race-edit"}).status_code == 201
+    put = http.put("/api/stations/race-edit/groups/g", json={"maxMsgDeliveries": 3})
+    assert put.status_code == 201
+
+    def delete() -> None:
+        assert http.delete("/api/stations/race-edit/groups/g").status_code == 204
+
+    relay.before = _once(delete, "PUT", "/groups/g")
+    done = cli(relay.url, "group", "edit", "race-edit", "g", "--max-deliveries", "7")
+    assert ("PUT", "/api/stations/race-edit/groups/g") in relay.seen  # the race was placed
+    failed(done, 3, "group g not found on station race-edit", "deleted")
+    assert _groups(http, "race-edit") == {}
+
+
+# -- group create never changes a group it did not make ------------------------------------------
+
+
+def test_create_does_not_change_the_limits_of_a_group_made_meanwhile(
+    srv: Server, http: httpx.Client, relay: Relay
+) -> None:
+    assert http.post("/api/stations", json={"name": "race-create"}).status_code == 201
+    http.post("/api/stations/race-create/messages", json={"messages": [{"data": 1}]})
+
+    def other_creates() -> None:
+        put = http.put("/api/stations/race-create/groups/g", json={"maxMsgDeliveries": 3})
+        assert put.status_code == 201
+
+    relay.before = _once(other_creates, "PUT", "/groups/g")
+    done = cli(relay.url, "group", "create", "race-create", "g", "--max-deliveries", "7")
+    assert ("PUT", "/api/stations/race-create/groups/g") in relay.seen
+    failed(done, 4, "group g exists on race-create with --max-deliveries 3", "group edit")
+    assert _groups(http, "race-create")["g"]["maxMsgDeliveries"] == 3
+    # Made meanwhile with the limits asked (none): no error, and --from is said not to apply.
+    relay.before = _once(lambda: _put(http, "race-create", "h"), "PUT", "/groups/h")
+    said = ok(cli(relay.url, "group", "create", "race-create", "h", "--from", "latest"))
+    assert "already exists" in said and "--from places a new group only" in said
+    assert _groups(http, "race-create")["h"]["cursor"] == OFFSET0  # the other's: earliest
+
+
+def _put(http: httpx.Client, station: str, group: str) -> None:
+    assert http.put(f"/api/stations/{station}/groups/{group}", json={}).status_code == 201
+
+
+def test_create_with_limits_makes_the_group_with_them(http: httpx.Client, srv: Server) -> None:
+    assert http.post("/api/stations", json={"name": "limits-create"}).status_code == 201
+    made = json.loads(
+        ok(
+            cli(
+                srv.url,
+                "group",
+                "create",
+                "limits-create",
+                "g",
+                "--max-deliveries",
+                "9",
+                "--max-ack-time",
+                "2m",
+                "--json",
+            )
+        )
+    )
+    assert (made["created"], made["maxMsgDeliveries"], made["maxAckTimeMs"]) == (True, 9, 120_000)
+    shown = _groups(http, "limits-create")["g"]
+    assert (shown["maxMsgDeliveries"], shown["maxAckTimeMs"]) == (9, 120_000)
+    again = json.loads(ok(cli(srv.url, "group", "create", "limits-create", "g", "--json")))
+    assert (again["created"], again["maxMsgDeliveries"]) == (False, 9)
