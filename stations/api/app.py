@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from pathlib import Path
 
 from aiohttp import web
@@ -56,7 +59,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 @needs("open")
 async def to_console(_request: web.Request) -> web.Response:
-    raise web.HTTPFound("/ui/")
+    # Relative (from / and from /ui alike): behind a proxy that mounts the server under a path
+    # prefix, "/ui/" left the prefix.
+    raise web.HTTPFound("ui/")
 
 
 @needs("open")
@@ -64,13 +69,30 @@ async def console_index(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
-@needs("read")
-async def openapi(_request: web.Request) -> web.FileResponse:
-    # mimetypes knows no .yaml before Python 3.13: it went as application/octet-stream.
-    return web.FileResponse(
-        Path(__file__).with_name("openapi.yaml"),
-        headers={"Content-Type": "application/yaml; charset=utf-8"},
+OPENAPI = Path(__file__).with_name("openapi.yaml")
+_SERVERS = re.compile(r"^servers:\n  - url: .*$", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=4)
+def _openapi_at(public_url: str) -> bytes:
+    """The document with ``--public-url`` as its one server (it names the default address)."""
+    text, found = _SERVERS.subn(
+        f"servers:\n  - url: {json.dumps(public_url)}", OPENAPI.read_text(encoding="utf-8"), 1
     )
+    if not found:
+        raise RuntimeError("openapi.yaml has no 'servers:' list of one url to replace")
+    return text.encode()
+
+
+@needs("read")
+async def openapi(request: web.Request) -> web.StreamResponse:
+    public_url = request.app[keys.PUBLIC_URL]
+    if public_url is not None:
+        return web.Response(
+            body=_openapi_at(public_url), content_type="application/yaml", charset="utf-8"
+        )
+    # mimetypes knows no .yaml before Python 3.13: it went as application/octet-stream.
+    return web.FileResponse(OPENAPI, headers={"Content-Type": "application/yaml; charset=utf-8"})
 
 
 class _ReadCollector:

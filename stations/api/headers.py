@@ -23,6 +23,7 @@ from yarl import URL
 
 from stations.api.auth import TOKENS
 from stations.api.errors import error_response
+from stations.api.public import is_public_host, is_public_origin
 
 # The console runs no inline script and loads nothing from elsewhere.
 CONSOLE_CSP = (
@@ -192,8 +193,8 @@ _NOT_IN_AUTHORITY = frozenset(' "<>\\^`{|}')
 
 def refused_host(request: web.Request) -> web.Response | None:
     """A ``Host`` that is no host and port is a 400 (RFC 9112 §3.2). Token-less loopback mode:
-    only loopback ``Host`` names (against DNS rebinding, where a web page's own host name comes
-    to point at 127.0.0.1)."""
+    only loopback ``Host`` names and the ``--public-url``'s (against DNS rebinding, where a web
+    page's own host name comes to point at 127.0.0.1)."""
     host = request.headers.get("Host")
     if host is None:
         return None
@@ -201,12 +202,19 @@ def refused_host(request: web.Request) -> web.Response | None:
         return error_response(
             400, "bad_request", "the Host header must be a host name and a port", "Host"
         )
-    if _policy(request).loopback_host_only and not is_loopback_host(_host_name(host)):
+    name = _host_name(host)
+    # The --public-url's host is the operator's own name, which no rebinding page controls: a
+    # proxy on this host may forward it as it came.
+    if (
+        _policy(request).loopback_host_only
+        and not is_loopback_host(name)
+        and not is_public_host(request, name)
+    ):
         return error_response(
             403,
             "forbidden_host",
             "without --tokens the server answers only loopback Host names "
-            "(localhost, 127.0.0.1, [::1])",
+            "(localhost, 127.0.0.1, [::1]) and the --public-url's host",
             "Host",
         )
     return None
@@ -236,6 +244,10 @@ def refused_origin(request: web.Request) -> web.Response | None:
 
 
 def _same_origin(request: web.Request, origin: str) -> bool:
+    # Behind a TLS proxy this process sees http and perhaps the proxy's Host: the console's
+    # pages, served from the --public-url, name that URL's origin.
+    if is_public_origin(request, origin):
+        return True
     host = request.headers.get("Host")
     return host is not None and origin.rstrip("/").lower() == f"{request.scheme}://{host}".lower()
 

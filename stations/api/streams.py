@@ -11,6 +11,7 @@ from multidict import CIMultiDictProxy
 from stations.api import keys, reading
 from stations.api.auth import TOKENS, needs, require_station
 from stations.api.limits import LIMITS
+from stations.api.public import own_url
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing, instants
@@ -196,7 +197,8 @@ async def put_stream(request: web.Request) -> web.Response:
     if state.closed:
         response.headers["Stream-Closed"] = "true"
     if result.created:
-        response.headers["Location"] = str(request.url.with_query(None))
+        # Where clients reach it: behind a proxy, not this process's own address.
+        response.headers["Location"] = own_url(request, request.rel_url.raw_path)
     return response
 
 

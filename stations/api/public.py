@@ -1,0 +1,45 @@
+"""The server's own address as its clients reach it: ``--public-url`` when it has one (a TLS
+proxy, a path prefix the proxy strips, several processes behind one address), else what the
+request reached. Whatever the server hands out that names itself is built here."""
+
+from __future__ import annotations
+
+import functools
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from stations.api import keys
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def own_url(request: web.Request, raw_path: str) -> str:
+    """The absolute URL of ``raw_path`` (percent-encoded, from the root this process serves)."""
+    base = request.app.get(keys.PUBLIC_URL)
+    if base is None:
+        return str(request.url.with_path(raw_path, encoded=True).with_query(None))
+    return base + raw_path
+
+
+@functools.lru_cache(maxsize=8)
+def _origin_and_host(public_url: str) -> tuple[str, str]:
+    """The public URL's origin as a browser sends it (no default port, no path) and its host
+    name as a ``Host`` header names it (IPv6 in brackets), both lower case."""
+    parts = urlsplit(public_url)
+    name = (parts.hostname or "").rstrip(".")
+    host = f"[{name}]" if ":" in name else name
+    port = parts.port
+    shown = "" if port is None or port == _DEFAULT_PORTS[parts.scheme] else f":{port}"
+    return f"{parts.scheme}://{host}{shown}".lower(), host.lower()
+
+
+def is_public_origin(request: web.Request, origin: str) -> bool:
+    base = request.app.get(keys.PUBLIC_URL)
+    return base is not None and origin.rstrip("/").lower() == _origin_and_host(base)[0]
+
+
+def is_public_host(request: web.Request, host_name: str) -> bool:
+    """``host_name``: a ``Host`` header's name, without its port."""
+    base = request.app.get(keys.PUBLIC_URL)
+    return base is not None and host_name.lower().rstrip(".") == _origin_and_host(base)[1]
