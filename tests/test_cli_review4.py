@@ -5,6 +5,8 @@
   made in between had its limits changed, and the command said "already exists with these
   limits". The API has no create-only or conditional PUT; the races are placed here by a relay
   between the CLI and the server that acts just before it forwards the CLI's PUT;
+- ``group ack`` (by offset: the API's ack has no lease form) and ``group extend`` (by offset
+  or by lease) beside ``group nack`` and ``group dead-letter``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -214,3 +219,166 @@ def test_create_with_limits_makes_the_group_with_them(http: httpx.Client, srv: S
     assert (shown["maxMsgDeliveries"], shown["maxAckTimeMs"]) == (9, 120_000)
     again = json.loads(ok(cli(srv.url, "group", "create", "limits-create", "g", "--json")))
     assert (again["created"], again["maxMsgDeliveries"]) == (False, 9)
+
+
+# -- group ack -----------------------------------------------------------------------------------
+
+
+def _fetched(srv: Server, station: str, count: int, *extra: str) -> list[str]:
+    """``count`` lines of ``group fetch --json`` from group g."""
+    lines = ok(cli(srv.url, "group", "fetch", station, "g", "-n", str(count), "--json", *extra))
+    assert len(lines.splitlines()) == count
+    return lines.splitlines()
+
+
+def _station_with_group(http: httpx.Client, station: str, count: int, **group: Any) -> None:
+    assert http.post("/api/stations", json={"name": station}).status_code == 201
+    body = {"messages": [{"data": i} for i in range(count)]}
+    assert http.post(f"/api/stations/{station}/messages", json=body).is_success
+    assert http.put(f"/api/stations/{station}/groups/g", json=group).status_code == 201
+
+
+def test_group_ack_by_offset_and_from_fetch_lines(
+    srv: Server, http: httpx.Client, tmp_path: Path
+) -> None:
+    _station_with_group(http, "ack", 5)
+    lines = _fetched(srv, "ack", 4)
+    offsets = [json.loads(line)["offset"] for line in lines]
+    # group fetch --json | group ack --offsets-from -
+    piped = ok(cli(srv.url, "group", "ack", "ack", "g", "--offsets-from", "-", "--json",
+                   stdin="\n".join(lines[:2]) + "\n"))  # fmt: skip
+    assert json.loads(piped) == {"acked": 2, "unknown": []}
+    said = ok(cli(srv.url, "group", "ack", "ack", "g", offsets[2]))
+    assert said.splitlines() == ["1 of 1 messages acked"]
+    # Settled already: listed as unknown, exit 0 (as nack and dead-letter do).
+    again = ok(cli(srv.url, "group", "ack", "ack", "g", offsets[2], offsets[0]))
+    assert again.splitlines()[0] == "0 of 2 messages acked"
+    assert [line.split()[1] for line in again.splitlines()[1:]] == [offsets[2], offsets[0]]
+    # A file of plain offsets (blank lines skipped), with OFFSETs beside it.
+    listed = tmp_path / "offsets.txt"
+    listed.write_text(f"\n{offsets[3]}\n\n")
+    both = json.loads(
+        ok(
+            cli(
+                srv.url,
+                "group",
+                "ack",
+                "ack",
+                "g",
+                offsets[1],
+                "--offsets-from",
+                str(listed),
+                "--json",
+            )
+        )  # fmt: skip
+    )
+    assert both == {"acked": 1, "unknown": [offsets[1]]}
+    group = _groups(http, "ack")["g"]
+    assert (group["inFlight"], group["pending"]) == (0, 1)
+
+
+def test_group_ack_refusals(srv: Server, http: httpx.Client) -> None:
+    _station_with_group(http, "ack-refuse", 1)
+    (line,) = _fetched(srv, "ack-refuse", 1)
+    base = ("group", "ack", "ack-refuse", "g")
+    failed(cli(srv.url, *base), 2, "OFFSET", "--offsets-from")
+    failed(cli(srv.url, *base, "12"), 2, "OFFSET '12'")
+    # The API's ack names messages by offset only: a lease would read as "that delivery only".
+    failed(cli(srv.url, *base, "--lease", line), 2, "--offsets-from", "by offset")
+    failed(cli(srv.url, *base, "--leases-from", "-", stdin=line), 2, "--offsets-from")
+    failed(cli(srv.url, *base, "--offsets-from", "/no/such/file"), 2, "--offsets-from")
+    failed(cli(srv.url, *base, "--offsets-from", "-", stdin="\n"), 2, "no offset")
+    failed(cli(srv.url, *base, "--offsets-from", "-", stdin="{nope\n"), 2, "line 1")
+    failed(cli(srv.url, *base, "--offsets-from", "-", stdin='{"id": 1}\n'), 2, "line 1")
+    failed(cli(srv.url, "group", "ack", "ack-refuse", "nope", OFFSET0), 3, "group nope")
+    failed(cli(srv.url, "group", "ack", "ack-none", "g", OFFSET0), 3, "ack-none")
+    assert _groups(http, "ack-refuse")["g"]["inFlight"] == 1  # nothing was acked
+
+
+def test_group_ack_sends_more_offsets_than_one_request_takes(
+    srv: Server, http: httpx.Client, relay: Relay, tmp_path: Path
+) -> None:
+    """The API takes 10000 offsets a request: more go in several, as nack's do."""
+    _station_with_group(http, "ack-many", 1)
+    (line,) = _fetched(srv, "ack-many", 1)
+    listed = tmp_path / "offsets.txt"
+    others = [f"{n:016d}_0000000000000000" for n in range(1000, 11_000)]
+    listed.write_text("\n".join([line, *others]) + "\n")
+    answer = json.loads(
+        ok(cli(relay.url, "group", "ack", "ack-many", "g", "--offsets-from", str(listed), "--json"))
+    )
+    assert answer == {"acked": 1, "unknown": others}
+    assert [p for m, p in relay.seen if m == "POST"] == ["/api/stations/ack-many/groups/g/ack"] * 2
+
+
+# -- group extend --------------------------------------------------------------------------------
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_group_extend_keeps_leases_past_the_ack_time(srv: Server, http: httpx.Client) -> None:
+    _station_with_group(http, "ext", 3, maxAckTimeMs=1000)
+    lines = _fetched(srv, "ext", 2, "--consumer", "w1")
+    offsets = [json.loads(line)["offset"] for line in lines]
+    before = datetime.now(UTC)
+    answer = json.loads(
+        ok(
+            cli(
+                srv.url,
+                "group",
+                "extend",
+                "ext",
+                "g",
+                "--leases-from",
+                "-",
+                "--lease-time",
+                "1m",
+                "--json",
+                stdin="\n".join(lines),
+            )
+        )  # fmt: skip
+    )
+    assert (answer["extended"], answer["unknown"]) == (2, [])
+    assert _at(answer["leaseUntil"]) > before + timedelta(seconds=50)
+    time.sleep(1.5)  # past the group's max ack time: unextended, both would be out again
+    third = http.post("/api/stations/ext/groups/g/fetch", json={"max": 5}).json()["messages"]
+    assert [m["offset"] for m in third] != offsets and len(third) == 1
+    # --consumer: only leases that consumer holds.
+    other = ok(cli(srv.url, "group", "extend", "ext", "g", offsets[0], "--consumer", "w2"))
+    assert other.splitlines()[0] == "0 of 1 leases extended"
+    assert other.splitlines()[1].startswith(f"unknown: {offsets[0]} ")
+    mine = ok(cli(srv.url, "group", "extend", "ext", "g", offsets[0], "--consumer", "w1"))
+    assert mine.startswith("1 of 1 leases extended, until "), mine
+    # A lease that expired is not extended (its message may be on its way to someone else).
+    time.sleep(1.2)
+    expired = json.dumps(third[0])
+    stale = json.loads(
+        ok(cli(srv.url, "group", "extend", "ext", "g", "--lease", expired, "--json"))
+    )
+    assert stale == {"extended": 0, "leaseUntil": None, "unknown": [third[0]["offset"]]}
+    assert ok(cli(srv.url, "group", "ack", "ext", "g", *offsets)).startswith("2 of 2 ")
+
+
+def test_group_extend_refusals(srv: Server, http: httpx.Client) -> None:
+    _station_with_group(http, "ext-refuse", 1)
+    (line,) = _fetched(srv, "ext-refuse", 1)
+    base = ("group", "extend", "ext-refuse", "g")
+    failed(cli(srv.url, *base), 2, "OFFSET", "--lease")
+    failed(cli(srv.url, *base, "--lease", line, OFFSET0), 2, "not both")
+    failed(cli(srv.url, *base, "--lease", line, "--lease-time", "50ms"), 2, "--lease-time")
+    failed(cli(srv.url, *base, "--lease", line, "--lease-time", "13h"), 2, "--lease-time")
+    failed(cli(srv.url, *base, "--lease", line, "--consumer", ""), 2, "--consumer")
+    failed(cli(srv.url, *base, "--lease", line, "--consumer", "c" * 257), 2, "--consumer")
+    failed(cli(srv.url, "group", "extend", "ext-refuse", "nope", "--lease", line), 3, "nope")
+
+
+def test_group_help_names_ack_and_extend(srv: Server) -> None:
+    listed = ok(cli(srv.url, "group", "--help")).splitlines()
+    verbs = [line.split()[0] for line in listed if line.startswith("    ") and line[4] != " "]
+    assert verbs[verbs.index("fetch") + 1 : verbs.index("nack")] == ["ack", "extend"]
+    assert "fetch, ack, extend, nack" in " ".join(ok(cli(srv.url, "--help")).split())
+    for verb in ("ack", "extend"):
+        helped = ok(cli(srv.url, "group", verb, "--help"))
+        assert "exit codes:" in helped and "OFFSET" in helped

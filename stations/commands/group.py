@@ -1,5 +1,5 @@
-"""``stations group ls|show|create|edit|seek|fetch|nack|dead-letter|delete``: a station's
-consumer groups."""
+"""``stations group ls|show|create|edit|seek|fetch|ack|extend|nack|dead-letter|delete``: a
+station's consumer groups."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from stations.commands.base import (
     print_fields,
     print_json,
     print_table,
+    printable,
     retold,
 )
 
@@ -39,7 +40,8 @@ def add_parser(
 ) -> None:
     p = sub.add_parser(
         "group",
-        help="list, show, create, edit, seek, fetch, nack, dead-letter and delete consumer groups",
+        help="list, show, create, edit, seek, fetch, ack, extend, nack, dead-letter and delete "
+        "consumer groups",
         epilog=epilog,
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -116,7 +118,8 @@ def add_parser(
         help="lease messages from a group and print them (with --ack, ack them)",
         description="Lease up to -n messages from a group, as a consumer's fetch does, and print "
         "them with their delivery count and ack deadline. Without --ack they stay leased until "
-        "settled (group nack, group dead-letter, or an ack) or until their lease expires. "
+        "settled (group ack, nack or dead-letter) or until their lease expires (group extend "
+        "keeps it). "
         "With --json each line is the message as the API gives it, which --leases-from takes: "
         "stations group fetch s g --json | stations group nack s g --leases-from -",
         epilog=epilog,
@@ -145,52 +148,74 @@ def add_parser(
     )
     fetch.set_defaults(handler=fetch_messages)
 
-    for verb, help_text in (
-        ("nack", "give leased messages back for redelivery (after --delay)"),
-        ("dead-letter", "move leased messages to the dead-letter store (with --reason)"),
-    ):
-        settle = verbs.add_parser(
-            verb,
-            parents=[common],
-            help=help_text,
-            description=f"{help_text[0].upper()}{help_text[1:]}. By OFFSET, any delivery of "
-            "the message the group has out is settled; by --lease, only the delivery a fetch "
-            "answered (a lease that expired and went to another consumer is left alone, and "
-            "listed as unknown). Offsets and deliveries the group does not have out are listed "
-            "as unknown and do not change the exit code.",
-            epilog=epilog,
-        )
-        settle.add_argument("station", help="station name")
-        settle.add_argument("group", help="group name")
-        settle.add_argument("offsets", nargs="*", metavar="OFFSET", help="message offsets")
-        settle.add_argument(
-            "--lease",
-            action="append",
-            default=[],
-            metavar="LEASE",
-            help="a delivery as its fetch answered it: OFFSET,DELIVERY-COUNT,ACK-DEADLINE or "
-            'the JSON object {"offset": ..., "deliveryCount": ..., "ackDeadline": ...} (a '
-            "fetched message as the API gives it) (repeatable)",
-        )
-        settle.add_argument(
-            "--leases-from",
-            metavar="PATH",
-            help="read leases from this file, one per line in either form of --lease (- for stdin)",
-        )
-        if verb == "nack":
-            settle.add_argument(
-                "--delay",
-                type=duration_ms,
-                default=0,
-                metavar="DURATION",
-                help="redeliver after this long, at most 24h, e.g. 30s (default: at once)",
-            )
-            settle.set_defaults(handler=nack)
-        else:
-            settle.add_argument(
-                "--reason", help="kept as the dead letter's error (at most 4096 characters)"
-            )
-            settle.set_defaults(handler=dead_letter)
+    ack = _settle_parser(
+        verbs,
+        common,
+        epilog,
+        "ack",
+        "settle delivered messages as done (by offset)",
+        "The API's ack names no delivery: whichever delivery of the message the group "
+        "delivered and has not settled is acked, even after its lease expired, until the "
+        "message is delivered again. Offsets the group does not have out are listed as "
+        "unknown and do not change the exit code. --offsets-from takes the lines of group "
+        "fetch --json: stations group fetch s g -n 10 --json | stations group ack s g "
+        "--offsets-from -",
+        by_lease=False,
+    )
+    ack.set_defaults(handler=ack_messages)
+
+    extend = _settle_parser(
+        verbs,
+        common,
+        epilog,
+        "extend",
+        "keep the leases of messages still being worked on (--lease-time)",
+        "Each lease still held runs until --lease-time from now (sooner than it would have, "
+        "if that is less than it had left); it is no delivery: the delivery count stays. By "
+        "OFFSET, any delivery of the message the group has out is extended; by --lease, only "
+        "the delivery a fetch answered. Leases that expired (their message may be on its way "
+        "to another consumer), and offsets and deliveries the group does not have out, are "
+        "listed as unknown and do not change the exit code.",
+    )
+    extend.add_argument(
+        "--lease-time",
+        type=duration_ms,
+        metavar="DURATION",
+        help="how long from now each lease runs, 100ms to 12h, e.g. 5m (default: the group's "
+        "max ack time)",
+    )
+    extend.add_argument(
+        "--consumer", help="extend only the leases this consumer holds (default: any consumer's)"
+    )
+    extend.set_defaults(handler=extend_leases)
+
+    nack_parser = _settle_parser(
+        verbs,
+        common,
+        epilog,
+        "nack",
+        "give leased messages back for redelivery (after --delay)",
+        _SETTLED_HOW,
+    )
+    nack_parser.add_argument(
+        "--delay",
+        type=duration_ms,
+        default=0,
+        metavar="DURATION",
+        help="redeliver after this long, at most 24h, e.g. 30s (default: at once)",
+    )
+    nack_parser.set_defaults(handler=nack)
+
+    dead = _settle_parser(
+        verbs,
+        common,
+        epilog,
+        "dead-letter",
+        "move leased messages to the dead-letter store (with --reason)",
+        _SETTLED_HOW,
+    )
+    dead.add_argument("--reason", help="kept as the dead letter's error (at most 4096 characters)")
+    dead.set_defaults(handler=dead_letter)
 
     delete = verbs.add_parser(
         "delete", parents=[common], help="delete a group and its leases", epilog=epilog
@@ -198,6 +223,66 @@ def add_parser(
     delete.add_argument("station", help="station name")
     delete.add_argument("group", help="group name")
     delete.set_defaults(handler=delete_group)
+
+
+_SETTLED_HOW = (
+    "By OFFSET, any delivery of the message the group has out is settled; by --lease, only "
+    "the delivery a fetch answered (a lease that expired and went to another consumer is left "
+    "alone, and listed as unknown). Offsets and deliveries the group does not have out are "
+    "listed as unknown and do not change the exit code."
+)
+
+
+def _settle_parser(
+    verbs: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: argparse.ArgumentParser,
+    epilog: str,
+    verb: str,
+    help_text: str,
+    how: str,
+    *,
+    by_lease: bool = True,
+) -> argparse.ArgumentParser:
+    """A verb that names leased messages: OFFSETs and, where the API takes them, the leases a
+    fetch answered (``by_lease``), else ``--offsets-from``."""
+    p: argparse.ArgumentParser = verbs.add_parser(
+        verb,
+        parents=[common],
+        help=help_text,
+        description=f"{help_text[0].upper()}{help_text[1:]}. {how}",
+        epilog=epilog,
+    )
+    p.add_argument("station", help="station name")
+    p.add_argument("group", help="group name")
+    p.add_argument("offsets", nargs="*", metavar="OFFSET", help="message offsets")
+    if not by_lease:
+        p.add_argument(
+            "--offsets-from",
+            metavar="PATH",
+            help="read offsets from this file, one per line: an offset, or a JSON object with "
+            "an offset (a line of group fetch --json) (- for stdin)",
+        )
+    # ack takes them too, unlisted, only to refuse them saying what to give instead (argparse's
+    # "unrecognized arguments" would not).
+    p.add_argument(
+        "--lease",
+        action="append",
+        default=[],
+        metavar="LEASE",
+        help="a delivery as its fetch answered it: OFFSET,DELIVERY-COUNT,ACK-DEADLINE or "
+        'the JSON object {"offset": ..., "deliveryCount": ..., "ackDeadline": ...} (a '
+        "fetched message as the API gives it) (repeatable)"
+        if by_lease
+        else argparse.SUPPRESS,
+    )
+    p.add_argument(
+        "--leases-from",
+        metavar="PATH",
+        help="read leases from this file, one per line in either form of --lease (- for stdin)"
+        if by_lease
+        else argparse.SUPPRESS,
+    )
+    return p
 
 
 def _limit_options(p: argparse.ArgumentParser, default: str) -> None:
@@ -473,18 +558,39 @@ def _aware(text: str) -> bool:
         return False
 
 
-def _lease_lines(path: str) -> Iterable[tuple[int, str]]:
+def _offset_line(text: str, where: str) -> str:
+    """One line of ``--offsets-from``: an offset, or a JSON object with one (a line of
+    ``group fetch --json``); ``where`` says which line, for the error."""
+    text = text.strip()
+    where = f"{where} {text!r}"
+    offset: Any = text
+    if text.startswith("{"):
+        try:
+            item = json.loads(text)
+        except ValueError:
+            item = None
+        if not isinstance(item, dict):
+            raise Usage(f"{where} is not a JSON object")
+        offset = item.get("offset")
+    if not (isinstance(offset, str) and _OFFSET.fullmatch(offset)):
+        raise Usage(f"{where}: {offset!r} is not an offset (0000000000000042_0000000000000000)")
+    return offset
+
+
+def _lines(path: str, option: str, what: str) -> Iterable[tuple[int, str]]:
+    """The numbered lines that are not blank of ``path`` (``-``: stdin), given to ``option``
+    as ``what`` (leases, offsets)."""
     if path == "-":
         if sys.stdin is None:  # started with its stdin closed (<&-)
-            raise Usage("--leases-from -: stdin is closed; pipe the leases in")
+            raise Usage(f"{option} -: stdin is closed; pipe the {what} in")
         if sys.stdin.isatty():  # it would wait, silent, for lines typed by hand
-            raise Usage("--leases-from -: stdin is a terminal; pipe the leases in")
+            raise Usage(f"{option} -: stdin is a terminal; pipe the {what} in")
         return [(n, line) for n, line in enumerate(sys.stdin, 1) if line.strip()]
     try:
         with open(path, encoding="utf-8") as file:
             return [(n, line) for n, line in enumerate(file, 1) if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
-        raise Usage(f"--leases-from {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise Usage(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def _settle_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
@@ -492,7 +598,8 @@ def _settle_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
     leases = [_lease(text, "--lease") for text in args.lease]
     if args.leases_from is not None:
         leases += [
-            _lease(line, f"--leases-from line {n}") for n, line in _lease_lines(args.leases_from)
+            _lease(line, f"--leases-from line {n}")
+            for n, line in _lines(args.leases_from, "--leases-from", "leases")
         ]
     if leases and args.offsets:
         raise Usage("give OFFSETs or leases (--lease, --leases-from), not both")
@@ -502,22 +609,55 @@ def _settle_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
         raise Usage(f"--leases-from {args.leases_from}: no lease in it")
     if not args.offsets:
         raise Usage("give the messages: OFFSETs, --lease or --leases-from")
-    for offset in args.offsets:
+    return "offsets", _offsets(args.offsets)
+
+
+def _offsets(given: list[str]) -> list[str]:
+    for offset in given:
         if not _OFFSET.fullmatch(offset):
             raise Usage(f"OFFSET {offset!r} is not an offset (0000000000000042_0000000000000000)")
-    return "offsets", list(args.offsets)
+    return list(given)
+
+
+def _ack_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
+    """ack's messages: OFFSETs and the lines of ``--offsets-from``, never leases."""
+    if args.lease or args.leases_from is not None:
+        # By lease a settlement is of that delivery only: an ack by offset is of any.
+        raise Usage(
+            "group ack names messages by offset (the API's ack takes no leases): give OFFSETs "
+            "or --offsets-from, which takes the lines of group fetch --json too"
+        )
+    offsets = _offsets(args.offsets)
+    if args.offsets_from is not None:
+        listed = [
+            _offset_line(line, f"--offsets-from line {n}")
+            for n, line in _lines(args.offsets_from, "--offsets-from", "offsets")
+        ]
+        if not listed:
+            raise Usage(f"--offsets-from {args.offsets_from}: no offset in it")
+        offsets += listed
+    if not offsets:
+        raise Usage("give the messages: OFFSETs or --offsets-from")
+    return "offsets", offsets
 
 
 async def _settle(
-    args: argparse.Namespace, client: Client, action: str, counted: str, extra: dict[str, Any]
+    args: argparse.Namespace,
+    client: Client,
+    action: str,
+    counted: str,
+    extra: dict[str, Any],
+    items: tuple[str, list[Any]] | None = None,
 ) -> int:
-    """Send the settlement in requests of at most MAX_ITEMS and print what the API answered:
-    how many were settled, and the offsets it did not have out (``unknown``)."""
+    """Send the settlement (``items``, else OFFSETs or leases) in requests of at most
+    MAX_ITEMS and print what the API answered: how many were settled, the offsets it did not
+    have out (``unknown``), and for extend until when the leases run."""
     from stations.client import GroupNotFound
 
-    key, items = _settle_items(args)
+    key, named = items or _settle_items(args)
     url = f"{client.station(args.station).group_url(args.group)}/{action}"
     unknown: list[str] = []
+    until: list[str] = []  # extend's leaseUntil, one per request that extended any
 
     async def send(chunk: Sequence[Any]) -> int:
         # Sent once: a nack by offset sent again could settle a later delivery.
@@ -530,25 +670,62 @@ async def _settle(
         )
         answer = reply.json()
         unknown.extend(answer.get("unknown") or [])
+        if answer.get("leaseUntil"):
+            until.append(answer["leaseUntil"])
         return int(answer.get(counted, 0))
 
     done = await in_chunks(
-        items,
+        named,
         MAX_ITEMS,
         send,
         # What earlier requests settled is said.
         lambda sent, settled: f"the first {sent} were sent before ({settled} settled)",
     )
+    # Of several requests' leaseUntil the first is the soonest: every lease runs that long.
+    lease_until = until[0] if until else None
     if args.json:
-        print_json({counted: done, "unknown": unknown})
+        if action == "extend":
+            print_json({counted: done, "leaseUntil": lease_until, "unknown": unknown})
+        else:
+            print_json({counted: done, "unknown": unknown})
         return 0
-    print(f"{done} of {len(items)} messages {_PAST[action]}")
+    said = f"{done} of {len(named)} {_SAID[action]}"
+    print(f"{said}, until {lease_until}" if lease_until else said)
+    why = _UNKNOWN.get(action, "not out to the group, or that delivery is no longer out")
+    if action == "extend" and args.consumer is not None:
+        why += f", or --consumer {printable(args.consumer)} does not hold it"
     for offset in unknown:
-        print(f"unknown: {offset} (not out to the group, or that delivery is no longer out)")
+        print(f"unknown: {offset} ({why})")
     return 0
 
 
-_PAST = {"nack": "nacked", "dead-letter": "dead-lettered"}
+_SAID = {
+    "ack": "messages acked",
+    "extend": "leases extended",
+    "nack": "messages nacked",
+    "dead-letter": "messages dead-lettered",
+}
+_UNKNOWN = {"extend": "its lease expired, or that delivery is not out to the group"}
+
+
+async def ack_messages(args: argparse.Namespace, client: Client) -> int:
+    return await _settle(args, client, "ack", "acked", {}, _ack_items(args))
+
+
+MAX_LEASE_MS = 43_200_000  # extend's leaseMs, as a group's maxAckTimeMs: 100ms to 12h
+
+
+async def extend_leases(args: argparse.Namespace, client: Client) -> int:
+    extra: dict[str, Any] = {}
+    if args.lease_time is not None:
+        if not 100 <= args.lease_time <= MAX_LEASE_MS:
+            raise Usage("--lease-time must be from 100ms to 12h")
+        extra["leaseMs"] = args.lease_time
+    if args.consumer is not None:
+        if not 1 <= len(args.consumer) <= 256:
+            raise Usage("--consumer must be 1 to 256 characters")
+        extra["consumer"] = args.consumer
+    return await _settle(args, client, "extend", "extended", extra)
 
 
 async def nack(args: argparse.Namespace, client: Client) -> int:
