@@ -31,6 +31,12 @@ class Conflict(StationsError):
     code = "conflict"
 
 
+class PreconditionFailed(StationsError):
+    """A condition the request set (``If-Match``, ``If-None-Match``) does not hold."""
+
+    code = "precondition_failed"
+
+
 class Forbidden(StationsError):
     code = "forbidden"
 

@@ -20,6 +20,7 @@ STATUS = {
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.Gone: 410,
+    errors.PreconditionFailed: 412,
     errors.TooLarge: 413,
     errors.Unavailable: 503,
     errors.OutcomeUnknown: 500,  # done or not: unlike a 503, a client may not simply retry

@@ -60,9 +60,22 @@ async def put_group(request: web.Request) -> web.Response:
     # A group's limits decide when the lease timer dead-letters (and so forwards) a message.
     await _require_forward_scope(request, station_name(request))
     view, created = await service(request).ensure_group(
-        station_name(request), _group(request), body
+        station_name(request), _group(request), body, _exists(request)
     )
     return web.json_response(view, status=201 if created else 200)
+
+
+def _exists(request: web.Request) -> bool | None:
+    """What ``If-Match: *`` (the group must exist: an edit never makes it again) or
+    ``If-None-Match: *`` (it must not: a create never changes a standing one) ask; None for
+    neither. Groups have no entity tags, so ``*`` is the one value either takes."""
+    asked = {h: request.headers.getall(h, []) for h in ("If-Match", "If-None-Match")}
+    for header, values in asked.items():
+        if values and [v.strip() for v in values] != ["*"]:
+            raise BadRequest(f"{header} takes only * on a group", header)
+    if asked["If-Match"] and asked["If-None-Match"]:
+        raise BadRequest("give If-Match or If-None-Match, not both", "If-None-Match")
+    return True if asked["If-Match"] else False if asked["If-None-Match"] else None
 
 
 @needs("consume")

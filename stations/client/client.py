@@ -409,9 +409,14 @@ class Station:
         max_ack_time_ms: int | None = None,
         max_msg_deliveries: int | None = None,
         start_from: str | None = None,
+        exists: bool | None = None,
     ) -> GroupInfo:
         """Create the group, or update its limits; ``start_from`` is ``"earliest"``,
-        ``"latest"`` or an offset (only used when the group is created)."""
+        ``"latest"`` or an offset (only used when the group is created). ``exists=False``
+        only creates (a standing group is left as it is: ``PreconditionFailed``),
+        ``exists=True`` only updates (a missing group is not made: ``PreconditionFailed``):
+        the server decides, in the write itself."""
+        headers = {} if exists is None else {"If-Match" if exists else "If-None-Match": "*"}
         body: dict[str, Any] = {}
         if max_ack_time_ms is not None:
             body["maxAckTimeMs"] = max_ack_time_ms
@@ -420,7 +425,11 @@ class Station:
         if start_from is not None:
             body["startFrom"] = start_from
         reply = await self.client.http.call(
-            "PUT", self.group_url(group), body, what=f"group {group} on {self.name}"
+            "PUT",
+            self.group_url(group),
+            body,
+            what=f"group {group} on {self.name}",
+            headers=headers,
         )
         return GroupInfo.from_wire(reply.json(), created=reply.status == 201)
 

@@ -121,6 +121,13 @@ class Gone(StationsError):
     status = 410
 
 
+class PreconditionFailed(StationsError):
+    """412: a condition the request set does not hold (``ensure_group(..., exists=)``:
+    the group exists, or does not); ``field`` names the header."""
+
+    status = 412
+
+
 class PayloadTooLarge(StationsError):
     status = 413
 
@@ -167,6 +174,7 @@ _BY_STATUS: dict[int, type[StationsError]] = {
     404: NotFound,
     409: Conflict,
     410: Gone,
+    412: PreconditionFailed,
     413: PayloadTooLarge,
     429: RateLimited,
 }

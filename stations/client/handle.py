@@ -56,6 +56,7 @@ class StationHandle(Protocol):
         max_ack_time_ms: int | None = None,
         max_msg_deliveries: int | None = None,
         start_from: str | None = None,
+        exists: bool | None = None,
     ) -> GroupInfo: ...
 
     async def seek(self, group: str, to: Target) -> SeekResult: ...

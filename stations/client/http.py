@@ -133,7 +133,8 @@ class Http(BaseHttp):
         what: str = "",
         not_found: type[NotFound] = StationNotFound,
         params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """A management API call: the Reply on 2xx, else the matching ``StationsError``."""
-        reply = await self.request(method, url, json_body=json_body, params=params)
+        reply = await self.request(method, url, json_body=json_body, params=params, headers=headers)
         return self.checked(reply, what=what, not_found=not_found)

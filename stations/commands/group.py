@@ -4,7 +4,6 @@ station's consumer groups."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import sys
@@ -26,7 +25,6 @@ from stations.commands.base import (
     print_json,
     print_table,
     printable,
-    retold,
 )
 
 if TYPE_CHECKING:
@@ -316,49 +314,41 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def create_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import Conflict, StationsError
+    from stations.client import Conflict, PreconditionFailed
 
     limits = _limits(args)
     if args.start is not None and not (
         args.start in ("earliest", "latest") or _OFFSET.fullmatch(args.start)
     ):
         raise Usage(f"--from must be earliest, latest or an offset, not {args.start!r}")
-    station = client.station(args.station)
-    # The API has no create-only PUT, and a PUT of a standing group changes its limits. So the
-    # first PUT carries none: it creates the group (201) or changes nothing (200), and the
-    # server decides which, not a look-up that another client's create could overtake.
-    info = await naming_options(
-        station.ensure_group(args.group, start_from=args.start),
-        {"startFrom": f"--from {args.start}"},
-        it=True,
-    )
-    differs = [
-        (option, value)
-        for key, option, value in (
-            ("max_ack_time_ms", "--max-ack-time", human_ms(info.max_ack_time_ms)),
-            ("max_msg_deliveries", "--max-deliveries", info.max_msg_deliveries),
+    try:
+        # If-None-Match: the server creates the group or leaves a standing one as it is, in
+        # one write: a group another client makes meanwhile is never changed by this one.
+        info = await naming_options(
+            client.station(args.station).ensure_group(
+                args.group, start_from=args.start, exists=False, **limits
+            ),
+            {"startFrom": f"--from {args.start}"},
+            it=True,
         )
-        if key in limits and limits[key] != getattr(info, key)
-    ]
-    if info.created and differs:
-        # Made by this command with the station's defaults: its own limits go on now.
-        try:
-            made = await station.ensure_group(args.group, start_from=args.start, **limits)
-        except StationsError as exc:
-            raise retold(
-                exc,
-                f"{exc}; group {args.group} was created with the station's consumer defaults "
-                "before (change them with: stations group edit)",
+    except PreconditionFailed:
+        info = await _find(client, args.station, args.group)
+        differs = [
+            (option, value)
+            for key, option, value in (
+                ("max_ack_time_ms", "--max-ack-time", human_ms(info.max_ack_time_ms)),
+                ("max_msg_deliveries", "--max-deliveries", info.max_msg_deliveries),
+            )
+            if key in limits and limits[key] != getattr(info, key)
+        ]
+        if differs:
+            option, value = differs[0]
+            # A standing group keeps its limits (and place): change them with edit.
+            raise Conflict(
+                f"group {args.group} exists on {args.station} with {option} {value} "
+                "(change it with: stations group edit)",
+                status=409,
             ) from None
-        info = dataclasses.replace(made, created=True)
-    elif differs:
-        option, value = differs[0]
-        # A standing group keeps its limits (and place): change them with edit, not create.
-        raise Conflict(
-            f"group {args.group} exists on {args.station} with {option} {value} "
-            "(change it with: stations group edit)",
-            status=409,
-        )
     if args.json:
         print_json({**_wire(info), "created": info.created})
     elif info.created:
@@ -371,28 +361,18 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
 
 
 async def edit_group(args: argparse.Namespace, client: Client) -> int:
-    from stations.client import GroupNotFound, StationsError
+    from stations.client import GroupNotFound, PreconditionFailed
 
     limits = _limits(args)
     if not limits:
         raise Usage("nothing to change: give --max-ack-time or --max-deliveries")
-    # The API has no PUT that only changes a standing group: one deleted meanwhile is made
-    # again. The look-up narrows that to the time between it and the PUT; a PUT that made the
-    # group all the same (201) is undone at once.
-    await _find(client, args.station, args.group)
-    station = client.station(args.station)
-    info = await station.ensure_group(args.group, **limits)
-    if info.created:
-        gone = f"group {args.group} not found on station {args.station}: it was deleted meanwhile"
-        try:
-            await station.delete_group(args.group)
-        except StationsError as exc:
-            raise retold(
-                exc,
-                f"{gone}, and this edit made it again, which could not be deleted ({exc}); "
-                f"delete it with: stations group delete {args.station} {args.group}",
-            ) from None
-        raise GroupNotFound(f"{gone} (this edit made it again, and deleted it)", status=404)
+    try:
+        # If-Match: a group deleted meanwhile is not made again by the edit.
+        info = await client.station(args.station).ensure_group(args.group, exists=True, **limits)
+    except PreconditionFailed:
+        raise GroupNotFound(
+            f"group {args.group} not found on station {args.station}", status=404
+        ) from None
     if args.json:
         print_json(_wire(info))
     else:

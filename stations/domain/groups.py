@@ -27,7 +27,7 @@ from stations.domain.fields import body_of, integer, object_of
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
-from stations.errors import BadRequest, NotFound
+from stations.errors import BadRequest, NotFound, PreconditionFailed
 from stations.records import StreamState
 from stations.store import groups as store
 from stations.store.groups import Connection
@@ -116,8 +116,11 @@ def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock
     return group
 
 
-def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool]:
-    """PUT a group: create it, or update the limits of a standing one."""
+def ensure(
+    batch: Batch, station: str, name: str, raw: Any, exists: bool | None = None
+) -> tuple[Group, bool]:
+    """PUT a group: create it, or update the limits of a standing one. ``exists`` True: only
+    update one (``If-Match: *``); False: only create one (``If-None-Match: *``)."""
     validate_name(name)
     # A JSON null is refused too: no body at all is the API's {}.
     raw = body_of(raw, {"maxAckTimeMs", "maxMsgDeliveries", "startFrom"})
@@ -145,6 +148,10 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
     try:
         group = _load(batch, state, name, lock=True)
     except NotFound:
+        if exists:
+            raise PreconditionFailed(
+                f"group {name} not found on station {station} (If-Match: *)", "If-Match"
+            ) from None
         # Checked for a new group only: a standing one PUT again with the settings it was made
         # with (as the SDK does on every start) is "200 same", whatever retention did since.
         named = start not in ("earliest", BEGINNING, "latest")  # an offset (checked above)
@@ -161,6 +168,11 @@ def ensure(batch: Batch, station: str, name: str, raw: Any) -> tuple[Group, bool
             "created_at": batch.now,
         }
         return Group(id=store.create(batch.conn, values), **values), True
+    if exists is False:
+        raise PreconditionFailed(
+            f"group {name} already exists on station {station} (If-None-Match: *)",
+            "If-None-Match",
+        )
     changes = {}
     if ack_ms is not None and ack_ms != group.max_ack_time_ms:
         if ack_ms < group.max_ack_time_ms:

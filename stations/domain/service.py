@@ -572,8 +572,12 @@ class Service:
 
     # -- consumer groups and the DLS ------------------------------------------------------------
 
-    async def ensure_group(self, station: str, name: str, raw: Any) -> tuple[dict[str, Any], bool]:
-        group, created = await self.write(groups.ensure, station, name, raw, locks=(station,))
+    async def ensure_group(
+        self, station: str, name: str, raw: Any, exists: bool | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        group, created = await self.write(
+            groups.ensure, station, name, raw, exists, locks=(station,)
+        )
         views = await self.read_db(groups.views, station, now_ms())
         return next(v for v in views if v["name"] == group.name), created
 
