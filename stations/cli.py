@@ -159,9 +159,11 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         type=_public_url,
         default=None,
         metavar="URL",
-        help="the http(s) URL clients reach this server at (behind a TLS proxy, or several "
-        "processes behind one address): webhook callback and JWKS URLs are built on it "
-        "(default: the scheme and host a subscription was created through)",
+        help="the http(s) URL clients reach this server at (behind a TLS proxy, a proxy that "
+        "mounts it under a path prefix and strips it, or several processes behind one "
+        "address): a created stream's Location, webhook callback and JWKS URLs and "
+        "/api/openapi.yaml's server are built on it; without --tokens, pages of its origin "
+        "may write and its host name is an accepted Host (default: what each request reached)",
     )
     p.add_argument(
         "--id-cache-size",
