@@ -3,7 +3,6 @@ stderr and a non-zero exit, never a Python traceback; a running server answers `
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -14,35 +13,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import clikit
 from tests.harness import Server, free_port
 
 
 def run_cli(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    environment.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "stations", *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return clikit.run(*args, cwd=cwd, env=env, timeout=timeout)
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    output = proc.stdout + proc.stderr
-    assert "Traceback" not in output, output
-    assert proc.returncode != 0, output
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    line = lines[0]
-    assert line.startswith("stations: error: "), line
-    for fragment in fragments:
-        assert fragment in line, line
-    return line
+assert_one_line_error = clikit.one_line_error
 
 
 def sqlite_url(tmp_path: Path) -> str:

@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from stations import __version__
+from tests import clikit
+from tests.clikit import as_json, failed, ok
 from tests.harness import Server, free_port
 
 ADMIN = "admin-secret-0123456789"
@@ -44,42 +46,13 @@ def http(srv: Server) -> Iterator[httpx.Client]:
 def cli(
     srv: Server | None, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    if srv is not None:
-        environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
-    environment.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "stations", *args],
-        input=stdin,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
-    return proc.stdout
-
-
-def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
-    return json.loads(ok(proc))
+    if srv is None:
+        return clikit.run(*args, stdin=stdin, env=env)
+    return clikit.run(*args, url=srv.url, token=ADMIN, stdin=stdin, env=env)
 
 
 def json_lines(proc: subprocess.CompletedProcess[str]) -> list[Any]:
     return [json.loads(line) for line in ok(proc).splitlines()]
-
-
-def failed(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("stations: error: "), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def table(text: str) -> list[list[str]]:

@@ -19,6 +19,8 @@ from typing import IO, Any
 import httpx
 import pytest
 
+from tests import clikit
+from tests.clikit import ok
 from tests.harness import Server
 
 PAYLOAD = b"\x00\xff\xfebinary\n"  # not UTF-8: the API gives it as dataBase64
@@ -47,20 +49,7 @@ def _env(srv: Server) -> dict[str, str]:
 
 
 def cli(srv: Server, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stations", *args],
-        env=_env(srv),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=60,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
-    assert proc.stderr == ""
-    return proc.stdout
+    return clikit.run(*args, env=_env(srv))
 
 
 def _binary_station(http: httpx.Client, name: str) -> None:

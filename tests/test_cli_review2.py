@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import clikit
+from tests.clikit import as_json, failed, ok
 from tests.harness import Server
 
 ADMIN = "admin-secret-0123456789"
@@ -52,37 +54,8 @@ def http(srv: Server) -> Iterator[httpx.Client]:
 def cli(
     srv: Server, *args: str, stdin: str | None = None, token: str = ADMIN
 ) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=token, PYTHONIOENCODING="utf-8")
-    return subprocess.run(
-        [sys.executable, "-m", "stations", *args],
-        input=stdin,
-        env=environment,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=60,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
-    assert proc.stderr == ""
-    return proc.stdout
-
-
-def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
-    return json.loads(ok(proc))
-
-
-def failed(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("stations: error: "), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+    utf8 = {"PYTHONIOENCODING": "utf-8"}
+    return clikit.run(*args, url=srv.url, token=token, stdin=stdin, env=utf8)
 
 
 def _leased(http: httpx.Client, station: str, count: int) -> list[dict[str, Any]]:

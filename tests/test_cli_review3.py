@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests import clikit
 from tests.harness import Server
 from tests.module_server import module_server
 
@@ -48,13 +49,7 @@ def _env(srv: Server) -> dict[str, str]:
 
 
 def cli(srv: Server, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stations", *args],
-        env=_env(srv),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return clikit.run(*args, env=_env(srv))
 
 
 # -- -- ends the options -----------------------------------------------------------------------

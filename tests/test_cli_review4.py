@@ -12,9 +12,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import clikit
+from tests.clikit import failed, ok
 from tests.harness import Server, free_port
 from tests.module_server import module_server
 
@@ -46,33 +46,7 @@ def http(srv: Server) -> Iterator[httpx.Client]:
 
 
 def cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    env.update(STATIONS_URL=url, PYTHONIOENCODING="utf-8")
-    return subprocess.run(
-        [sys.executable, "-m", "stations", *args],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=60,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
-    assert proc.stderr == ""
-    return proc.stdout
-
-
-def failed(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("stations: error: "), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+    return clikit.run(*args, url=url, stdin=stdin, env={"PYTHONIOENCODING": "utf-8"})
 
 
 def _groups(http: httpx.Client, station: str) -> dict[str, dict[str, Any]]:
