@@ -1,5 +1,7 @@
 // Building DOM from data without ever parsing it as HTML: every string becomes a text node.
 
+import { refusal } from './api.js';
+
 /**
  * h('a', {href: '#/', class: 'x', onclick: fn}, 'text', child, [more]) → element.
  * Strings become text nodes (never markup); `value` and `checked` are set as properties.
@@ -178,6 +180,44 @@ export function refusedBox(err, what, retry) {
       retry ? h('button', { type: 'button', class: 'quiet', onclick: retry }, 'Try again') : null,
     ),
   );
+}
+
+/**
+ * The poll of a read this token may be refused (403: its role or stations do not allow it). A
+ * refused poll asks nothing more (see `refusal`) until the tab has another token or Try again
+ * is pressed, and `box` (if any) says "This token may not read `what`" with that button.
+ * `read()` reads and shows, and throws what failed; `onRefused(err)` hides what the refusal
+ * stands for; `onFailed(err)` hears of any other failure but a 401 (the sign-in comes over
+ * the page). Try again reads at once, unless `retry` says otherwise. `poll()` answers what
+ * `read()` did, or undefined (refused, failed). A read that succeeds empties `box` and ends
+ * the refusal.
+ */
+export function refusablePoll({ read, signal, box, what, onRefused = () => {}, onFailed = () => {}, retry }) {
+  const refused = refusal();
+  const tryAgain = () => {
+    refused.clear();
+    return retry ? retry() : poll();
+  };
+  function failed(err) {
+    if (err?.status === 401 || signal?.aborted) return;
+    if (refused.note(err)) {
+      box?.replaceChildren(refusedBox(err, what, tryAgain));
+      onRefused(err);
+      return;
+    }
+    onFailed(err);
+  }
+  const shown = (value) => {
+    refused.clear();
+    box?.replaceChildren();
+    return value;
+  };
+  function poll() {
+    if (refused.stands) return undefined;
+    return read().then(shown, failed);
+  }
+  // `now()`: read at once, refused or not (after an action), throwing what failed.
+  return { poll, now: () => read().then(shown) };
 }
 
 /** A refresh failed: why, and how old the figures still on screen are (`since`: a Date). */

@@ -1,8 +1,8 @@
 // Reader cursors of a station (committed positions of readers such as Spark streaming
 // queries), with their lag; shown under the consumer groups.
 
-import { api, refusal } from '../api.js';
-import { alertBox, h, num, refusedBox, staleBox } from '../dom.js';
+import { api } from '../api.js';
+import { alertBox, h, num, refusablePoll, staleBox } from '../dom.js';
 
 export async function renderCursors(panel, ctx, name, lost = () => {}) {
   const body = h('tbody');
@@ -49,35 +49,26 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     table.hidden = cursors.length === 0;
     empty.hidden = cursors.length > 0;
     updated = new Date();
-    refused.clear();
-    problem.replaceChildren();
   }
 
   // A 403 (a token whose stations no longer cover this one): said, and not asked again every
   // 2 s (until another token, or Try again).
-  const refused = refusal();
-  const tryAgain = () => {
-    refused.clear();
-    poll();
-  };
-  function failed(err, first) {
-    if (err?.status === 401 || ctx.signal.aborted) return;
-    if (refused.note(err)) {
-      problem.replaceChildren(refusedBox(err, 'reader cursors', tryAgain));
+  const reads = refusablePoll({
+    read: refresh,
+    signal: ctx.signal,
+    box: problem,
+    what: 'reader cursors',
+    onRefused: () => {
       table.hidden = true;
       empty.hidden = true;
-      return;
-    }
-    problem.replaceChildren(first ? alertBox(err) : staleBox(err, updated));
-    lost(err);
-  }
-  const poll = () => (refused.stands ? undefined : refresh().catch((err) => failed(err, false)));
+    },
+    onFailed: (err) => {
+      problem.replaceChildren(updated === null ? alertBox(err) : staleBox(err, updated));
+      lost(err);
+    },
+  });
 
   panel.append(h('h2', {}, 'Reader cursors'), problem, table, empty);
-  try {
-    await refresh();
-  } catch (err) {
-    failed(err, true);
-  }
-  ctx.every(2000, poll);
+  await reads.poll();
+  ctx.every(2000, reads.poll);
 }

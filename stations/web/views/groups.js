@@ -1,9 +1,9 @@
 // Consumer groups of a station with their live counts, and a form that moves (seeks) a group
 // to the earliest retained message, to now, to an offset or to a time.
 
-import { api, refusal } from '../api.js';
+import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, duration, errorText, h, num, refusedBox, staleBox } from '../dom.js';
+import { alertBox, announce, duration, errorText, h, num, refusablePoll, staleBox } from '../dom.js';
 import { renderCursors } from './cursors.js';
 import { stationHref } from '../routes.js';
 
@@ -43,7 +43,7 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     'No consumer groups yet. A group is created by its first consumer (PUT /api/stations/{name}/groups/{group}).',
   );
   const problem = h('div');
-  const seek = seekForm(name, () => refresh(), ctx.signal);
+  const seek = seekForm(name, () => reads.now(), ctx.signal);
 
   async function remove(group) {
     const yes = await confirmAction({
@@ -59,7 +59,7 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     try {
       await api.deleteGroup(name, group);
       announce(`Group ${group} deleted.`);
-      await refresh();
+      await reads.now();
     } catch (err) {
       if (!ctx.signal.aborted) announce(errorText(err));
     }
@@ -129,43 +129,33 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     empty.hidden = groups.length > 0;
     seek.setGroups(groups.map((g) => g.name));
     updated = new Date();
-    refused.clear();
-    problem.replaceChildren();
   }
 
   // A token that may not read groups (a producer's): said in place of the rows, and not
   // asked again every 2 s for the same 403 (until another token, or Try again).
-  const refused = refusal();
-  const tryAgain = () => {
-    refused.clear();
-    poll();
-  };
-  /** A read failed: `first`, nothing was shown yet. */
-  function failed(err, first) {
-    if (err?.status === 401 || ctx.signal.aborted) return;
-    if (refused.note(err)) {
-      problem.replaceChildren(refusedBox(err, 'consumer groups', tryAgain));
+  const reads = refusablePoll({
+    read: refresh,
+    signal: ctx.signal,
+    box: problem,
+    what: 'consumer groups',
+    onRefused: () => {
       table.hidden = true;
       empty.hidden = true;
       seek.element.hidden = true;
-      return;
-    }
-    // A failed refresh leaves the last figures on screen: say they are not current.
-    if (first) {
-      problem.replaceChildren(alertBox(err));
-      table.hidden = true;
-    } else problem.replaceChildren(staleBox(err, updated));
-    lost(err);
-  }
-  const poll = () => (refused.stands ? undefined : refresh().catch((err) => failed(err, updated === null)));
+    },
+    onFailed: (err) => {
+      // A failed refresh leaves the last figures on screen: say they are not current.
+      if (updated === null) {
+        problem.replaceChildren(alertBox(err));
+        table.hidden = true;
+      } else problem.replaceChildren(staleBox(err, updated));
+      lost(err);
+    },
+  });
 
   panel.replaceChildren(h('h2', {}, 'Consumer groups'), problem, table, empty, seek.element);
-  try {
-    await refresh();
-  } catch (err) {
-    failed(err, true);
-  }
-  ctx.every(2000, poll);
+  await reads.poll();
+  ctx.every(2000, reads.poll);
   await renderCursors(panel, ctx, name, lost);
 }
 

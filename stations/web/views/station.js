@@ -1,9 +1,9 @@
 // One station: a heading, tabs (Overview, Messages, Groups, DLS, Settings) and the chosen panel.
 
-import { api, isRecreated, notFound, refusal } from '../api.js';
+import { api, isRecreated, notFound } from '../api.js';
 import { LiveChart, RateMeter, position } from '../charts.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, bytes, duration, errorText, h, num, refusedBox, staleBox, when } from '../dom.js';
+import { alertBox, announce, bytes, duration, errorText, h, num, refusablePoll, staleBox, when } from '../dom.js';
 import { renderForm } from './form.js';
 import { renderMessages } from './messages.js';
 import { renderGroups } from './groups.js';
@@ -157,16 +157,13 @@ export async function renderStation(main, ctx, name, tab, params = {}) {
   // (Nothing more once the station is gone: a tab that keeps its content keeps its polls.)
   // Refused (403: the token's stations no longer cover this one), the badge's poll asks no
   // more with that token; the tab's own reads say why.
-  const badgeRefused = refusal();
+  const badge = refusablePoll({
+    read: () => api.station(name, { signal: ctx.signal }).then((s) => same(s) && marks.update(s)),
+    signal: ctx.signal,
+    onFailed: (err) => notFound(err) && gone(false),
+  });
   const recount = async () => {
-    if (ended || badgeRefused.stands) return;
-    await api
-      .station(name, { signal: ctx.signal })
-      .then((s) => same(s) && marks.update(s))
-      .catch((err) => {
-        if (notFound(err)) gone(false);
-        else badgeRefused.note(err);
-      });
+    if (!ended) await badge.poll();
   };
   // Dead letters come from consumers at any time, so the badge follows on a poll: the Overview
   // reads the station every 2 s anyway and the DLS tab with its own poll; the others read it here.
@@ -266,30 +263,17 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
     if (groups) lag.push(t, Object.fromEntries(groups.map((g) => [g.name, g.lag])));
   };
   // A token that may not read groups (a producer's: 403) has no lag to chart: said once, and
-  // the groups are not asked for again every 2 s (until another token, or Try again).
-  const lagRefused = refusal();
+  // the groups are not asked for again every 2 s (until another token, or Try again). Any
+  // failed read has no lag to chart (undefined); the station's own figures still refresh.
   const lagNote = h('div', { class: 'lag-refused' });
-  const readGroups = () =>
-    lagRefused.stands
-      ? null
-      : api.groups(station.name, { signal: ctx.signal }).then(
-          (g) => {
-            lagRefused.clear();
-            lagNote.replaceChildren();
-            return g.groups || [];
-          },
-          (err) => {
-            if (lagRefused.note(err)) {
-              lagNote.replaceChildren(
-                refusedBox(err, 'consumer groups: their lag is not shown', () => {
-                  lagRefused.clear();
-                  lagNote.replaceChildren();
-                }),
-              );
-            }
-            return null; // the station's own figures still refresh
-          },
-        );
+  const lagGroups = refusablePoll({
+    read: () => api.groups(station.name, { signal: ctx.signal }).then((g) => g.groups || []),
+    signal: ctx.signal,
+    box: lagNote,
+    what: 'consumer groups: their lag is not shown',
+    // The next refresh (within 2 s) asks again, with the station's figures.
+    retry: () => lagNote.replaceChildren(),
+  });
   ctx.signal.addEventListener('abort', () => {
     rate.destroy();
     lag.destroy();
@@ -322,7 +306,7 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
         if (notFound(err) && !ctx.signal.aborted) gone();
         throw err;
       }),
-      readGroups(),
+      lagGroups.poll(),
     ]);
     // Created again elsewhere: its figures are another station's, under the old settings.
     if (!same(s)) return;
