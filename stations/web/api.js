@@ -1,5 +1,7 @@
 // The management API client: JSON in and out, the bearer token on every call, errors as ApiError.
 
+import { liveSlot } from './slots.js';
+
 const TOKEN_KEY = 'stations.token';
 
 export const token = {
@@ -212,6 +214,8 @@ const LONG_POLL_MAX_MS = 3_600_000 + LONG_POLL_MARGIN_MS; // the server's --long
 // quiet station: after this long without an event, a catch-up read checks that the server still
 // answers (and shows whatever the events missed, should the connection be dead).
 const SSE_QUIET_MS = 15_000;
+// A tail without a slot for a waiting read (see slots.js) looks this often with a short request.
+const LOOK_MS = 2000;
 
 // "0000000000000042_0000000000000000" → 42.
 const seq = (offset) => Number.parseInt(String(offset).split('_')[0], 10);
@@ -232,7 +236,9 @@ const seq = (offset) => Number.parseInt(String(offset).split('_')[0], 10);
  * While the tab is hidden, its waiting read is let go and taken up again (after a catch-up read)
  * when the tab is shown: a browser opens at most six HTTP/1.1 connections to a server, shared by
  * all its tabs, and six tails each holding one for up to a minute left none for any other
- * request of any tab (their own catch-up reads included: nothing moved for a minute).
+ * request of any tab (their own catch-up reads included: nothing moved for a minute). Shown
+ * tabs share out the waiting reads too (see slots.js): a tail without one looks every LOOK_MS
+ * with a short request (HEAD of the stream: where its tail is, and whether it is closed).
  */
 export function follow(
   name,
@@ -248,7 +254,8 @@ export function follow(
   let failing = false;
   let longPollMs = LONG_POLL_WAIT_MS + LONG_POLL_MARGIN_MS;
   let quiet = null;
-  // The waiting read's own controller: aborted when the tab is hidden (see above).
+  // The waiting read's own controller: aborted when the tab is hidden (see above), which
+  // frees its slot.
   let waiting = null;
 
   const rest = () => {
@@ -442,13 +449,75 @@ export function follow(
     }
   }
 
-  // Reads what came meanwhile, then waits for more (unless the tab is hidden).
+  /**
+   * One short request in place of a waiting read: HEAD of the stream says where its tail is
+   * and whether it is closed; what came is read as a waiting read's answer would have it.
+   */
+  async function look(signal) {
+    const late = new AbortController();
+    const clock = setTimeout(() => late.abort(), ANSWER_MS);
+    let res;
+    try {
+      res = await fetch(streamPath(name), {
+        method: 'HEAD',
+        headers: authHeaders(),
+        cache: 'no-store',
+        signal: AbortSignal.any([signal, late.signal]),
+      });
+    } catch (err) {
+      if (late.signal.aborted && !signal.aborted) throw notAnswering('GET', ANSWER_MS);
+      throw err;
+    } finally {
+      clearTimeout(clock);
+    }
+    if (!res.ok) {
+      // A HEAD answer has no body to say why: the read does (a 401 asks for a sign-in too).
+      await pull();
+      throw new ApiError(res.status, null);
+    }
+    // After a failure too, so that the tail says it is following again.
+    if (failing || res.headers.get('Stream-Next-Offset') !== cursor) await pull();
+    return res.headers.get('Stream-Closed') === 'true';
+  }
+
+  /** Without a slot: look every LOOK_MS, until a slot is free (then wait for messages). */
+  async function glance(mine, slot) {
+    while (!mine.signal.aborted) {
+      if (await slot.take()) {
+        if (!mine.signal.aborted) wait(mine);
+        return;
+      }
+      if (mine.signal.aborted) return;
+      try {
+        if (await look(mine.signal)) return closed();
+        await pause(LOOK_MS);
+      } catch (err) {
+        if (mine.signal.aborted) return;
+        if (err?.status !== 401) fail(err);
+        await breather(err, mine.signal);
+      }
+    }
+  }
+
+  function wait(mine) {
+    if (token.get()) longPoll(mine);
+    else connect(mine);
+  }
+
+  // Reads what came meanwhile, then waits for more (unless the tab is hidden): with a slot for
+  // a waiting read, else looking now and then.
   function live() {
     if (document.hidden) return;
     const mine = new AbortController();
     waiting = mine;
-    if (token.get()) longPoll(mine);
-    else connect(mine);
+    // Another tab took this slot: look now and then until one is free again.
+    const slot = liveSlot(() => {
+      if (waiting !== mine) return;
+      rest();
+      live();
+    });
+    mine.signal.addEventListener('abort', () => slot.release(), { once: true });
+    glance(mine, slot);
   }
 
   document.addEventListener('visibilitychange', visibility);
