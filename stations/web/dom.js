@@ -220,6 +220,51 @@ export function refusablePoll({ read, signal, box, what, onRefused = () => {}, o
   return { poll, now: () => read().then(shown) };
 }
 
+/**
+ * Previous and Next over a list the server answers whole (a station's groups, its reader
+ * cursors): at most `size` rows are laid out, a page at a time, however long the list (5,000
+ * rows took 3 s to show, and each 2 s refresh held the tab up to a third of a second).
+ * `page(list)` answers the rows of the page shown (the last page, if the list shrank under
+ * it) and sets the buttons; a click on them calls `turned()`, which lays the new page out.
+ * `label` names the navigation.
+ */
+export function listPager(label, turned, size = 100) {
+  let start = 0;
+  let total = 0;
+  const previous = h('button', { type: 'button' }, 'Previous page');
+  const next = h('button', { type: 'button' }, 'Next page');
+  const range = h('p', { class: 'hint' });
+  const element = h('nav', { class: 'toolbar pager', 'aria-label': label, hidden: true }, previous, next, range);
+  previous.addEventListener('click', () => {
+    if (start === 0) return;
+    start = Math.max(0, start - size);
+    turned();
+  });
+  next.addEventListener('click', () => {
+    if (start + size >= total) return;
+    start += size;
+    turned();
+  });
+  return {
+    element,
+    page(list) {
+      total = list.length;
+      if (start >= total) start = Math.max(0, Math.ceil(total / size) - 1) * size;
+      const shown = list.slice(start, start + size);
+      element.hidden = total <= size;
+      const focused = document.activeElement;
+      previous.disabled = start === 0;
+      next.disabled = start + size >= total;
+      // A button that just went disabled would drop the keyboard's focus: the other one takes it.
+      if (focused === previous && previous.disabled && !next.disabled) next.focus();
+      if (focused === next && next.disabled && !previous.disabled) previous.focus();
+      const text = shown.length ? `${num(start + 1)}–${num(start + shown.length)} of ${num(total)}` : '';
+      if (range.textContent !== text) range.textContent = text;
+      return shown;
+    },
+  };
+}
+
 /** A refresh failed: why, and how old the figures still on screen are (`since`: a Date). */
 export function staleBox(err, since) {
   const age = since ? ` What is shown is from ${since.toLocaleTimeString()}.` : '';

@@ -2,7 +2,7 @@
 // queries), with their lag; shown under the consumer groups.
 
 import { api } from '../api.js';
-import { alertBox, h, num, refusablePoll, staleBox } from '../dom.js';
+import { alertBox, h, listPager, num, refusablePoll, staleBox } from '../dom.js';
 
 export async function renderCursors(panel, ctx, name, lost = () => {}) {
   const body = h('tbody');
@@ -32,10 +32,13 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
   const problem = h('div');
   let updated = null; // when the rows were last refreshed
 
-  async function refresh() {
-    const { cursors } = await api.cursors(name, { signal: ctx.signal });
+  // The cursors of the last answer, laid out a page at a time (see listPager).
+  let cursors = [];
+  const pager = listPager('Pages of reader cursors', () => render());
+
+  function render() {
     body.replaceChildren(
-      ...cursors.map((c) =>
+      ...pager.page(cursors).map((c) =>
         h(
           'tr',
           {},
@@ -48,6 +51,11 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     );
     table.hidden = cursors.length === 0;
     empty.hidden = cursors.length > 0;
+  }
+
+  async function refresh() {
+    ({ cursors } = await api.cursors(name, { signal: ctx.signal }));
+    render();
     updated = new Date();
   }
 
@@ -61,6 +69,7 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     onRefused: () => {
       table.hidden = true;
       empty.hidden = true;
+      pager.element.hidden = true;
     },
     onFailed: (err) => {
       problem.replaceChildren(updated === null ? alertBox(err) : staleBox(err, updated));
@@ -68,7 +77,7 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     },
   });
 
-  panel.append(h('h2', {}, 'Reader cursors'), problem, table, empty);
+  panel.append(h('h2', {}, 'Reader cursors'), problem, table, pager.element, empty);
   await reads.poll();
   ctx.every(2000, reads.poll);
 }

@@ -3,7 +3,7 @@
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, announce, duration, errorText, h, num, refusablePoll, staleBox } from '../dom.js';
+import { alertBox, announce, duration, errorText, h, listPager, num, refusablePoll, staleBox } from '../dom.js';
 import { renderCursors } from './cursors.js';
 import { stationHref } from '../routes.js';
 
@@ -106,10 +106,14 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     else if (!g.deadLettered && r.link.isConnected) r.link.remove();
   }
 
-  async function refresh() {
-    const { groups } = await api.groups(name, { signal: ctx.signal });
+  // The groups of the last answer, laid out a page at a time (a page turn shows the next at
+  // once, from them).
+  let groups = [];
+  const pager = listPager('Pages of consumer groups', () => render());
+
+  function render() {
     const seen = new Set();
-    groups.forEach((g, i) => {
+    pager.page(groups).forEach((g, i) => {
       seen.add(g.name);
       let r = rows.get(g.name);
       if (!r) {
@@ -127,6 +131,11 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     }
     table.hidden = groups.length === 0;
     empty.hidden = groups.length > 0;
+  }
+
+  async function refresh() {
+    ({ groups } = await api.groups(name, { signal: ctx.signal }));
+    render();
     seek.setGroups(groups.map((g) => g.name));
     updated = new Date();
   }
@@ -141,6 +150,7 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     onRefused: () => {
       table.hidden = true;
       empty.hidden = true;
+      pager.element.hidden = true;
       seek.element.hidden = true;
     },
     onFailed: (err) => {
@@ -148,12 +158,13 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
       if (updated === null) {
         problem.replaceChildren(alertBox(err));
         table.hidden = true;
+        pager.element.hidden = true;
       } else problem.replaceChildren(staleBox(err, updated));
       lost(err);
     },
   });
 
-  panel.replaceChildren(h('h2', {}, 'Consumer groups'), problem, table, empty, seek.element);
+  panel.replaceChildren(h('h2', {}, 'Consumer groups'), problem, table, pager.element, empty, seek.element);
   await reads.poll();
   ctx.every(2000, reads.poll);
   await renderCursors(panel, ctx, name, lost);
