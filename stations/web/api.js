@@ -123,6 +123,10 @@ function exactNumbers(key, value, context) {
   return value;
 }
 
+// Where the server's root is: the console is served at <root>/ui/, and behind a proxy that
+// mounts the server under a path prefix (https://example.com/stations/) "/api" would miss it.
+const ROOT = new URL('..', document.baseURI).pathname.replace(/\/$/, '');
+
 /** `answerMs`: how long the server may take to begin answering (see ANSWER_MS). */
 export async function request(method, path, body, { signal, bearer, exact, answerMs } = {}) {
   const headers = { Accept: 'application/json' };
@@ -134,7 +138,7 @@ export async function request(method, path, body, { signal, bearer, exact, answe
   let res;
   let data = null;
   try {
-    res = await fetch(path, {
+    res = await fetch(ROOT + path, {
       method,
       headers: bearer ? { ...headers, Authorization: `Bearer ${bearer}` } : authHeaders(headers),
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -169,7 +173,7 @@ export async function request(method, path, body, { signal, bearer, exact, answe
 // `/api/stations/{name}` takes the name as one URL-encoded segment (%2F for /).
 const one = (name) => `/api/stations/${encodeURIComponent(name)}`;
 // `/v1/stream/{name}` takes the name as a path.
-const streamPath = (name) => '/v1/stream/' + name.split('/').map(encodeURIComponent).join('/');
+const streamPath = (name) => ROOT + '/v1/stream/' + name.split('/').map(encodeURIComponent).join('/');
 const query = (params) => {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null && v !== '') q.set(k, v);
