@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -1290,9 +1291,13 @@ def test_spark_start_failures_and_a_server_gone_mid_job_point_at_the_right_fix(
     command = [sys.executable, "-m", "stations", "pipeline", "export", "--station", name]
     command += ["--to", str(tmp_path / "out"), "--url", srv.url, "--master", "bogus://x"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "check --master" in last and "Java 17" not in last, last
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert "check --master" in lines[0] and "Java 17" not in lines[0], lines[0]
+    # Spark's own words on it are in its log, which the line names (kept for it).
+    log = Path(lines[0].rsplit("(Spark's log: ", 1)[1].split(")")[0])
+    assert "Master must either be yarn or start with spark" in lines[0]
+    shutil.rmtree(log.parent)
     text = (
         "stations.client.errors.ConnectionFailed: POST http://127.0.0.1:1/api/stations/s/"
         "messages: Connection refused"

@@ -30,7 +30,7 @@ try:
     from stations.spark.options import Config
     from stations.spark.read import read_pages
     from stations.spark.rows import RowShape, dumps
-    from stations.spark.stream_read import StationsStreamReader
+    from stations.spark.stream_read import IDLE_POLL_SECONDS, StationsStreamReader
     from tests import test_spark as base
 except ImportError:
     if IN_CI:  # the CI installs the spark extra: a missing PySpark is a failure there
@@ -88,6 +88,7 @@ def test_a_running_query_fails_when_its_station_is_deleted_and_created_again(
     assert api.delete(f"/api/stations/{quote(name, safe='')}").status_code == 204
     assert api.post("/api/stations", json={"name": name}).status_code == 201
     produce(api, name, [{"data": {"new": k}} for k in range(5)])
+    time.sleep(IDLE_POLL_SECONDS)  # an idle query asks the station again after this long
     with pytest.raises(Gone, match="new checkpointLocation"):
         stream.latestOffset(end, limit)
 

@@ -36,7 +36,10 @@ store the query's progress on the server under this name, e.g. the query's name,
 shows in ``/api/stations/{name}/cursors``, the console and ``/metrics``); writes: ``msgIdColumn``,
 ``allowDuplicates``, ``dataColumn`` (default ``data``), ``headersColumn`` (default
 ``headers``), ``chunkSize`` (messages per request, default 1000), ``reportPath`` (batch: a JSON
-summary written by the driver's commit), ``producerIdPrefix`` (streaming, default ``spark``).
+summary written by the driver's commit: rows, stored, duplicates, counting what task attempts
+Spark retried had stored as stored, see ``write``), ``producerIdPrefix`` (streaming, default
+``spark``). A row holding a NaN or an Infinity float where it becomes JSON (or the id) fails
+the write naming the column: JSON has neither, and null would change the data.
 An option the operation would ignore is refused, naming it: write options on a read, read options
 on a write, ``group`` without ``dls=true``, the offset options with ``dls=true``, ``cursor`` and
 ``maxMessagesPerTrigger`` on a batch read, ``producerIdPrefix`` on a batch write,

@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,9 +35,10 @@ class PipelineError(Exception):
     """A problem to report in one line, and the exit status it ends the command with: the
     management commands' codes (``stations --help``), 2 for a usage or set-up problem."""
 
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+    def __init__(self, message: str, code: int = EXIT_USAGE, log: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.log = log  # Spark's log, kept for a failure whose cause it holds
 
 
 def failure(message: str, exc: BaseException) -> PipelineError:
@@ -69,18 +71,28 @@ def parse_confs(items: list[str]) -> dict[str, str]:
 def python_for_workers(master: str) -> str:
     """Export this interpreter for Spark's Python workers (unless ``PYSPARK_PYTHON`` is set);
     returns the one in use."""
-    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def _say_python(master: str, python: str) -> None:
+    """On a cluster, which interpreter the workers run (said once Spark started: a master
+    that does not start is one error line, not two)."""
     if not master.startswith("local"):
         print(
             f"stations pipeline: Spark's Python workers run {python} (PYSPARK_PYTHON); every "
             "worker host needs it with stations, orjson and pyarrow",
             file=sys.stderr,
         )
-    return python
 
 
 @contextmanager
-def spark_session(app: str, master: str, conf_items: list[str]) -> Iterator[SparkSession]:
+def spark_session(
+    app: str, master: str, conf_items: list[str], *, verbose: bool = False
+) -> Iterator[SparkSession]:
+    """A SparkSession for one job. Spark's own output (the JVM's start-up lines, log4j's
+    warnings and errors with their Java traces, the Python workers' tracebacks) goes to a log
+    file, not the terminal: a failure is said in one line, and one whose cause is not known
+    names that file, kept for it. ``verbose`` leaves it all on stderr, as Spark has it."""
     from pyspark.sql import SparkSession
 
     confs = parse_confs(conf_items)
@@ -88,7 +100,8 @@ def spark_session(app: str, master: str, conf_items: list[str]) -> Iterator[Spar
     confs.setdefault("spark.pyspark.python", python)
     confs.setdefault("spark.pyspark.driver.python", python)
     logdir = tempfile.mkdtemp(prefix="stations-pipeline-log-")
-    if "spark.driver.extraJavaOptions" not in confs:  # errors only, not Spark's start-up chatter
+    log = None if verbose else os.path.join(logdir, "spark.log")
+    if "spark.driver.extraJavaOptions" not in confs:  # warnings and errors, not INFO chatter
         config = os.path.join(logdir, "log4j2.properties")
         Path(config).write_text(_LOG4J2)
         confs["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{config}"
@@ -100,30 +113,69 @@ def spark_session(app: str, master: str, conf_items: list[str]) -> Iterator[Spar
     )
     for key, value in confs.items():
         builder = builder.config(key, value)
+    keep = False
     try:
         try:
-            session = builder.getOrCreate()
-        except Exception as exc:  # no Java, a bad --master, ...: Spark's own words, in one line
-            words = " ".join(str(exc).split())[:300] or type(exc).__name__
-            # With Java there, a bad --master was blamed on Java all the same.
-            fix = (
-                "check --master (local, local[N], spark://HOST:PORT, yarn, k8s://...) and "
-                "Spark's own message above"
-                if os.environ.get("JAVA_HOME") or shutil.which("java")
-                else "it needs Java 17 or newer (java on the PATH, or JAVA_HOME)"
-            )
-            raise PipelineError(f"Spark did not start (master {master}): {words}; {fix}") from None
-        session.sparkContext.setLogLevel("ERROR")
+            with _stderr_to(log):  # the JVM (and the workers it starts) keep this stderr
+                session = builder.getOrCreate()
+        except Exception as exc:  # no Java, a bad --master or --conf, ...: in one line
+            keep = log is not None
+            raise PipelineError(_not_started(master, exc, log)) from None
+        session.sparkContext.setLogLevel("WARN")
+        _say_python(master, python)
         try:
-            yield session
+            with spark_failures(log, verbose):
+                yield session
+        except PipelineError as exc:
+            keep = exc.log is not None
+            raise
         finally:
             session.stop()
     finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+
+@contextmanager
+def _stderr_to(path: str | None) -> Iterator[None]:
+    """File descriptor 2 pointed at ``path`` for the duration (as processes started meanwhile
+    inherit it)."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+# What Spark's launcher says when it refuses to start (a bad master, a bad --conf value).
+_LAUNCHER = re.compile(r'^(?:Exception in thread "main" [\w.$]+: |Error: )(.+)$', re.MULTILINE)
+
+
+def _not_started(master: str, exc: BaseException, log: str | None) -> str:
+    said = ""
+    if log is not None and os.path.exists(log):
+        found = _LAUNCHER.findall(Path(log).read_text(errors="replace"))
+        said = found[0].strip() if found else ""
+    words = said or " ".join(str(exc).split())[:300] or type(exc).__name__
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        fix = "it needs Java 17 or newer (java on the PATH, or JAVA_HOME)"
+    else:  # with Java there, a bad --master was blamed on Java all the same
+        fix = "check --master (local, local[N], spark://HOST:PORT, yarn, k8s://...) and --conf"
+    where = f" (Spark's log: {log})" if log is not None else ""
+    return f"Spark did not start (master {master}): {words}; {fix}{where}"
 
 
 _LOG4J2 = """\
-rootLogger.level = error
+rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -179,3 +231,57 @@ def run_spark(job: Callable[[], T], url: str) -> T:
             code = _code_of(errors[-1][0]) if errors else EXIT_USAGE
             raise PipelineError(line, code) from None
         raise
+
+
+# The last line of a Python traceback: the exception and its message.
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit|Failed|Fenced)\w*: .+$")
+
+
+def cause_of(exc: BaseException) -> str:
+    """A Spark or Py4J failure's cause in one line: the Java exception and its message, or the
+    last line of a Python worker's traceback (not the pages of Java frames around them)."""
+    java = getattr(exc, "java_exception", None)  # Py4JJavaError
+    if java is not None:
+        try:
+            return " ".join(str(java.toString()).split())[:400]
+        except Exception:  # the JVM is gone: fall back to the text
+            pass
+    text = str(exc).split("JVM stacktrace:")[0]
+    lines = [line.strip() for line in text.splitlines()]
+    if "Traceback (most recent call last)" in text:
+        raised = [line for line in lines if _RAISED.match(line)]
+        if raised:
+            return raised[-1][:400]
+    for line in lines:
+        line = line.lstrip(": ").strip()
+        if line and not line.startswith(("at ", "An error occurred while calling")):
+            return line[:400]
+    return type(exc).__name__
+
+
+def is_spark_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark's (a captured JVM or Python worker error) or Py4J's."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, (Py4JError, PySparkException))
+
+
+@contextmanager
+def spark_failures(log: str | None, verbose: bool) -> Iterator[None]:
+    """Spark's failures of unknown cause as a ``PipelineError`` of one line (exit code 2, as
+    the command's help says for anything else) naming Spark's log when there is one;
+    ``verbose`` lets them through with their tracebacks."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as exc:
+        if verbose or not is_spark_failure(exc):
+            raise  # ours: a bug's traceback stays
+        where = ""
+        if log is not None:  # raised to the driver, the failure is in no log of Spark's
+            with open(log, "a", errors="replace") as f:
+                f.write("".join(traceback.format_exception(exc)))
+            where = f" (Spark's log: {log})"
+        raise PipelineError(f"the Spark job failed: {cause_of(exc)}{where}", log=log) from None

@@ -7,8 +7,10 @@
   messages (or its dead-letter store) as files, for analysis.
 
 Both run on ``local[*]`` unless ``--master`` names another Spark master, show a progress bar on a
-terminal and close with a summary. PySpark is the optional extra ``stations-streams[spark]``; this module
-imports it only when a job runs, so ``stations --help`` stays fast.
+terminal and close with a summary. Spark's own output goes to a temporary log file
+(``--verbose``: to stderr), so a failure is one ``stations pipeline: error:`` line. PySpark is
+the optional extra ``stations-streams[spark]``; this module imports it only when a job runs,
+so ``stations --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from stations.client.errors import (
 )
 from stations.commands import token_of
 from stations.commands.base import EXIT_NOT_FOUND
-from stations.spark.launch import PipelineError, failure, run_spark, spark_session
+from stations.spark.launch import (
+    PipelineError,
+    failure,
+    run_spark,
+    spark_failures,
+    spark_session,
+)
 from stations.spark.progress import progress
 
 if TYPE_CHECKING:
@@ -93,6 +101,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             action=argparse.BooleanOptionalAction,
             default=None,
             help="progress bar (default: when stderr is a terminal)",
+        )
+        q.add_argument(
+            "--verbose",
+            action="store_true",
+            help="Spark's own log on stderr (its warnings, and errors with their Java and "
+            "Python traces) and a failure's traceback; by default Spark logs to a temporary "
+            "file, named in the error line of a failure whose cause is not known",
         )
 
     ingest = jobs.add_parser("ingest", help="write the rows of files into a station, once each")
@@ -160,20 +175,51 @@ class Summary:
     duplicates: int
     seconds: float
     target: str | None = None
+    retried: int = 0  # tasks Spark ran again after a failure
+    by_failed: int = 0  # of ``stored``: messages the failed attempts stored
+    no_ids: bool = False  # written without message ids (--allow-duplicates)
+    grew: int | None = None  # without ids, after a retry: what the station gained
 
     def lines(self) -> list[str]:
         rate = self.rows_read / self.seconds if self.seconds > 0 else 0.0
         if self.job == "ingest":
-            return [
+            out = [
                 f"ingest into {self.station}: {self.rows_read:,} rows read, "
                 f"{self.stored:,} stored, {self.duplicates:,} duplicates "
                 f"in {self.seconds:.1f} s ({rate:,.0f} rows/s)"
             ]
+            if self.by_failed:
+                out.append(
+                    f"{self.by_failed:,} of the stored messages were stored by task attempts "
+                    "that failed before Spark ran their tasks again: counted once each"
+                )
+            return out
         what = "DLS entries" if self.job == "export-dls" else "messages"
         return [
             f"export of {self.station}: {self.rows_read:,} {what} read, {self.stored:,} rows "
             f"written to {self.target} in {self.seconds:.1f} s ({rate:,.0f} rows/s)"
         ]
+
+    def warnings(self) -> list[str]:
+        """What the figures cannot say: without message ids, a retried task stored again what
+        its failed attempt had stored."""
+        if self.job != "ingest" or not self.retried or not self.no_ids:
+            return []
+        grew = ""
+        if self.grew is not None:
+            grew = (
+                f" (the station grew by {self.grew:,} messages during the job, for "
+                f"{self.rows_read:,} rows read; messages other writers sent meanwhile count too)"
+            )
+        return [
+            f"stations pipeline: warning: {_tasks(self.retried)} failed and "
+            f"{'was' if self.retried == 1 else 'were'} run again by Spark: without message ids, "
+            f"rows stored before the failure were stored again{grew}"
+        ]
+
+
+def _tasks(n: int) -> str:
+    return "1 task" if n == 1 else f"{n:,} tasks"
 
 
 def run(
@@ -190,7 +236,7 @@ def run(
         with _session(args, spark) as session:
             summary = _ingest(session, args) if args.job == "ingest" else _export(session, args)
     except PipelineError as exc:
-        print(f"stations pipeline: error: {exc}", file=sys.stderr)
+        print(f"stations pipeline: error: {exc}{_after_writing(args)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:  # it was a Python traceback under Spark's own lines
         what = "rows stored so far stay; the same command again stores none of them twice"
@@ -200,9 +246,21 @@ def run(
             what = "rows stored so far stay; without message ids a re-run stores them again"
         print(f"stations pipeline: interrupted: {what}", file=sys.stderr)
         return 130
+    for line in summary.warnings():
+        print(line, file=sys.stderr)
     for line in summary.lines():
         print(line, file=out)
     return 0
+
+
+def _after_writing(args: argparse.Namespace) -> str:
+    """What a failed ingest left: its tasks may have stored part of the rows."""
+    if not getattr(args, "writing", False):
+        return ""
+    said = "; rows stored before the failure stay, and "
+    if getattr(args, "allow_duplicates", False):
+        return said + "without message ids the same command stores them again"
+    return said + "the same command stores none of them twice"
 
 
 def execute(spark: SparkSession, args: argparse.Namespace) -> Summary:
@@ -302,11 +360,14 @@ def _connector() -> ModuleType:
 @contextmanager
 def _session(args: argparse.Namespace, spark: SparkSession | None) -> Iterator[SparkSession]:
     connector = _connector()
+    verbose = getattr(args, "verbose", False)
     if spark is not None:
         connector.register(spark)
-        yield spark
+        with spark_failures(None, verbose):
+            yield spark
         return
-    with spark_session(f"stations pipeline {args.job}", args.master, args.conf) as session:
+    app = f"stations pipeline {args.job}"
+    with spark_session(app, args.master, args.conf, verbose=verbose) as session:
         connector.register(session)
         yield session
 
@@ -443,13 +504,19 @@ def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) ->
         writer = writer.option("allowDuplicates", "true")
     started = time.monotonic()
     group = f"stations-pipeline-{next(_runs)}"
+    args.writing = True  # a failure from here on may leave part of the rows stored
     try:
         with progress(spark, args.progress, group, f"ingest → {args.station}"):
-            _run_job(spark, group, writer.save, args.url)
+            try:
+                _run_job(spark, group, writer.save, args.url)
+            except PipelineError as exc:  # named by the flag the user typed
+                said = str(exc).replace("msgIdColumn ", "--msg-id-column ")
+                raise PipelineError(said, exc.code, exc.log) from None
         with open(report) as f:
             totals = json.load(f)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    args.writing = False
     return Summary(
         "ingest",
         args.station,
@@ -457,6 +524,10 @@ def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) ->
         totals["stored"],
         totals["duplicates"],
         time.monotonic() - started,
+        retried=totals["retriedTasks"],
+        by_failed=totals["storedByFailedAttempts"],
+        no_ids=not args.msg_id_column,
+        grew=totals.get("stationGrew"),
     )
 
 

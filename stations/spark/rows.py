@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,9 @@ import orjson
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    DataType,
+    DoubleType,
+    FloatType,
     MapType,
     StringType,
     StructType,
@@ -66,7 +70,8 @@ def _loads(text: bytes | str) -> Any:
 def _json_default(value: Any) -> Any:
     if isinstance(value, Decimal):
         # Its own digits (as a float it kept about 16); JSON has no NaN or Infinity: null,
-        # as orjson writes a NaN float.
+        # as orjson writes a NaN float. (A Spark decimal is never one, and rows with a NaN or
+        # an Infinity float are refused before they get here: RowShape.check_finite.)
         return orjson.Fragment(str(value)) if value.is_finite() else None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode()
@@ -110,6 +115,9 @@ class RowShape:
     data_is_binary: bool
     headers_column: str | None
     id_column: str | None
+    # The columns that hold floats (at any depth) and become JSON or the id: each batch is
+    # checked for NaN and Infinity in them (see check_finite).
+    float_columns: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, cfg: Config, schema: StructType, is_json: bool) -> RowShape:
@@ -142,13 +150,47 @@ class RowShape:
                 "column: headers are a map of strings (create_map, or map_from_entries)"
             )
         data = names.get(cfg.data_column)
+        headers = cfg.headers_column if cfg.headers_column in names else None
+        # The payload is the data column or, without one, every column but the headers.
+        sent = [data.name] if data else [n for n in names if n != headers]
+        if cfg.msg_id_column is not None:
+            sent.append(cfg.msg_id_column)
         return cls(
             is_json=is_json,
             data_column=data.name if data else None,
             data_is_text=data is not None and isinstance(data.dataType, StringType),
             data_is_binary=data is not None and isinstance(data.dataType, BinaryType),
-            headers_column=cfg.headers_column if cfg.headers_column in names else None,
+            headers_column=headers,
             id_column=cfg.msg_id_column,
+            float_columns=tuple(dict.fromkeys(n for n in sent if _has_floats(names[n].dataType))),
+        )
+
+    def check_finite(self, batch: pa.RecordBatch) -> None:
+        """Refuse a batch with a NaN or an Infinity in a column that becomes JSON or the id,
+        naming the column. JSON has none: orjson writes them as null, so a NaN score was stored
+        as null without a word; as an id, every NaN row got the id "nan" and all but the first
+        were dropped as duplicates. Vectorised: rows are walked only to name the bad one."""
+        for name in self.float_columns:
+            column = batch.column(batch.schema.get_field_index(name))
+            path = _nonfinite_path(column, name)
+            if path is None:
+                continue
+            for index, value in enumerate(column.to_pylist()):
+                what = _nonfinite(value)
+                if what is not None:  # (a value under a null struct is no value: skipped)
+                    raise self._nonfinite_error(path, what, batch, index)
+
+    def _nonfinite_error(
+        self, path: str, what: str, batch: pa.RecordBatch, index: int
+    ) -> ValueError:
+        where = "a row"
+        if self.id_column is not None and self.id_column != path:
+            ident = batch.column(batch.schema.get_field_index(self.id_column))[index].as_py()
+            where = f"the row with {self.id_column} {str(ident)[:60]!r}"
+        return ValueError(
+            f"column {path!r} holds {what} in {where}: JSON has no NaN or Infinity, and "
+            "writing null instead would change the data; replace it with null yourself if "
+            "that is meant (F.nanvl(col, F.lit(None)) for NaN), or filter such rows out"
         )
 
     def payload(self, row: dict[str, Any]) -> Any:
@@ -213,9 +255,67 @@ class RowShape:
         return msg
 
 
-def rows_of(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
+def rows_of(
+    batches: Iterable[pa.RecordBatch], shape: RowShape | None = None
+) -> Iterator[dict[str, Any]]:
+    """The rows of ``batches``; with ``shape``, each batch checked first (``check_finite``)."""
     for batch in batches:
+        if shape is not None:
+            shape.check_finite(batch)
         yield from batch.to_pylist(maps_as_pydicts="lossy")
+
+
+def _has_floats(kind: DataType) -> bool:
+    if isinstance(kind, (FloatType, DoubleType)):
+        return True
+    if isinstance(kind, StructType):
+        return any(_has_floats(f.dataType) for f in kind.fields)
+    if isinstance(kind, ArrayType):
+        return _has_floats(kind.elementType)
+    if isinstance(kind, MapType):
+        return _has_floats(kind.keyType) or _has_floats(kind.valueType)
+    return False
+
+
+def _nonfinite_path(array: pa.Array[Any], path: str) -> str | None:
+    """Where in ``array`` a NaN or an Infinity is (``col``, ``col.field``, ``col[]``,
+    ``col{}``), found with Arrow's kernels; None when there is none."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(array, pa.FloatingPointArray):
+        return path if pc.any(pc.invert(pc.is_finite(array))).as_py() else None
+    if isinstance(array, pa.StructArray):
+        for i in range(array.type.num_fields):
+            found = _nonfinite_path(array.field(i), f"{path}.{array.type.field(i).name}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(array, pa.MapArray):  # (a MapArray is a ListArray too)
+        return _nonfinite_path(array.keys, f"{path}{{}}") or _nonfinite_path(
+            array.items, f"{path}{{}}"
+        )
+    if isinstance(array, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+        return _nonfinite_path(array.flatten(), f"{path}[]")
+    return None
+
+
+def _nonfinite(value: Any) -> str | None:
+    """``"NaN"`` or ``"Infinity"`` when ``value`` (a row's Python value) holds one."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return None
+    if isinstance(value, dict):
+        value = list(value.items())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _nonfinite(item)
+            if found is not None:
+                return found
+    return None
 
 
 # The most bytes of messages one request carries: below the server's default body limit (64 MiB)

@@ -6,6 +6,7 @@ under that name, so lag tools see how far the query got."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,6 +38,11 @@ from stations.spark.read import first_position, message_batches, tail
 
 logger = logging.getLogger("stations.spark")
 
+# How soon an idle query asks the station again. Spark asks for the latest offset every
+# spark.sql.streaming.pollingDelay (10 ms) while a trigger finds nothing new: an idle query
+# on the default trigger sent some 60 station GETs a second, each on a new connection.
+IDLE_POLL_SECONDS = 0.1
+
 
 class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Nothing is kept here but the ``availableNow`` target and the initial offset."""
@@ -58,6 +64,8 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None
         self._cursor_at: str | None = None
         self._initial: dict[str, str] | None = None
+        # The offset the last trigger found nothing after, and until when that answer holds.
+        self._idle: tuple[dict[str, str | int], float] | None = None
 
     def initialOffset(self) -> dict[str, str]:
         # Spark asks again when it runs batch 0 (and when a restart replays it): "latest"
@@ -99,7 +107,10 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         #
         # The station as it is now (one GET a trigger, its identity and tail together): one
         # deleted and created again while the query ran is no longer the station of
-        # ``start``, though it may have grown past the query's position already.
+        # ``start``, though it may have grown past the query's position already. An idle
+        # query asks at most every IDLE_POLL_SECONDS.
+        if self._idle is not None and self._idle[0] == start and time.monotonic() < self._idle[1]:
+            return dict(start)
         view = station_view(self.cfg)
         self._check_station(start, identity(self.cfg.station, view))
         self._commit_cursor(str(start["offset"]))
@@ -121,6 +132,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows) and end > lo:
             end = min(end, first + limit.max_rows)
         if end <= lo:
+            self._idle = (dict(start), time.monotonic() + IDLE_POLL_SECONDS)
             return dict(start)  # the very offset Spark holds: no new data, no batch
         planned = batch_end(end, self.cfg.num_partitions, self.station)
         if from_start and first > lo:

@@ -102,7 +102,7 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
                 pid,
                 int(batch_id),
                 self.content_type,
-                rows_of(iterator),
+                rows_of(iterator, self.shape),
                 self.shape,
                 report,
             )
@@ -111,7 +111,7 @@ class StationsStreamWriter(DataSourceStreamArrowWriter):
             self.cfg, producer_id=pid, epoch=int(batch_id), content_type=self.content_type
         )
         try:
-            send_texts(producer, rows_of(iterator), self.shape, report)
+            send_texts(producer, rows_of(iterator, self.shape), self.shape, report)
         finally:
             producer.close()
         return report
