@@ -176,6 +176,7 @@ def make_app(
     app[METRICS_REFRESH] = (lag.refresh,)
     app[keys.LONG_POLL_TIMEOUT_S] = long_poll_timeout_ms / 1000
     app[keys.SSE_LIFETIME_S] = sse_lifetime_ms / 1000
+    app[keys.PUBLIC_URL] = public_url
     app.router.add_get("/healthz", readyz)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
@@ -187,7 +188,7 @@ def make_app(
         app.router.add_get("/ui/", console_index)
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
     # Before the stream routes: /v1/stream/__ds/... is never a stream (PROTOCOL.md §6).
-    subscriptions.setup(app, allow_loopback=webhooks_allow_loopback, public_url=public_url)
+    subscriptions.setup(app, allow_loopback=webhooks_allow_loopback)
     app.router.add_routes(streams.routes())
     app.router.add_routes(groups.routes())
     app.router.add_routes(transactions.routes())

@@ -14,12 +14,16 @@ from stations.api import keys
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+def base_url(request: web.Request) -> str:
+    """The root this process serves, as clients reach it: ``--public-url``, else the scheme
+    and host ``request`` reached (``http`` behind a TLS proxy, or a loopback address when
+    asked on the server's host)."""
+    return request.app[keys.PUBLIC_URL] or f"{request.scheme}://{request.host}"
+
+
 def own_url(request: web.Request, raw_path: str) -> str:
     """The absolute URL of ``raw_path`` (percent-encoded, from the root this process serves)."""
-    base = request.app.get(keys.PUBLIC_URL)
-    if base is None:
-        return str(request.url.with_path(raw_path, encoded=True).with_query(None))
-    return base + raw_path
+    return base_url(request) + raw_path
 
 
 @functools.lru_cache(maxsize=8)

@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from stations.api import keys
+from stations.api import keys, public
 from stations.api.auth import covers_pattern, needs
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
@@ -112,12 +112,6 @@ def _id(request: web.Request) -> str:
     return spec.valid_id(request.match_info["id"])
 
 
-def _base_url(request: web.Request) -> str:
-    """Where receivers call back: ``--public-url``, else what the creating request reached
-    (``http`` behind a TLS proxy, or a loopback address when created on the server's host)."""
-    return request.app[keys.PUBLIC_URL] or f"{request.scheme}://{request.host}"
-
-
 @needs("open")  # the public signing keys
 @_handler
 async def jwks(request: web.Request) -> web.Response:
@@ -137,7 +131,7 @@ async def put_subscription(request: web.Request) -> web.Response:
     if definition.webhook_url is not None:
         await resolve_refusal(definition.webhook_url, request.app[keys.WEBHOOKS_ALLOW_LOOPBACK])
     service = request.app[keys.SERVICE]
-    base_url = _base_url(request)
+    base_url = public.base_url(request)
     try:
         _, created = await service.write(links.create_or_confirm, sub_id, definition, base_url)
     except AlreadyExists:
@@ -279,12 +273,9 @@ def routes() -> list[web.RouteDef]:
     ]
 
 
-def setup(
-    app: web.Application, *, allow_loopback: bool = False, public_url: str | None = None
-) -> None:
-    """The routes; call before the stream routes are added."""
+def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
+    """The routes; call before the stream routes are added (after ``keys.PUBLIC_URL``)."""
     app[keys.WEBHOOKS_ALLOW_LOOPBACK] = allow_loopback
-    app[keys.PUBLIC_URL] = public_url
     app.router.add_routes(routes())
     if links.purge_stream not in lifecycle.purge_hooks:
         lifecycle.purge_hooks.append(links.purge_stream)
