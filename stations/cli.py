@@ -84,7 +84,11 @@ def _public_url(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not an http(s) URL such as https://stations.example.com"
         )
-    return value.rstrip("/")
+    from yarl import URL  # aiohttp's, installed with the base package
+
+    # As clients send it: a Location built on it must be a URI (its path percent-encoded), and
+    # browsers name an international host in its IDNA form in Host and Origin.
+    return str(URL(value)).rstrip("/")
 
 
 def _is_loopback(host: str) -> bool:

@@ -103,3 +103,27 @@ async def test_a_time_without_its_zone_is_refused_by_every_field_in_the_same_wor
     assert {a[0] for a in answers} == {400}, answers
     assert len({a[1] for a in answers}) == 1, answers
     assert "zone" in answers[0][1]
+
+
+async def test_a_seek_refuses_epoch_ms_past_9999_as_a_lookup_does(api: Api) -> None:
+    st = await api.station()
+    await api.produce(st, [{"i": 1}])
+    await api.put_group(st, "g")
+    late = 253_402_300_800_000  # 10000-01-01T00:00:00Z
+    status, said = await _lookup(api, st, str(late))
+    assert status == 400 and said["error"]["field"] == "time", said
+    r = await api.c.post(api.path(st, "groups", "g", "seek"), json={"time": late})
+    assert r.status_code == 400 and field_of(r) == "time", r.text
+
+
+async def test_a_point_without_fraction_digits_is_refused(api: Api) -> None:
+    """Python's reader takes ``00:00:00.Z``; ISO 8601 and RFC 3339 do not."""
+    st = await api.station()
+    await api.produce(st, [{"i": 1}])
+    await api.put_group(st, "g")
+    r = await api.c.post(
+        api.path(st, "groups", "g", "seek"), json={"time": "2026-01-01T00:00:00.Z"}
+    )
+    assert r.status_code == 400 and field_of(r) == "time", r.text
+    status, said = await _lookup(api, st, "2026-01-01T00:00:00.Z")
+    assert status == 400 and said["error"]["field"] == "time", said

@@ -137,3 +137,27 @@ async def test_behind_a_tls_proxy_the_public_origin_is_the_servers_own(
         assert r.status_code == 200, r.text
         r = await http.get("/api/stations/o", headers={"Host": "evil.example.com"})
         assert r.status_code == 403 and r.json()["error"]["field"] == "Host"
+
+
+async def test_the_public_url_is_kept_as_clients_send_it(
+    make_server: MakeServer, tmp_path: Path
+) -> None:
+    """Kept as typed, an international host name and a space in the path went into
+    ``Location`` raw (not a URI), and the host was never matched: browsers send its IDNA form
+    in ``Host`` and ``Origin`` (review)."""
+    server = make_server(
+        f"sqlite:///{tmp_path / 'i.db'}", "--public-url", "https://bücher.example/a b"
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        r = await http.put("/v1/stream/x", json=[1])
+        assert r.status_code == 201, r.text
+        assert r.headers["Location"] == "https://xn--bcher-kva.example/a%20b/v1/stream/x"
+        r = await http.get("/api/stations/x", headers={"Host": "xn--bcher-kva.example"})
+        assert r.status_code == 200, r.text
+        own = {"Origin": "https://xn--bcher-kva.example"}
+        r = await http.post("/api/stations", json={"name": "y"}, headers=own)
+        assert r.status_code == 201, r.text
+        r = await http.get("/api/openapi.yaml")
+        [entry] = yaml.safe_load(r.text)["servers"]
+        assert entry["url"] == "https://xn--bcher-kva.example/a%20b"
+        assert "default address" not in entry["description"]

@@ -70,14 +70,16 @@ async def console_index(_request: web.Request) -> web.FileResponse:
 
 
 OPENAPI = Path(__file__).with_name("openapi.yaml")
-_SERVERS = re.compile(r"^servers:\n  - url: .*$", re.MULTILINE)
+_SERVERS = re.compile(r"^servers:\n  - url: .*\n    description: .*$", re.MULTILINE)
 
 
 @functools.lru_cache(maxsize=4)
 def _openapi_at(public_url: str) -> bytes:
     """The document with ``--public-url`` as its one server (it names the default address)."""
     text, found = _SERVERS.subn(
-        f"servers:\n  - url: {json.dumps(public_url)}", OPENAPI.read_text(encoding="utf-8"), 1
+        f"servers:\n  - url: {json.dumps(public_url)}\n    description: this server (--public-url)",
+        OPENAPI.read_text(encoding="utf-8"),
+        1,
     )
     if not found:
         raise RuntimeError("openapi.yaml has no 'servers:' list of one url to replace")

@@ -590,7 +590,7 @@ def parse_seek(raw: Any) -> tuple[str, Any]:
         raise BadRequest("give exactly one of to and time", "to")
     if "time" in raw:
         value = raw["time"]
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= instants.MAX_MS:
             return "time", value
         if isinstance(value, str):
             return "time", instants.parse(value, "time").ms

@@ -22,6 +22,9 @@ _RFC3339 = re.compile(
 )
 
 
+_BARE_POINT = re.compile(r"[.,](?![0-9])")
+
+
 class Instant(NamedTuple):
     us: int  # microseconds since the epoch
     finer: bool  # fraction digits past the microsecond were given: they are dropped
@@ -44,6 +47,8 @@ def parse(value: object, field: str, *, rfc3339: bool = False) -> Instant:
     if text is None or (rfc3339 and _RFC3339.fullmatch(text) is None):
         form = "an RFC 3339 date-time" if rfc3339 else "a date and time with its zone"
         raise BadRequest(f"{field} must be {form}, {example}", field)
+    if _BARE_POINT.search(text):  # "00:00:00.Z": Python reads it, ISO 8601 does not
+        raise BadRequest(f"{field} must be a date and time with its zone, {example}", field)
     # Python keeps six fraction digits and refuses a seventh in some forms: cut them first.
     fraction = re.search(r"[.,]([0-9]+)", text)
     finer = fraction is not None and len(fraction.group(1)) > 6
