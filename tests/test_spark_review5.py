@@ -186,10 +186,10 @@ def test_a_retried_task_without_message_ids_is_said_to_have_stored_rows_twice(
     ), got
     summary = pipeline.Summary("ingest", name, 300, 300, 0, 1.0, retried=1, no_ids=True, grew=340)
     assert summary.warnings() == [
-        "stations pipeline: warning: 1 task failed and was run again by Spark: without "
-        "message ids, rows stored before the failure were stored again (the station grew by 340 "
-        "messages during the job, for 300 rows read; messages other writers sent meanwhile "
-        "count too)"
+        "stations pipeline: warning: 1 task ran more than once (retried after a failure, or "
+        "speculatively): without message ids, rows an earlier attempt stored may have been "
+        "stored again (the station grew by 340 messages during the job, for 300 rows read; "
+        "messages other writers sent meanwhile count too)"
     ]
 
 

@@ -212,9 +212,11 @@ class Summary:
                 f"{self.rows_read:,} rows read; messages other writers sent meanwhile count too)"
             )
         return [
-            f"stations pipeline: warning: {_tasks(self.retried)} failed and "
-            f"{'was' if self.retried == 1 else 'were'} run again by Spark: without message ids, "
-            f"rows stored before the failure were stored again{grew}"
+            # An attempt past the first is a retry after a failure or a speculative copy: either
+            # may have stored what another attempt of the task stored.
+            f"stations pipeline: warning: {_tasks(self.retried)} ran more than once (retried "
+            "after a failure, or speculatively): without message ids, rows an earlier attempt "
+            f"stored may have been stored again{grew}"
         ]
 
 
