@@ -507,12 +507,7 @@ def _lease(text: str, where: str) -> dict[str, Any]:
     where = f"{where} {text!r}"
     parts: list[Any]
     if text.startswith("{"):
-        try:
-            item = json.loads(text)
-        except ValueError:
-            item = None
-        if not isinstance(item, dict):
-            raise Usage(f"{where} is not a JSON object")
+        item = _json_line(text, where)
         # Other fields (a fetched message's data, id, headers) are left out.
         parts = [item.get("offset"), item.get("deliveryCount"), item.get("ackDeadline")]
     else:
@@ -531,6 +526,17 @@ def _lease(text: str, where: str) -> dict[str, Any]:
     return {"offset": offset, "deliveryCount": count, "ackDeadline": deadline}
 
 
+def _json_line(text: str, where: str) -> dict[str, Any]:
+    """A line that is a JSON object (one of ``group fetch --json``)."""
+    try:
+        item = json.loads(text)
+    except ValueError:
+        item = None
+    if not isinstance(item, dict):
+        raise Usage(f"{where} is not a JSON object")
+    return item
+
+
 def _aware(text: str) -> bool:
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo is not None
@@ -543,15 +549,7 @@ def _offset_line(text: str, where: str) -> str:
     ``group fetch --json``); ``where`` says which line, for the error."""
     text = text.strip()
     where = f"{where} {text!r}"
-    offset: Any = text
-    if text.startswith("{"):
-        try:
-            item = json.loads(text)
-        except ValueError:
-            item = None
-        if not isinstance(item, dict):
-            raise Usage(f"{where} is not a JSON object")
-        offset = item.get("offset")
+    offset: Any = _json_line(text, where).get("offset") if text.startswith("{") else text
     if not (isinstance(offset, str) and _OFFSET.fullmatch(offset)):
         raise Usage(f"{where}: {offset!r} is not an offset (0000000000000042_0000000000000000)")
     return offset
