@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
     Usage,
     duration_ms,
-    in_chunks,
     payload_fields,
     payload_text,
     print_json,
@@ -134,7 +132,6 @@ async def _group_exists(args: argparse.Namespace, station: Station) -> None:
 
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}")  # as dls ls gives them
-MAX_IDS = 10_000  # per request (the API's limit)
 
 
 def _selection(args: argparse.Namespace) -> None:
@@ -148,21 +145,6 @@ def _selection(args: argparse.Namespace) -> None:
             raise Usage(f"ID {entry!r} is not a DLS entry id (a number, see: stations dls ls)")
 
 
-async def _by_ids(
-    args: argparse.Namespace, send: Callable[[list[str] | None], Awaitable[int]]
-) -> int:
-    """``send`` once for --all, else once per MAX_IDS ids (more in one request is refused
-    whole, as ``xargs`` may well give); returns how many entries were handled."""
-    if args.all:
-        return await send(None)
-    return await in_chunks(
-        args.ids,
-        MAX_IDS,
-        lambda ids: send(list(ids)),
-        lambda sent, done: f"{done} of the first {sent} IDs were handled before",
-    )
-
-
 MAX_REPLAY_DELAY_MS = 604_800_000  # the API's limit of delayMs: 7 days
 
 
@@ -172,11 +154,9 @@ async def replay(args: argparse.Namespace, client: Client) -> int:
         raise Usage("--delay must be at most 7d")
     station = client.station(args.station)
     await _group_exists(args, station)
-    n = await _by_ids(
-        args,
-        lambda ids: station.replay_dead_letters(
-            ids, all=args.all, group=args.group, delay_ms=args.delay
-        ),
+    # The SDK sends any number of IDs, in requests of as many as the API takes.
+    n = await station.replay_dead_letters(
+        args.ids or None, all=args.all, group=args.group, delay_ms=args.delay
     )
     if args.json:
         print_json({"replayed": n})
@@ -188,7 +168,7 @@ async def replay(args: argparse.Namespace, client: Client) -> int:
 async def drop(args: argparse.Namespace, client: Client) -> int:
     _selection(args)
     station = client.station(args.station)
-    n = await _by_ids(args, lambda ids: station.drop_dead_letters(ids, all=args.all))
+    n = await station.drop_dead_letters(args.ids or None, all=args.all)
     if args.json:
         print_json({"dropped": n})
     else:
