@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from stations.api import keys
 from stations.api.auth import needs
-from stations.api.stations import json_body, query_once, station_name
+from stations.api.stations import json_body, page_query, paged, query_once, station_name
 from stations.domain import cursors, instants
 from stations.domain.service import Service
 from stations.errors import BadRequest
@@ -26,8 +26,13 @@ def _cursor(request: web.Request) -> str:
 
 @needs("read")
 async def list_cursors(request: web.Request) -> web.Response:
-    found = await _service(request).cursors(station_name(request))
-    return web.json_response({"cursors": found})
+    """Every cursor (the whole list); with ``limit``, ``after``, ``prefix`` or ``contains`` a
+    page of them by name."""
+    page = page_query(request)
+    if page is None:
+        found = await _service(request).cursors(station_name(request))
+        return web.json_response({"cursors": found})
+    return paged("cursors", await _service(request).cursors(station_name(request), page), page)
 
 
 @needs("read")

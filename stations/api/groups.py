@@ -11,6 +11,8 @@ from stations.api.auth import needs, require_station
 from stations.api.stations import (
     _int_param,
     json_body,
+    page_query,
+    paged,
     query_once,
     service,
     settings_body,
@@ -29,6 +31,7 @@ from stations.domain.groups import (
 )
 from stations.domain.instants import format_ms
 from stations.domain.offsets import encode
+from stations.domain.pages import BY_LAG, BY_NAME
 from stations.domain.station import MAX_ACK_MS, MIN_ACK_MS
 from stations.errors import BadRequest
 
@@ -80,7 +83,18 @@ def _exists(request: web.Request) -> bool | None:
 
 @needs("consume")
 async def list_groups(request: web.Request) -> web.Response:
-    return web.json_response({"groups": await service(request).groups(station_name(request))})
+    """Every group (the contract's list); with ``limit``, ``after``, ``prefix`` or ``contains``
+    a page of them by name; with ``order=lag`` the ``limit`` furthest behind, one page only."""
+    order = query_once(request, "order")
+    if order not in (None, BY_NAME, BY_LAG):
+        raise BadRequest(f"order must be {BY_NAME} or {BY_LAG}", "order")
+    page = page_query(request, order=order)
+    if page is None:
+        return web.json_response({"groups": await service(request).groups(station_name(request))})
+    if page.order == BY_LAG and page.after is not None:
+        # Lags move between two requests: a group would be answered twice, or never.
+        raise BadRequest("order=lag answers one page: after is not taken with it", "after")
+    return paged("groups", await service(request).groups(station_name(request), page), page)
 
 
 @needs("admin")

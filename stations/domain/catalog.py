@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from stations.domain import idwindow
@@ -18,6 +17,7 @@ from stations.domain.instants import format_ms as iso
 from stations.domain.lifecycle import CreateRequest, CreateResult, create, created_as_known
 from stations.domain.log import live_stream
 from stations.domain.offsets import encode
+from stations.domain.pages import Page, collect
 from stations.domain.streams import upkeep_columns
 from stations.errors import NotFound
 from stations.records import StreamState
@@ -79,22 +79,6 @@ def patch_station(
     return state
 
 
-PAGE_CHUNK = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """Which stations a list shows: those ``shown`` (a scoped token's), by name, after
-    ``after``, starting with ``prefix`` and holding ``contains`` (ignoring case: ASCII
-    letters' on SQLite), at most ``limit``."""
-
-    limit: int
-    after: str | None = None
-    prefix: str = ""
-    contains: str = ""
-    shown: Callable[[str], bool] | None = None
-
-
 def views(
     tx: Tx, now: int, name: str | None = None, page: Page | None = None
 ) -> list[dict[str, Any]]:
@@ -121,21 +105,16 @@ def views(
 
 def _page(tx: Tx, now: int, page: Page) -> list[StreamState]:
     """The page's stations, one more than its limit if there are: read from the database a
-    page at a time, as expired ones and those a token does not cover are left out."""
-    out: list[StreamState] = []
-    after = page.after
-    # Most rows pass (a scoped token leaves out others): read in chunks of at least a
-    # thousand, not of the page's size, or a token covering few of 6,000 stations read
-    # 3,000 pages of two to fill one (10 s on PostgreSQL).
-    size = max(page.limit + 1, PAGE_CHUNK)
-    while len(out) <= page.limit:
-        chunk = rows.page(tx, after, page.prefix, page.contains, size)
-        shown = page.shown
-        out += [s for s in chunk if not s.expired(now) and (shown is None or shown(s.name))]
-        if len(chunk) < size:
-            break
-        after = chunk[-1].name
-    return out[: page.limit + 1]
+    chunk at a time, as expired ones and those a token does not cover are left out."""
+    shown = page.shown
+
+    def keep(state: StreamState) -> bool:
+        return not state.expired(now) and (shown is None or shown(state.name))
+
+    def read(after: str | None, size: int) -> list[StreamState]:
+        return rows.page(tx, after, page.prefix, page.contains, size)
+
+    return collect(page, read, lambda state: state.name, keep)
 
 
 def _view(state: StreamState, ids_in_window: int, extra: dict[str, int]) -> dict[str, Any]:

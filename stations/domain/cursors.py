@@ -13,6 +13,7 @@ from stations.domain.fields import body_of
 from stations.domain.instants import format_ms as iso
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode
+from stations.domain.pages import Page, collect
 from stations.errors import BadRequest, NotFound
 from stations.records import StreamState
 from stations.store import cursors as store
@@ -68,9 +69,19 @@ def commit(batch: Batch, station: str, name: str, raw: Any) -> dict[str, Any]:
     return view(state, name, position, batch.now)
 
 
-def views(tx: Tx, station: str, now: int) -> list[dict[str, Any]]:
+def views(tx: Tx, station: str, now: int, page: Page | None = None) -> list[dict[str, Any]]:
+    """The station's cursors by name, or a ``page`` of them (one more than its limit: the
+    caller tells whether a next page exists)."""
     state = live_stream(load(tx, station), station, now)
-    return [view(state, *row) for row in store.rows(tx, state.id)]
+    if page is None:
+        found = store.rows(tx, state.id)
+    else:
+
+        def read(after: str | None, size: int) -> list[tuple[str, int, int]]:
+            return store.page(tx, state.id, after, page.prefix, page.contains, size)
+
+        found = collect(page, read, lambda row: row[0])
+    return [view(state, *row) for row in found]
 
 
 def one(tx: Tx, station: str, name: str, now: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from stations.domain import dls, instants, isolate, reads
 from stations.domain.fields import body_of, integer, object_of
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
+from stations.domain.pages import BY_LAG, Page, collect
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
 from stations.errors import BadRequest, NotFound, PreconditionFailed
 from stations.records import StreamState
@@ -211,12 +212,31 @@ def lag(tail: int, cursor: int, head: int) -> int:
     return max(0, tail - max(cursor, head))
 
 
-def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
+def views(
+    conn: Connection, station: str, now: int, page: Page | None = None
+) -> list[dict[str, Any]]:
+    """The station's groups with their figures, by name; or a ``page`` of them, or ordered by
+    lag the ``limit`` furthest behind. A page by name has one more, holding its name only: the
+    caller tells from it that a next page exists. The figures are counted for the page's
+    groups only, in one statement."""
     state = live_stream(load(conn, station), station, now)
-    rows = [Group(**row) for row in store.of_stream(conn, state.id)]
-    queues = store.queue_figures(conn, [group.id for group in rows])  # one statement for all
     head = dropped_through(conn, state)
-    out = []
+    if page is None:
+        found = store.of_stream(conn, state.id)
+    elif page.order == BY_LAG:
+        found = store.furthest_behind(
+            conn, state.id, head, state.tail, page.prefix, page.contains, page.limit
+        )
+    else:
+
+        def read(after: str | None, size: int) -> list[dict[str, Any]]:
+            return store.page(conn, state.id, after, page.prefix, page.contains, size)
+
+        found = collect(page, read, lambda row: str(row["name"]))
+    lookahead = found[page.limit :] if page is not None else []
+    rows = [Group(**row) for row in found[: len(found) - len(lookahead)]]
+    queues = store.queue_figures(conn, [group.id for group in rows])  # one statement for all
+    out: list[dict[str, Any]] = []
     for group in rows:
         waiting, in_flight, dead = queues[group.id]
         behind = lag(state.tail, group.cursor, head)
@@ -232,7 +252,7 @@ def views(conn: Connection, station: str, now: int) -> list[dict[str, Any]]:
                 "cursor": encode(group.cursor),
             }
         )
-    return out
+    return out + [{"name": row["name"]} for row in lookahead]
 
 
 # -- delivery ---------------------------------------------------------------------------------

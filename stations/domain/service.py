@@ -36,6 +36,7 @@ from stations.domain.lifecycle import CreateRequest, CreateResult
 from stations.domain.log import AppendRequest, AppendResult, SequenceGap
 from stations.domain.notify import Notifier
 from stations.domain.offsets import EARLIEST, Start
+from stations.domain.pages import Page
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
 from stations.errors import Gone, StationsError, Unavailable
@@ -513,7 +514,7 @@ class Service:
     async def station(self, name: str) -> dict[str, Any]:
         return await self.read_db(catalog.view_of, now_ms(), name)
 
-    async def stations(self, page: catalog.Page | None = None) -> list[dict[str, Any]]:
+    async def stations(self, page: Page | None = None) -> list[dict[str, Any]]:
         """Every station's view, or a ``page`` of them (one more than its limit)."""
         return await self.read_db(catalog.views, now_ms(), None, page)
 
@@ -552,8 +553,9 @@ class Service:
 
     # -- reader cursors --------------------------------------------------------------------------
 
-    async def cursors(self, station: str) -> list[dict[str, Any]]:
-        return await self.read_db(cursors.views, station, now_ms())
+    async def cursors(self, station: str, page: Page | None = None) -> list[dict[str, Any]]:
+        """The station's reader cursors, or a ``page`` of them (one more than its limit)."""
+        return await self.read_db(cursors.views, station, now_ms(), page)
 
     async def cursor(self, station: str, name: str) -> dict[str, Any]:
         return await self.read_db(cursors.one, station, name, now_ms())
@@ -585,8 +587,10 @@ class Service:
         forget = functools.partial(self.tally.forget, station, name)
         await self.write(groups.remove, station, name, then=lambda _: forget(), locks=(station,))
 
-    async def groups(self, station: str) -> list[dict[str, Any]]:
-        return await self.read_db(groups.views, station, now_ms())
+    async def groups(self, station: str, page: Page | None = None) -> list[dict[str, Any]]:
+        """The station's groups, or a ``page`` of them (one more than its limit; ordered by
+        lag, the ``limit`` furthest behind)."""
+        return await self.read_db(groups.views, station, now_ms(), page)
 
     async def fetch(
         self, station: str, group: str, max_count: int, wait_s: float, consumer: str

@@ -35,6 +35,20 @@ def rows(tx: Tx, stream_id: int, name: str | None = None) -> list[tuple[str, int
     return [(r[0], r[1], r[2]) for r in db.conn_of(tx).execute(query.order_by(cursors.c.name))]
 
 
+def page(
+    tx: Tx, stream_id: int, after: str | None, prefix: str, contains: str, limit: int
+) -> list[tuple[str, int, int]]:
+    """(name, position, updated_at) of one page of the stream's cursors by name (see
+    ``db.name_page``), read through the (stream_id, name) key: the primary key, on PostgreSQL
+    its code point twin ``ix_cursors_stream_name_c``."""
+    conn = db.conn_of(tx)
+    query = select(cursors.c.name, cursors.c.position, cursors.c.updated_at).where(
+        cursors.c.stream_id == stream_id
+    )
+    query = db.name_page(conn, query, cursors.c.name, after, prefix, contains, limit)
+    return [(r[0], r[1], r[2]) for r in conn.execute(query)]
+
+
 def remove(tx: Tx, stream_id: int, name: str | None = None) -> int:
     stmt = delete(cursors).where(cursors.c.stream_id == stream_id)
     if name is not None:

@@ -172,6 +172,53 @@ def by_code_point(conn: Connection, column: Any) -> Any:
     return column.collate("C") if _postgresql(conn) else column
 
 
+def name_page(
+    conn: Connection,
+    query: Any,
+    column: Any,
+    after: str | None,
+    prefix: str,
+    contains: str,
+    limit: int,
+) -> Any:
+    """``query`` (a select) narrowed to one page of a list by name: up to ``limit`` rows, by
+    ``column`` in code point order, after ``after`` (see ``name_filter``)."""
+    name = by_code_point(conn, column)
+    if after is not None:
+        query = query.where(name > after)
+    return name_filter(conn, query, column, prefix, contains).order_by(name).limit(limit)
+
+
+def name_filter(conn: Connection, query: Any, column: Any, prefix: str, contains: str) -> Any:
+    """``query`` narrowed to the names in ``column`` that start with ``prefix`` (exactly) and
+    hold ``contains`` (ignoring case: ASCII letters' on SQLite, all on PostgreSQL; a % or _ is
+    a character). The prefix is also a range of names in code point order, so an index on the
+    name (after the columns ``query`` fixes, such as the station's) seeks to it and stops past
+    it, instead of reading every name after it."""
+    if prefix:
+        name = by_code_point(conn, column)
+        query = query.where(func.substr(column, 1, len(prefix)) == prefix, name >= prefix)
+        beyond = _past_prefix(prefix)
+        if beyond is not None:
+            query = query.where(name < beyond)
+    if contains:
+        query = query.where(column.icontains(contains, autoescape=True))
+    return query
+
+
+def _past_prefix(prefix: str) -> str | None:
+    """The first name in code point order after every name that starts with ``prefix`` (its
+    last character's successor; a surrogate is no character, so after U+D7FF comes U+E000),
+    or None when there is none (the prefix is all U+10FFFF)."""
+    for end in range(len(prefix) - 1, -1, -1):
+        point = ord(prefix[end]) + 1
+        if point == 0xD800:
+            point = 0xE000
+        if point <= 0x10FFFF:
+            return prefix[:end] + chr(point)
+    return None
+
+
 def lock_name(conn: Connection, name: str) -> None:
     """Serialize, until the commit, every process's transactions that take this name (a create
     of one stream name). One process alone (SQLite's single writer) needs no lock."""

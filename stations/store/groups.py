@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Table, and_, case, delete, func, insert, select, update
 
 from stations.store import db, sql
 from stations.store.schema import deliveries, dls, groups, lease_ranges, messages, streams
@@ -37,6 +37,34 @@ def of_stream(conn: Connection, stream_id: int) -> list[dict[str, Any]]:
         select(groups).where(groups.c.stream_id == stream_id).order_by(groups.c.name)
     ).all()
     return [dict(r._mapping) for r in rows]
+
+
+def page(
+    conn: Connection, stream_id: int, after: str | None, prefix: str, contains: str, limit: int
+) -> list[dict[str, Any]]:
+    """One page of the stream's groups by name (see ``db.name_page``), read through the
+    (stream_id, name) index: ``ux_groups_stream_name``, on PostgreSQL its code point twin
+    ``ix_groups_stream_name_c``."""
+    query = select(groups).where(groups.c.stream_id == stream_id)
+    query = db.name_page(conn, query, groups.c.name, after, prefix, contains, limit)
+    return [dict(r._mapping) for r in conn.execute(query).all()]
+
+
+def furthest_behind(
+    conn: Connection, stream_id: int, head: int, tail: int, prefix: str, contains: str, limit: int
+) -> list[dict[str, Any]]:
+    """The stream's ``limit`` groups (those starting with ``prefix`` and holding ``contains``)
+    with the most messages left, then by name. A group's lag is ``tail - max(cursor, head)``,
+    at least 0 (``stations.domain.groups.lag``): the order of the cursor held between ``head``
+    and ``tail``. It reads the row of every group of the stream (through the stream's part of
+    its index) to sort them, none of their deliveries."""
+    held = case(
+        (groups.c.cursor < head, head), (groups.c.cursor > tail, tail), else_=groups.c.cursor
+    )
+    query = select(groups).where(groups.c.stream_id == stream_id)
+    query = db.name_filter(conn, query, groups.c.name, prefix, contains)
+    query = query.order_by(held, db.by_code_point(conn, groups.c.name)).limit(limit)
+    return [dict(r._mapping) for r in conn.execute(query).all()]
 
 
 def ids_of_stream(conn: Connection, stream_id: int) -> set[int]:

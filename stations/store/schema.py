@@ -168,6 +168,8 @@ groups = Table(
     sqlite_autoincrement=True,  # as streams: a deleted group's id is not handed out again
 )
 Index("ux_groups_stream_name", groups.c.stream_id, groups.c.name, unique=True)
+# PostgreSQL also has ix_groups_stream_name_c on (stream_id, name COLLATE "C") (and the cursors
+# ix_cursors_stream_name_c): pages of names in code point order (migration 0018).
 
 deliveries = Table(
     "deliveries",

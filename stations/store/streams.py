@@ -56,16 +56,10 @@ def page(tx: Tx, after: str | None, prefix: str, contains: str, limit: int) -> l
     """Up to ``limit`` rows not deleted, by name, after ``after``, starting with ``prefix``
     (exactly) and holding ``contains`` (ignoring case): one page of a list, without
     reading every row (at 10,000 stations that took 100 ms of the 120 a page cost)."""
-    name = _by_name(tx)
+    conn = db.conn_of(tx)
     query = select(streams).where(streams.c.deleted.is_(False))
-    if after is not None:
-        query = query.where(name > after)
-    if prefix:
-        query = query.where(func.substr(streams.c.name, 1, len(prefix)) == prefix)
-    if contains:
-        query = query.where(streams.c.name.icontains(contains, autoescape=True))
-    rows = db.conn_of(tx).execute(query.order_by(name).limit(limit)).all()
-    return [StreamState.from_tuple(tuple(r)) for r in rows]
+    query = db.name_page(conn, query, streams.c.name, after, prefix, contains, limit)
+    return [StreamState.from_tuple(tuple(r)) for r in conn.execute(query).all()]
 
 
 def expiring(tx: Tx, now: int) -> list[str]:
