@@ -3,7 +3,7 @@
 ``/cursors``, an extension of the contract): the console downloaded every group of a station
 every two seconds to show a hundred (855 KB at 5,000 groups), and the Overview read them all to
 chart six. Without those parameters each list is the contract's, whole. Over HTTP on both
-engines; the statements a page sends are counted in-process."""
+engines, through the SDK and the CLI; the statements a page sends are counted in-process."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import Connection, event
 
+from stations.client import Client, GroupPage
+from stations.client.sync import SyncClient
 from stations.domain import cursors as domain_cursors
 from stations.domain import groups as domain_groups
 from stations.domain.pages import Page
@@ -26,6 +28,8 @@ from stations.store import cursors as cursor_rows
 from stations.store import groups as group_rows
 from stations.store.clock import now_ms
 from stations.store.streams import load
+from tests import clikit
+from tests.clikit import ok
 from tests.harness import Server
 from tests.module_server import ENGINES, module_server
 
@@ -262,6 +266,62 @@ def test_pages_walk_every_cursor_by_name(http: httpx.Client, wide: str) -> None:
     whole = http.get(f"/api/stations/{wide}/cursors").json()
     assert list(whole) == ["cursors"]
     assert [c["name"] for c in whole["cursors"]] == CURSOR_NAMES
+
+
+# -- the SDK and the CLI -----------------------------------------------------------------------
+
+
+async def test_the_sdk_pages_groups(server: Server, wide: str) -> None:
+    async with Client(server.url) as client:
+        station = client.station(wide)
+        page = await station.group_page(limit=100)
+        assert isinstance(page, GroupPage)
+        assert [g.name for g in page.groups] == GROUPS[:100] and page.next == GROUPS[99]
+        seen: list[str] = []
+        after = None
+        while True:
+            page = await station.group_page(100, after, prefix="g1")
+            seen += [g.name for g in page.groups]
+            if page.next is None:
+                break
+            after = page.next
+        assert seen == [n for n in GROUPS if n.startswith("g1")]
+        page = await station.group_page(5, contains="eu")
+        assert [g.name for g in page.groups] == [n for n in GROUPS if n.endswith("-EU")][:5]
+        lag = await station.group_page(3, order="lag")
+        assert len(lag.groups) == 3 and lag.next is None
+        assert len(await station.groups()) == WIDE  # the whole list, as before
+
+
+def test_the_sync_sdk_pages_groups(server: Server, wide: str) -> None:
+    with SyncClient(server.url) as client:
+        page = client.station(wide).group_page(2, GROUPS[10])
+        assert [g.name for g in page.groups] == GROUPS[11:13] and page.next == GROUPS[12]
+
+
+def test_the_cli_lists_every_group_or_a_page(server: Server, wide: str) -> None:
+    rows = ok(clikit.run("group", "ls", wide, url=server.url)).strip().splitlines()
+    assert rows[0].split()[0] == "NAME"
+    assert [row.split()[0] for row in rows[1:]] == GROUPS
+    listed = json.loads(ok(clikit.run("group", "ls", wide, "--json", url=server.url)))
+    assert [g["name"] for g in listed] == GROUPS
+    proc = clikit.run("group", "ls", wide, "--prefix", "g1", "--limit", "30", url=server.url)
+    tens = [n for n in GROUPS if n.startswith("g1")]
+    assert proc.returncode == 0, proc.stderr
+    assert [row.split()[0] for row in proc.stdout.strip().splitlines()[1:]] == tens[:30]
+    # Said apart from the table: it is not every group.
+    assert (
+        proc.stderr
+        == f"stations: 30 shown, more after {tens[29]} (--after {tens[29]}, or a larger --limit)\n"
+    )
+    proc = clikit.run(
+        "group", "ls", wide, "--contains", "eu", "--after", "g200-EU", "--json", url=server.url
+    )
+    assert [g["name"] for g in json.loads(ok(proc))] == ["g210-EU", "g220-EU", "g230-EU", "g240-EU"]
+    shown = json.loads(ok(clikit.run("group", "show", wide, "g010-EU", "--json", url=server.url)))
+    assert shown["name"] == "g010-EU"
+    proc = clikit.run("group", "show", wide, "g010", url=server.url)
+    assert proc.returncode == 3 and "group g010 not found" in proc.stderr, proc.stderr
 
 
 # -- scoped tokens -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -25,6 +25,7 @@ from stations.client.models import (
     DeadLetterPage,
     DeadLetterSettings,
     GroupInfo,
+    GroupPage,
     MessagePage,
     NewMessage,
     Produced,
@@ -443,6 +444,35 @@ class Station:
             "GET", self._api("groups"), what=f"groups of {self.name}"
         )
         return [GroupInfo.from_wire(g) for g in reply.json().get("groups", [])]
+
+    async def group_page(
+        self,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        prefix: str | None = None,
+        contains: str | None = None,
+        order: Literal["name", "lag"] = "name",
+    ) -> GroupPage:
+        """One page of the station's groups by name (``limit`` 1 to 1000): those after
+        ``after`` (pass the page's ``next`` for the next page), starting with ``prefix`` and
+        holding ``contains`` (ignoring case), each with its figures. ``order="lag"``: the
+        ``limit`` groups furthest behind, largest lag first, as one page (``next`` is None;
+        ``after`` is refused). ``groups()`` answers them all at once."""
+        params = {"limit": str(limit)}
+        if after is not None:
+            params["after"] = after
+        if prefix:
+            params["prefix"] = prefix
+        if contains:
+            params["contains"] = contains
+        if order != "name":
+            params["order"] = order
+        reply = await self.client.http.call(
+            "GET", self._api("groups"), params=params, what=f"groups of {self.name}"
+        )
+        body = reply.json()
+        return GroupPage([GroupInfo.from_wire(g) for g in body.get("groups", [])], body.get("next"))
 
     async def delete_group(self, group: str) -> None:
         await self.client.http.call(

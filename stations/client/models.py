@@ -242,6 +242,15 @@ class DeadLetterPage:
     next: str | None
 
 
+@dataclass(frozen=True)
+class GroupPage:
+    """A page of a station's groups (``Station.group_page``); ``next`` is the ``after`` of the
+    next page, None on the last."""
+
+    groups: list[GroupInfo]
+    next: str | None
+
+
 def _redrive(view: Any) -> RedrivePolicy | None:
     if not isinstance(view, Mapping):
         return None

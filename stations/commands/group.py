@@ -52,6 +52,15 @@ def add_parser(
         epilog=epilog,
     )
     ls.add_argument("station", help="station name")
+    ls.add_argument("--prefix", help="only groups whose names start with this")
+    ls.add_argument("--contains", help="only groups whose names hold this (ignoring case)")
+    ls.add_argument(
+        "-n",
+        "--limit",
+        type=int,
+        help="at most this many, by name (default: every group, read a page at a time)",
+    )
+    ls.add_argument("--after", metavar="GROUP", help="the groups after this one (the next page)")
     ls.set_defaults(handler=list_groups)
 
     show = verbs.add_parser("show", parents=[common], help="one group", epilog=epilog)
@@ -393,8 +402,32 @@ def _wire(group: GroupInfo) -> dict[str, Any]:
     }
 
 
+LIST_PAGE = 1000  # groups a request of ``group ls`` asks for (the server's largest page)
+
+
 async def list_groups(args: argparse.Namespace, client: Client) -> int:
-    groups = await client.station(args.station).groups()
+    if args.limit is not None and args.limit < 1:
+        raise Usage("--limit must be at least 1")
+    station = client.station(args.station)
+    groups: list[GroupInfo] = []
+    after = args.after
+    more = None  # the name after which the groups left out start, if some were
+    wanted = args.limit
+    while wanted is None or len(groups) < wanted:
+        size = LIST_PAGE if wanted is None else min(LIST_PAGE, wanted - len(groups))
+        page = await station.group_page(size, after, prefix=args.prefix, contains=args.contains)
+        groups += page.groups
+        more = page.next
+        if page.next is None or not page.groups:
+            break
+        after = page.next
+    if more is not None:
+        # The table alone read as every group: say that it is not, and how to go on.
+        print(
+            f"stations: {len(groups)} shown, more after {more} "
+            f"(--after {more}, or a larger --limit)",
+            file=sys.stderr,
+        )
     if args.json:
         print_json([_wire(g) for g in groups])
         return 0
@@ -420,7 +453,9 @@ async def list_groups(args: argparse.Namespace, client: Client) -> int:
 async def _find(client: Client, station: str, name: str) -> GroupInfo:
     from stations.client import GroupNotFound
 
-    for group in await client.station(station).groups():
+    # The first group by name that starts with the name is the group, if it exists: one row
+    # read and counted, not every group of the station.
+    for group in (await client.station(station).group_page(1, prefix=name)).groups:
         if group.name == name:
             return group
     raise GroupNotFound(f"group {name} not found on station {station}", status=404)
