@@ -271,7 +271,7 @@ def test_groups_tab_keeps_keyboard_focus_across_refreshes(
     # The refresh shows the new lag in the same row, and the link keeps keyboard focus.
     expect(lag).to_have_text("3", timeout=6000)
     for _ in range(2):
-        with page.expect_response(re.compile(r"/api/stations/focus/groups$")):
+        with page.expect_response(re.compile(r"/api/stations/focus/groups\?limit=100$")):
             pass
         expect(link).to_be_focused()
     page.keyboard.press("Tab")

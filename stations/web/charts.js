@@ -8,7 +8,7 @@ import { h, num } from './dom.js';
 const WINDOW = 90; // samples kept: 3 minutes at one sample every 2 s
 const HEIGHT = 150;
 const PALETTE = ['--accent', '#c2410c', '#15803d', '#9333ea', '#0e7490', '#a16207'];
-const MAX_SERIES = PALETTE.length;
+export const MAX_SERIES = PALETTE.length; // lines a chart draws at most
 
 function color(i) {
   const value = PALETTE[i % PALETTE.length];

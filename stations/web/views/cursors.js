@@ -1,8 +1,9 @@
 // Reader cursors of a station (committed positions of readers such as Spark streaming
-// queries), with their lag; shown under the consumer groups.
+// queries), with their lag; shown under the consumer groups. The server pages them by name
+// (see serverPages): a refresh reads the page on screen only.
 
-import { api } from '../api.js';
-import { alertBox, h, listPager, num, refusablePoll, staleBox } from '../dom.js';
+import { api, signInPending } from '../api.js';
+import { alertBox, h, num, refusablePoll, serverPages, staleBox } from '../dom.js';
 
 export async function renderCursors(panel, ctx, name, lost = () => {}) {
   const body = h('tbody');
@@ -24,21 +25,27 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     ),
     body,
   );
-  const empty = h(
-    'p',
-    { class: 'empty', hidden: true },
-    'No reader cursors. A Spark streaming read with option("cursor", NAME) commits its progress here.',
-  );
+  const NONE = 'No reader cursors. A Spark streaming read with option("cursor", NAME) commits its progress here.';
+  const empty = h('p', { class: 'empty', hidden: true }, NONE);
+  const search = h('input', { type: 'search', id: 'cursor-search', autocomplete: 'off', placeholder: 'Filter by name' });
+  const searchBar = h('div', { class: 'toolbar', hidden: true }, h('label', { for: 'cursor-search' }, 'Search cursors'), search);
   const problem = h('div');
   let updated = null; // when the rows were last refreshed
 
-  // The cursors of the last answer, laid out a page at a time (see listPager).
-  let cursors = [];
-  const pager = listPager('Pages of reader cursors', () => render());
+  const pages = serverPages({
+    label: 'Pages of reader cursors',
+    read: (query, signal) => api.cursorPage(name, query, { signal: AbortSignal.any([ctx.signal, signal]) }),
+    rows: (answer) => answer.cursors,
+    // While a new token is awaited the refused one is not sent again: the refresh after the
+    // sign-in reads the page asked for.
+    turned: () => (signInPending() ? pages.stale() : reads.poll()),
+    search,
+    signal: ctx.signal,
+  });
 
-  function render() {
+  function render(cursors, contains) {
     body.replaceChildren(
-      ...pager.page(cursors).map((c) =>
+      ...cursors.map((c) =>
         h(
           'tr',
           {},
@@ -51,11 +58,15 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     );
     table.hidden = cursors.length === 0;
     empty.hidden = cursors.length > 0;
+    searchBar.hidden = cursors.length === 0 && !contains;
+    const none = contains ? `No cursor matches “${contains}”.` : NONE;
+    if (empty.textContent !== none) empty.textContent = none;
   }
 
   async function refresh() {
-    ({ cursors } = await api.cursors(name, { signal: ctx.signal }));
-    render();
+    const page = await pages.load();
+    if (!page) return; // overtaken by a newer request (a page turn, a search)
+    render(page.rows, page.contains);
     updated = new Date();
   }
 
@@ -69,7 +80,8 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     onRefused: () => {
       table.hidden = true;
       empty.hidden = true;
-      pager.element.hidden = true;
+      searchBar.hidden = true;
+      pages.element.hidden = true;
     },
     onFailed: (err) => {
       problem.replaceChildren(updated === null ? alertBox(err) : staleBox(err, updated));
@@ -77,7 +89,8 @@ export async function renderCursors(panel, ctx, name, lost = () => {}) {
     },
   });
 
-  panel.append(h('h2', {}, 'Reader cursors'), problem, table, pager.element, empty);
+  panel.append(h('h2', {}, 'Reader cursors'), searchBar, problem, table, pages.element, empty);
   await reads.poll();
-  ctx.every(2000, reads.poll);
+  // A page or a search read less than a tick ago is fresh enough: one request per 2 s.
+  ctx.every(2000, () => (pages.fresh(1000) ? undefined : reads.poll()));
 }

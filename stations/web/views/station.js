@@ -1,7 +1,7 @@
 // One station: a heading, tabs (Overview, Messages, Groups, DLS, Settings) and the chosen panel.
 
 import { api, isRecreated, notFound } from '../api.js';
-import { LiveChart, RateMeter, position } from '../charts.js';
+import { LiveChart, MAX_SERIES, RateMeter, position } from '../charts.js';
 import { confirmAction } from '../dialog.js';
 import { alertBox, announce, bytes, duration, errorText, h, num, refusablePoll, staleBox, when } from '../dom.js';
 import { renderForm } from './form.js';
@@ -266,8 +266,14 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
   // the groups are not asked for again every 2 s (until another token, or Try again). Any
   // failed read has no lag to chart (undefined); the station's own figures still refresh.
   const lagNote = h('div', { class: 'lag-refused' });
+  // The groups charted are the six furthest behind (the server picks them: order=lag), not
+  // every group of the station read to chart six; laid out by name, so a series keeps its
+  // colour while the six stay the same.
   const lagGroups = refusablePoll({
-    read: () => api.groups(station.name, { signal: ctx.signal }).then((g) => g.groups || []),
+    read: () =>
+      api
+        .groupPage(station.name, { order: 'lag', limit: MAX_SERIES }, { signal: ctx.signal })
+        .then((g) => (g.groups || []).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))),
     signal: ctx.signal,
     box: lagNote,
     what: 'consumer groups: their lag is not shown',
