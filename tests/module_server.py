@@ -18,6 +18,10 @@ def module_server(
     engine: str, tmp_path_factory: pytest.TempPathFactory, *args: str
 ) -> Iterator[Server]:
     """Use from a module-scoped fixture parametrized over ``ENGINES``: ``yield from``."""
+    # Two fixtures passed their ``request`` here, which is not "postgresql": their PostgreSQL
+    # runs served SQLite, and nothing said so.
+    if engine not in ENGINES:
+        raise TypeError(f"module_server takes an engine name ({ENGINES}), not {engine!r}")
     workdir: Path = tmp_path_factory.mktemp(f"server-{engine}")
     if engine == "postgresql":
         if not pg_available():

@@ -26,6 +26,7 @@ from stations.domain.pages import Page
 from stations.domain.service import Service
 from stations.store import cursors as cursor_rows
 from stations.store import groups as group_rows
+from stations.store import streams as stream_rows
 from stations.store.clock import now_ms
 from stations.store.streams import load
 from tests import clikit
@@ -491,5 +492,26 @@ def test_pages_read_through_a_stream_and_name_index(db_url: str) -> None:
             lambda c: domain_cursors.views(c, "indexed", now, Page(limit=3, after="c27"))
         )
         assert [v["name"] for v in views] == ["c28", "c29"]
+
+    _run(db_url, scenario)
+
+
+def test_a_page_of_stations_reads_through_a_name_index(db_url: str) -> None:
+    """A page of the stations list seeks an index on the name to its ``after`` and prefix and
+    reads it in order (PostgreSQL sorted every station: its unique index on the name is in
+    the database's collation, the page in code point order)."""
+
+    async def scenario(svc: Service) -> None:
+        for k in range(30):
+            await svc.create_station({"name": f"s{k:02d}"})
+        plan = svc.run_sync(
+            lambda conn: _plan(conn, lambda c: stream_rows.page(c, "s05", "s1", "", 5))
+        )
+        if "postgresql" in db_url:
+            assert "ix_streams_name_c" in plan, plan
+            assert "Sort" not in plan and "Seq Scan" not in plan, plan
+        else:
+            assert "sqlite_autoindex_streams_1" in plan, plan  # its unique name
+            assert "TEMP B-TREE" not in plan, plan
 
     _run(db_url, scenario)

@@ -23,7 +23,7 @@ SCOPED = "pages-scoped-1"
 def http(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[httpx.Client]:
-    for server in module_server(request, tmp_path_factory):
+    for server in module_server(request.param, tmp_path_factory):
         with httpx.Client(base_url=server.url, timeout=30) as client:
             yield client
 

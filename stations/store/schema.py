@@ -169,7 +169,8 @@ groups = Table(
 )
 Index("ux_groups_stream_name", groups.c.stream_id, groups.c.name, unique=True)
 # PostgreSQL also has ix_groups_stream_name_c on (stream_id, name COLLATE "C") (and the cursors
-# ix_cursors_stream_name_c): pages of names in code point order (migration 0018).
+# ix_cursors_stream_name_c, the streams ix_streams_name_c on name COLLATE "C"): pages of names
+# in code point order (migration 0018).
 
 deliveries = Table(
     "deliveries",
