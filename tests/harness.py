@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx  # noqa: F401  (imported so a missing test dependency fails loudly here)
 
+from tests import zygote
+
 PG_ADMIN_URL = os.environ.get("STATIONS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -82,7 +84,7 @@ class Server:
     workdir: Path
     args: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | zygote.Forked | None = None
 
     @property
     def url(self) -> str:
@@ -116,9 +118,11 @@ class Server:
                 raise RuntimeError(f"stations serve did not come up: {self.log()}")
         raise RuntimeError(f"stations serve found no free port: {self.log()}")
 
-    def _spawn(self, log) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
-        command = [sys.executable, "-m", "stations", "serve", "--port", str(self.port)]
-        command += ["--db", self.db_url, *self.args]
+    def _spawn(self, log) -> subprocess.Popen[bytes] | zygote.Forked:  # type: ignore[no-untyped-def]
+        argv = ["serve", "--port", str(self.port), "--db", self.db_url, *self.args]
+        if zygote.enabled():  # a fork of a process that imported the server already
+            return zygote.spawn(argv, self.workdir, log)
+        command = [sys.executable, "-m", "stations", *argv]
         return subprocess.Popen(command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
 
     def log(self) -> str:

@@ -1,0 +1,209 @@
+"""Start ``stations serve`` processes by forking one that has imported the server already.
+
+A server spends most of its start importing (aiohttp, SQLAlchemy, the application: about a
+second of CPU on the CI machine), and the suite starts several hundred of them. Each test worker
+keeps one such process (the zygote, single-threaded, no event loop, no database); a server is a
+fork of it that runs ``stations.cli.main(argv)`` in the test's directory with its output in the
+test's log, as ``python -m stations serve ...`` would. It is a process of its own, with its
+own pid: signals, ``kill -9`` and its exit status behave as a child of the test's.
+
+The test side talks to the zygote over its stdin/stdout, a JSON line each way:
+``{"argv", "cwd", "log", "env"}`` → ``{"pid"}``; ``{"poll": pid}`` → ``{"status": code|null}``.
+The zygote is the servers' parent, so it reaps them and tells their exit status.
+
+``STATIONS_TEST_FORK=0`` starts every server with ``subprocess.Popen`` instead.
+
+This file runs as a script (``python tests/zygote.py``), so that ``stations`` is found where a
+server started with ``python -m stations`` finds it (``PYTHONPATH``, the installed package),
+not beside ``tests/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+HERE = Path(__file__).resolve()
+
+
+# -- the test's side ----------------------------------------------------------------------------
+
+
+def enabled() -> bool:
+    return os.environ.get("STATIONS_TEST_FORK", "1") != "0"
+
+
+class _Zygote:
+    """This test worker's zygote, started on first use; one request at a time."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, str(HERE)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    cwd=HERE.parent,
+                )
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the test zygote exited with {self.proc.wait()}")
+            answer: dict[str, Any] = json.loads(line)
+            return answer
+
+
+_ZYGOTE = _Zygote()
+
+
+class Forked:
+    """The parts of ``subprocess.Popen`` the tests use, for a server forked by the zygote."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = _ZYGOTE.ask({"poll": self.pid})["status"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["stations", "serve"], timeout or 0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(argv: list[str], cwd: Path, log: IO[bytes]) -> Forked:
+    """``python -m stations *argv`` in ``cwd``, its output appended to ``log``'s file."""
+    answer = _ZYGOTE.ask({"argv": argv, "cwd": str(cwd), "log": log.name, "env": dict(os.environ)})
+    return Forked(answer["pid"])
+
+
+# -- the zygote's side ----------------------------------------------------------------------
+
+
+def _child(request: dict[str, Any]) -> None:
+    """In the forked process: become ``python -m stations *argv``; never returns."""
+    code = 1
+    try:
+        # Standard input from /dev/null, output to the log: over the zygote's pipes (fds 0, 1).
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        for fd in {null, log} - {0, 1, 2}:
+            os.close(fd)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["stations", *request["argv"]]
+        from stations.cli import main
+
+        main(request["argv"])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve_forks() -> None:
+    # What `stations serve` imports before it serves (stations.cli._require_server, the app).
+    import stations.api  # noqa: F401
+    import stations.api.app  # noqa: F401
+    import stations.cli  # noqa: F401
+    import stations.commands  # noqa: F401
+    import stations.domain.service  # noqa: F401
+    import stations.spark.pipeline  # noqa: F401
+    import stations.store.db  # noqa: F401
+
+    # A fork copies only the forking thread: a thread started by an import would be missing,
+    # and a lock it held, held forever, in every server.
+    assert threading.active_count() == 1, threading.enumerate()
+    sys.stdout.flush()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Children this process has not reaped yet: their status once they have ended.
+    ended: dict[int, int] = {}
+    for line in stdin:
+        request = json.loads(line)
+        if "poll" in request:
+            pid = request["poll"]
+            if pid not in ended:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    ended[pid] = os.waitstatus_to_exitcode(status)
+            answer: dict[str, Any] = {"status": ended.get(pid)}
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _child(request)
+            answer = {"pid": pid}
+        stdout.write(json.dumps(answer).encode() + b"\n")
+        stdout.flush()
+    # The test worker ended: its servers end with it, as Popen's children are killed by the
+    # fixtures (a server left running would hold its port and database).
+    for pid in _unreaped(ended):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _unreaped(ended: dict[int, int]) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and int(entry.name) not in ended:
+            found.append(int(entry.name))
+    return found
+
+
+if __name__ == "__main__":
+    _serve_forks()
