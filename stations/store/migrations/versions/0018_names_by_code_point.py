@@ -22,7 +22,7 @@ branch_labels = None
 depends_on = None
 
 BY_NAME = sa.text('name COLLATE "C"')
-INDEXES = {
+INDEXES: dict[str, tuple[str, list[str | sa.TextClause]]] = {
     "ix_groups_stream_name_c": ("groups", ["stream_id", BY_NAME]),
     "ix_cursors_stream_name_c": ("cursors", ["stream_id", BY_NAME]),
     "ix_streams_name_c": ("streams", [BY_NAME]),
