@@ -195,8 +195,6 @@ export const api = {
   messages: (name, offset = '-1', limit = 50, opts) =>
     request('GET', one(name) + '/messages' + query({ offset, limit }), undefined, { ...opts, exact: true }),
   produce: (name, message) => request('POST', one(name) + '/messages', { messages: [message] }),
-  // Every group of a station (the contract's list).
-  groups: (name, opts) => request('GET', one(name) + '/groups', undefined, opts),
   // One page of a station's groups by name ({ limit, after, prefix, contains }) with `next`;
   // { order: 'lag', limit }: the `limit` furthest behind.
   groupPage: (name, page, opts) => request('GET', one(name) + '/groups' + query({ ...page, limit: page.limit ?? 100 }), undefined, opts),

@@ -5,6 +5,11 @@
 // the last one shown (none, mostly). An entry never changes (a redrive writes a new one) and ids
 // only grow, so the rows shown plus those after them make the count exactly when nothing was
 // removed: only then are the new ones added, else the rows shown are read again.
+//
+// The Group filter offers a page of the station's groups the server reads (the first 100 by
+// name, or those holding the text searched for: GET .../groups?contains&limit), and the count of
+// a group chosen is a page of that one group (prefix, limit=1): the tab never reads the whole
+// list of groups (855 KB at 5,000 groups), whatever their number.
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
@@ -34,6 +39,10 @@ const MAX_LIMIT = 1000;
 const WINDOW_POLLS = 15;
 // The groups (for the Group filter) are read again when the count moves, else this often.
 const GROUP_POLLS = 5;
+// Groups the filter offers: a page of them by name (a search finds the others).
+const FILTER_LIMIT = 100;
+// Typing a search asks once it pauses, not at every key.
+const SEARCH_MS = 300;
 // What a row shows that may change while its entry stays in the store.
 const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryCount, e.redrives, e.redriveAt]);
 
@@ -46,7 +55,21 @@ const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryC
 export async function renderDls(panel, ctx, station, params = {}, changed = () => {}, seen = () => true, lost = () => {}) {
   const name = station.name;
   const json = isJsonType(station.contentType);
-  const groupSelect = h('select', { id: 'dls-group' }, h('option', { value: '' }, 'All groups'));
+  const groupSelect = h(
+    'select',
+    { id: 'dls-group', 'aria-describedby': 'dls-group-hint' },
+    h('option', { value: '' }, 'All groups'),
+  );
+  const search = h('input', {
+    type: 'search',
+    id: 'dls-group-search',
+    autocomplete: 'off',
+    spellcheck: 'false',
+    placeholder: 'Filter by name',
+    'aria-describedby': 'dls-group-hint',
+  });
+  // Says when the filter offers only part of the groups, or none matches the search.
+  const filterHint = h('p', { class: 'hint', id: 'dls-group-hint', 'aria-live': 'polite' });
   const selectAll = h('input', { type: 'checkbox', id: 'dls-select-all' });
   const replay = h('button', { type: 'button', class: 'primary' }, 'Replay');
   const drop = h('button', { type: 'button', class: 'danger' }, 'Drop');
@@ -341,28 +364,75 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   }
 
   // The Group filter's options follow the groups (a group created after the tab opened could
-  // not be chosen); a group chosen, then deleted, stays chosen, marked.
+  // not be chosen): "All groups" and the page the server answered (the first FILTER_LIMIT by
+  // name holding the search's text). The group chosen stays chosen when it is not on the page
+  // (another search, or it came from the Groups tab's link), and is marked once a read of its
+  // count finds it deleted.
+  let offered = { names: [], more: false, contains: '' };
+  let goneGroup = null; // the group chosen, found deleted by its last count
   let filterShown = '';
-  function setGroups(names) {
-    const current = groupSelect.value;
-    const kept = current && !names.includes(current) ? current : null;
-    const signature = JSON.stringify([names, kept]);
-    if (signature === filterShown) return;
+  function setOptions(pick = groupSelect.value) {
+    const { names, more, contains } = offered;
+    const kept = pick && !names.includes(pick) ? pick : null;
+    const hint = more
+      ? contains
+        ? `The first ${FILTER_LIMIT} groups holding “${contains}” are offered: search for more of the name.`
+        : `The first ${FILTER_LIMIT} groups by name are offered: search for the others.`
+      : contains && !names.length
+        ? `No group matches “${contains}”.`
+        : '';
+    if (filterHint.textContent !== hint) filterHint.textContent = hint;
+    const signature = JSON.stringify([names, kept, kept !== null && kept === goneGroup]);
+    if (signature === filterShown && groupSelect.value === pick) return;
     filterShown = signature;
     const options = [h('option', { value: '' }, 'All groups'), ...names.map((n) => h('option', { value: n }, n))];
-    if (kept) options.push(h('option', { value: kept }, `${kept} (deleted)`));
+    if (kept) options.push(h('option', { value: kept }, kept === goneGroup ? `${kept} (deleted)` : kept));
     groupSelect.replaceChildren(...options);
-    groupSelect.value = current;
+    groupSelect.value = pick;
   }
-  const readGroups = async () => {
-    const { groups } = await api.groups(name, { signal: ctx.signal });
-    setGroups(groups.map((g) => g.name));
-    return groups;
-  };
+  // Bumped by every read of the filter's page: only the latest one's answer is shown (a search
+  // overtakes a poll's read under way).
+  let filterReads = 0;
+  async function readFilter() {
+    const mine = ++filterReads;
+    const contains = search.value.trim();
+    const page = await api.groupPage(name, { contains, limit: FILTER_LIMIT }, { signal: ctx.signal });
+    if (mine !== filterReads) return;
+    offered = { names: page.groups.map((g) => g.name), more: (page.next ?? null) !== null, contains };
+    setOptions();
+  }
+  let searchTimer = null;
+  search.addEventListener('input', () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => {
+      if (search.value.trim() === offered.contains) return;
+      readFilter().catch((err) => {
+        if (ctx.signal.aborted || err?.status === 401) return;
+        filterHint.textContent = errorText(err);
+        lost(err);
+      });
+    }, SEARCH_MS);
+  });
+  ctx.signal.addEventListener('abort', () => clearTimeout(searchTimer));
+
+  /** The figures of `group` (a page of the one group: the first by name starting with it), or
+   * null when it no longer stands. */
+  async function groupFigures(group) {
+    const { groups } = await api.groupPage(name, { prefix: group, limit: 1 }, { signal: ctx.signal });
+    const figures = groups.find((g) => g.name === group) ?? null;
+    if (group === groupSelect.value) {
+      const gone = figures ? null : group;
+      if (gone !== goneGroup) {
+        goneGroup = gone;
+        setOptions();
+      }
+    }
+    return figures;
+  }
 
   /** How many dead letters the store holds (of `group`, if given), or null if unsaid. */
   async function count(group) {
-    if (group) return (await readGroups()).find((g) => g.name === group)?.deadLettered ?? null;
+    if (group) return (await groupFigures(group))?.deadLettered ?? null;
     const s = await api.station(name, { signal: ctx.signal });
     seen(s);
     return s.stats?.deadLettered ?? null;
@@ -379,7 +449,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       seen(s);
       if (ctx.signal.aborted) return null;
       if (!group) return s.stats?.deadLettered ?? null;
-      return (await readGroups()).find((g) => g.name === group)?.deadLettered ?? null;
+      return (await groupFigures(group))?.deadLettered ?? null;
     } catch (err) {
       await lost(err);
       return null;
@@ -420,10 +490,10 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
       n = await count(group);
       // The badge counts the whole station's store, whichever group is shown.
       if (group) seen(await api.station(name, { signal: ctx.signal }));
-      else if (n !== lastCount || ++groupPolls >= GROUP_POLLS) {
-        // For the filter only (every group's figures): when the count moved, else now and then.
+      if (n !== lastCount || ++groupPolls >= GROUP_POLLS) {
+        // For the filter only (a page of groups): when the count moved, else now and then.
         groupPolls = 0;
-        await readGroups().catch(() => {});
+        await readFilter().catch(() => {});
       }
     } catch (err) {
       failed(err);
@@ -588,10 +658,13 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     h(
       'div',
       { class: 'toolbar' },
+      h('label', { for: 'dls-group-search' }, 'Search groups'),
+      search,
       h('label', { for: 'dls-group' }, 'Group'),
       groupSelect,
       refreshButton,
     ),
+    filterHint,
     actions,
     outcome,
     problem,
@@ -603,8 +676,10 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   );
   update();
   try {
-    const groups = await readGroups();
-    if (params.group && groups.some((g) => g.name === params.group)) groupSelect.value = params.group;
+    // A group named by the link (the Groups tab's "Dead letters") is chosen if it stands, on
+    // the page offered or not.
+    const [, asked] = await Promise.all([readFilter(), params.group ? groupFigures(params.group) : null]);
+    if (asked) setOptions(params.group);
     await load();
   } catch (err) {
     // Said, and tried again by the poll (a 403: when the person acts).
