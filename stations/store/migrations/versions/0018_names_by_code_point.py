@@ -1,5 +1,4 @@
-"""Pages of stations, and of a station's consumer groups and reader cursors, by name read
-through an index.
+"""Pages of stations, groups and cursors by name read through an index.
 
 A paged list orders and compares names by code point on both engines (``db.by_code_point``):
 on PostgreSQL ``name COLLATE "C"``, which an index built under the database's own collation
