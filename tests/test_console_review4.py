@@ -141,9 +141,9 @@ def test_c_the_dls_tab_follows_redrives(
     """With a redrive policy and a consumer that fails the message again at once, each redrive
     takes the entry out and the failure puts a new one in: the count stayed 1, and the tab
     kept showing the first entry (0 redrives, a "next" time in the past) for good."""
-    # The entry is redriven 3 s after it was dead-lettered: the tab must have shown it by then
-    # (its first load takes ~0.8 s; 1 s was missed now and then on a busy machine).
-    api.create("orders", dls={"redrive": {"maxRedrives": 1, "delayMs": 3000}})
+    # The entry is redriven 8 s after it was dead-lettered: the tab must have shown it by then
+    # (its first load takes ~0.8 s; 1 s and 3 s were missed now and then on a busy machine).
+    api.create("orders", dls={"redrive": {"maxRedrives": 1, "delayMs": 8000}})
     api.produce("orders", {"id": "o1", "data": {"n": 1}})
     (first,) = api.dead_letter("orders", "billing", 1)
     assert first["redrives"] == 0 and first["redriveAt"], first
@@ -153,7 +153,7 @@ def test_c_the_dls_tab_follows_redrives(
     expect(rows.first.locator("td.redrives")).to_contain_text("next")
     page.evaluate(_SET_HIDDEN, True)
     page.wait_for_timeout(500)
-    # The redrive puts the message back (after 3 s); the consumer fails it again.
+    # The redrive puts the message back (after 8 s); the consumer fails it again.
     base = "/api/stations/orders/groups/billing"
     deadline = time.monotonic() + 30
     leased: list[dict[str, str]] = []
