@@ -91,6 +91,36 @@ async def in_chunks(
     return done
 
 
+async def read_pages(
+    read: Callable[[int, str | None], Awaitable[tuple[Sequence[Item], str | None]]],
+    *,
+    limit: int | None,
+    after: str | None,
+    page_size: int,
+    more_after: Callable[[str], str] = str,
+) -> list[Item]:
+    """Up to ``limit`` items (all with ``None``) read a page at a time: ``read(size, after)``
+    gives a page and where the next one starts. When items were left out, says so on stderr
+    and how to go on: a table alone would read as the whole list. ``more_after`` names the
+    next page's start for people ("ID 42")."""
+    items: list[Item] = []
+    more = None  # where the items left out start, if some were
+    while limit is None or len(items) < limit:
+        size = page_size if limit is None else min(page_size, limit - len(items))
+        page, more = await read(size, after)
+        items += page
+        if more is None or not page:
+            break
+        after = more
+    if more is not None:
+        print(
+            f"stations: {len(items)} shown, more after {more_after(more)} "
+            f"(--after {more}, or a larger --limit)",
+            file=sys.stderr,
+        )
+    return items
+
+
 class Usage(Exception):
     """A command line the server never sees: exit code 2."""
 

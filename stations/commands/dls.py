@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
@@ -14,6 +13,7 @@ from stations.commands.base import (
     payload_text,
     print_json,
     print_table,
+    read_pages,
 )
 
 if TYPE_CHECKING:
@@ -80,27 +80,17 @@ async def list_dls(args: argparse.Namespace, client: Client) -> int:
         raise Usage("--limit must be at least 1")
     station = client.station(args.station)
     await _group_exists(args, station)
-    entries: list[DeadLetter] = []
     after = args.after
     if after is not None and not after.isdigit():
         raise Usage(f"--after takes a dead letter's ID (a number), not {after!r}")
-    more = None  # the ID after which the entries left out start, if some were
-    while len(entries) < args.limit:
-        page = await station.dead_letters(
-            group=args.group, limit=min(1000, args.limit - len(entries)), after=after
-        )
-        entries += page.entries
-        more = page.next
-        if page.next is None or not page.entries:
-            break
-        after = page.next
-    if more is not None:
-        # The table alone read as the whole store: say that it is not, and how to go on.
-        print(
-            f"stations: {len(entries)} shown, more after ID {more} "
-            f"(--after {more}, or a larger --limit)",
-            file=sys.stderr,
-        )
+
+    async def read(size: int, after: str | None) -> tuple[list[DeadLetter], str | None]:
+        page = await station.dead_letters(group=args.group, limit=size, after=after)
+        return page.entries, page.next
+
+    entries = await read_pages(
+        read, limit=args.limit, after=after, page_size=1000, more_after="ID {}".format
+    )
     if args.json:
         print_json([_wire(e) for e in entries])
         return 0

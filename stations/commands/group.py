@@ -25,6 +25,7 @@ from stations.commands.base import (
     print_json,
     print_table,
     printable,
+    read_pages,
 )
 
 if TYPE_CHECKING:
@@ -409,25 +410,12 @@ async def list_groups(args: argparse.Namespace, client: Client) -> int:
     if args.limit is not None and args.limit < 1:
         raise Usage("--limit must be at least 1")
     station = client.station(args.station)
-    groups: list[GroupInfo] = []
-    after = args.after
-    more = None  # the name after which the groups left out start, if some were
-    wanted = args.limit
-    while wanted is None or len(groups) < wanted:
-        size = LIST_PAGE if wanted is None else min(LIST_PAGE, wanted - len(groups))
+
+    async def read(size: int, after: str | None) -> tuple[list[GroupInfo], str | None]:
         page = await station.group_page(size, after, prefix=args.prefix, contains=args.contains)
-        groups += page.groups
-        more = page.next
-        if page.next is None or not page.groups:
-            break
-        after = page.next
-    if more is not None:
-        # The table alone read as every group: say that it is not, and how to go on.
-        print(
-            f"stations: {len(groups)} shown, more after {more} "
-            f"(--after {more}, or a larger --limit)",
-            file=sys.stderr,
-        )
+        return page.groups, page.next
+
+    groups = await read_pages(read, limit=args.limit, after=args.after, page_size=LIST_PAGE)
     if args.json:
         print_json([_wire(g) for g in groups])
         return 0
