@@ -5,6 +5,7 @@
 - ``IdempotentProducer``: batched, pipelined, exactly-once appends to any Durable Streams URL.
 - ``Station.read`` / ``read_stream``: catch-up, long-poll and SSE readers that resume by offset.
 - ``Station.consumer``: consumer groups with batched acks, nack and dead-letter.
+- ``Station.cursors`` / ``cursor_page`` / ``commit_cursor``: reader cursors (committed positions).
 - ``Consumer.transaction`` / ``Client.transaction``: settle and produce across stations atomically.
 
 Importing this package loads neither SQLAlchemy nor the server, and its names load on first
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     )
     from stations.client.models import (
         ConsumerDefaults,
+        CursorInfo,
+        CursorPage,
         DeadLetter,
         DeadLetterPage,
         DeadLetterSettings,
@@ -74,6 +77,8 @@ _LAZY = {
     "Consumer": "stations.client.consumer",
     "ConsumerClosed": "stations.client.errors",
     "ConsumerDefaults": "stations.client.models",
+    "CursorInfo": "stations.client.models",
+    "CursorPage": "stations.client.models",
     "DeadLetter": "stations.client.models",
     "DeadLetterPage": "stations.client.models",
     "DeadLetterSettings": "stations.client.models",
@@ -132,6 +137,8 @@ __all__ = [
     "Consumer",
     "ConsumerClosed",
     "ConsumerDefaults",
+    "CursorInfo",
+    "CursorPage",
     "DeadLetter",
     "DeadLetterPage",
     "DeadLetterSettings",

@@ -16,11 +16,13 @@ import aiohttp
 
 from stations.client.consumer import Consumer
 from stations.client.core import check_server
-from stations.client.errors import StationsError, is_retryable, may_have_acted
+from stations.client.errors import NotFound, StationsError, is_retryable, may_have_acted
 from stations.client.handle import ClientChild
 from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
 from stations.client.models import (
     ConsumerDefaults,
+    CursorInfo,
+    CursorPage,
     DeadLetter,
     DeadLetterPage,
     DeadLetterSettings,
@@ -221,6 +223,20 @@ class Client:
         return reply.status == 200
 
 
+def page_params(
+    limit: int, after: str | None, prefix: str | None, contains: str | None
+) -> dict[str, str]:
+    """The query of one page of a station's groups or cursors (the API pages both alike)."""
+    params = {"limit": str(limit)}
+    if after is not None:
+        params["after"] = after
+    if prefix:
+        params["prefix"] = prefix
+    if contains:
+        params["contains"] = contains
+    return params
+
+
 class Station:
     """One station: produce with message ids, read the stream, produce idempotently, consume
     through groups, and inspect the dead-letter store."""
@@ -239,6 +255,9 @@ class Station:
 
     def group_url(self, group: str) -> str:
         return self._api("groups", path_segment(group))
+
+    def cursor_url(self, cursor: str) -> str:
+        return self._api("cursors", path_segment(cursor))
 
     async def info(self) -> StationInfo:
         info = await self.client.get_station(self.name)
@@ -459,13 +478,7 @@ class Station:
         holding ``contains`` (ignoring case), each with its figures. ``order="lag"``: the
         ``limit`` groups furthest behind, largest lag first, as one page (``next`` is None;
         ``after`` is refused). ``groups()`` answers them all at once."""
-        params = {"limit": str(limit)}
-        if after is not None:
-            params["after"] = after
-        if prefix:
-            params["prefix"] = prefix
-        if contains:
-            params["contains"] = contains
+        params = page_params(limit, after, prefix, contains)
         if order != "name":
             params["order"] = order
         reply = await self.client.http.call(
@@ -477,6 +490,68 @@ class Station:
     async def delete_group(self, group: str) -> None:
         await self.client.http.call(
             "DELETE", self.group_url(group), what=f"delete group {group} on {self.name}"
+        )
+
+    # -- reader cursors ------------------------------------------------------------------------------
+
+    async def cursors(self) -> list[CursorInfo]:
+        """Every reader cursor of the station, by name, with its lag (one request)."""
+        reply = await self.client.http.call(
+            "GET", self._api("cursors"), what=f"cursors of {self.name}"
+        )
+        return [CursorInfo.from_wire(c) for c in reply.json().get("cursors", [])]
+
+    async def cursor_page(
+        self,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        prefix: str | None = None,
+        contains: str | None = None,
+    ) -> CursorPage:
+        """One page of the station's reader cursors by name (``limit`` 1 to 1000): those after
+        ``after`` (pass the page's ``next`` for the next page), starting with ``prefix`` and
+        holding ``contains`` (ignoring case). ``cursors()`` answers them all at once."""
+        params = page_params(limit, after, prefix, contains)
+        reply = await self.client.http.call(
+            "GET", self._api("cursors"), params=params, what=f"cursors of {self.name}"
+        )
+        body = reply.json()
+        return CursorPage(
+            [CursorInfo.from_wire(c) for c in body.get("cursors", [])], body.get("next")
+        )
+
+    async def cursor(self, name: str) -> CursorInfo:
+        """One reader cursor. A missing cursor or station raises ``NotFound`` (the server's
+        answer does not say which is missing; its message does)."""
+        reply = await self.client.http.call(
+            "GET",
+            self.cursor_url(name),
+            what=f"cursor {name} on {self.name}",
+            not_found=NotFound,
+        )
+        return CursorInfo.from_wire(reply.json())
+
+    async def commit_cursor(self, name: str, offset: str) -> CursorInfo:
+        """Store ``offset`` as the cursor's position (the cursor is made on its first commit;
+        it may move back). ``offset`` is an offset of this station, up to its tail, or
+        ``"-1"``: nothing read yet. Needs a token that may consume."""
+        reply = await self.client.http.call(
+            "PUT",
+            self.cursor_url(name),
+            {"offset": offset},
+            what=f"commit cursor {name} on {self.name}",
+        )
+        return CursorInfo.from_wire(reply.json())
+
+    async def delete_cursor(self, name: str) -> None:
+        """Forget a reader cursor (an admin token). A missing cursor or station raises
+        ``NotFound``."""
+        await self.client.http.call(
+            "DELETE",
+            self.cursor_url(name),
+            what=f"delete cursor {name} on {self.name}",
+            not_found=NotFound,
         )
 
     # -- dead-letter store ------------------------------------------------------------------------------

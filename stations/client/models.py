@@ -251,6 +251,37 @@ class GroupPage:
     next: str | None
 
 
+@dataclass(frozen=True)
+class CursorInfo:
+    """A reader cursor (the API's CursorView): the position a reader that keeps its own progress
+    committed under ``name`` (``offset``, ``"-1"``'s position being the start), ``lag`` the
+    messages stored after it (those retention dropped not counted) and when it was last
+    committed."""
+
+    name: str
+    offset: str
+    lag: int = 0
+    updated_at: datetime | None = None
+
+    @classmethod
+    def from_wire(cls, view: Mapping[str, Any]) -> CursorInfo:
+        return cls(
+            name=view["name"],
+            offset=view.get("offset", ""),
+            lag=view.get("lag", 0),
+            updated_at=_time(view.get("updatedAt")),
+        )
+
+
+@dataclass(frozen=True)
+class CursorPage:
+    """A page of a station's reader cursors (``Station.cursor_page``); ``next`` is the ``after``
+    of the next page, None on the last."""
+
+    cursors: list[CursorInfo]
+    next: str | None
+
+
 def _redrive(view: Any) -> RedrivePolicy | None:
     if not isinstance(view, Mapping):
         return None

@@ -4,7 +4,7 @@ the conventions of ``nats`` and ``kubectl``: ``stations <noun> <verb>``, ``--url
 ``--json`` for scripts, and exit codes scripts can rely on (``EXIT_CODES``).
 
 One module per noun: ``station``, ``produce``, ``read`` (``read`` and ``tail``), ``group``,
-``dls``. Each adds its parsers and sets ``handler``: ``async (args, client) -> exit code``.
+``cursor``, ``dls``. Each adds its parsers and sets ``handler``: ``async (args, client) -> exit code``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stations.commands import dls, group, produce, read, station
+from stations.commands import cursor, dls, group, produce, read, station
 from stations.commands.base import (
     EXIT_CODES_HELP,
     EXIT_OUTPUT_FAILED,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from stations.client import Client
 
 DEFAULT_URL = "http://127.0.0.1:4437"
-MODULES = (station, produce, read, group, dls)
+MODULES = (station, produce, read, group, cursor, dls)
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -224,6 +224,7 @@ _NAMES = {
     "station": "the station name",
     "name": "the station name",
     "group": "the group name",
+    "cursor": "the cursor name",
     "id_field": "--id-field",
 }
 
