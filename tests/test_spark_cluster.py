@@ -2,7 +2,7 @@
 worker from the PySpark install, on loopback, with the commands as the README gives them.
 
 Slow (three Spark drivers, each with an executor JVM), so it does the least that shows the
-cluster path: ingest (and its re-run), export, and a streaming mirror resumed from its checkpoint.
+cluster path: ingest, export, and a streaming mirror resumed from its checkpoint.
 """
 
 from __future__ import annotations
@@ -188,9 +188,8 @@ def test_pipeline_and_a_resumed_stream_on_a_standalone_cluster(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2,000 rows read, 1,800 stored, 200 duplicates" in done.stdout
     assert f"Spark's Python workers run {sys.executable}" in done.stderr  # and it says so
-    again = stations_cli(*ingest, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "2,000 rows read, 0 stored, 2,000 duplicates" in again.stdout
+    # Its re-run storing none again is test_spark's (local mode): the same code on the
+    # driver and the server; here each run costs a driver and an executor JVM (~40 s).
 
     export = ["pipeline", "export", "--station", name, "--to", "exports/orders"]
     export += ["--format", "parquet", "--url", srv.url, "--master", master]
