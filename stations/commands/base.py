@@ -91,6 +91,34 @@ async def in_chunks(
     return done
 
 
+def add_list_parser(
+    verbs: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: argparse.ArgumentParser,
+    epilog: str,
+    *,
+    noun: str,
+    help: str,
+) -> argparse.ArgumentParser:
+    """``<noun> ls STATION`` with the options that page and narrow a station's list of
+    ``noun``s (groups and cursors: the server pages both alike, see ``read_pages``)."""
+    ls: argparse.ArgumentParser = verbs.add_parser(
+        "ls", aliases=["list"], parents=[common], help=help, epilog=epilog
+    )
+    ls.add_argument("station", help="station name")
+    ls.add_argument("--prefix", help=f"only {noun}s whose names start with this")
+    ls.add_argument("--contains", help=f"only {noun}s whose names hold this (ignoring case)")
+    ls.add_argument(
+        "-n",
+        "--limit",
+        type=int,
+        help=f"at most this many, by name (default: every {noun}, read a page at a time)",
+    )
+    ls.add_argument(
+        "--after", metavar=noun.upper(), help=f"the {noun}s after this one (the next page)"
+    )
+    return ls
+
+
 async def read_pages(
     read: Callable[[int, str | None], Awaitable[tuple[Sequence[Item], str | None]]],
     *,

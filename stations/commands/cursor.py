@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
     Usage,
+    add_list_parser,
     naming_options,
     print_fields,
     print_json,
@@ -32,23 +33,13 @@ def add_parser(
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    ls = verbs.add_parser(
-        "ls",
-        aliases=["list"],
-        parents=[common],
+    ls = add_list_parser(
+        verbs,
+        common,
+        epilog,
+        noun="cursor",
         help="a station's reader cursors with their offset and lag",
-        epilog=epilog,
     )
-    ls.add_argument("station", help="station name")
-    ls.add_argument("--prefix", help="only cursors whose names start with this")
-    ls.add_argument("--contains", help="only cursors whose names hold this (ignoring case)")
-    ls.add_argument(
-        "-n",
-        "--limit",
-        type=int,
-        help="at most this many, by name (default: every cursor, read a page at a time)",
-    )
-    ls.add_argument("--after", metavar="CURSOR", help="the cursors after this one (the next page)")
     ls.set_defaults(handler=list_cursors)
 
     show = verbs.add_parser("show", parents=[common], help="one cursor", epilog=epilog)

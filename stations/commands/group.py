@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from stations.commands.base import (
     Refused,
     Usage,
+    add_list_parser,
     dumps,
     duration_ms,
     human_ms,
@@ -45,23 +46,9 @@ def add_parser(
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    ls = verbs.add_parser(
-        "ls",
-        aliases=["list"],
-        parents=[common],
-        help="a station's groups with pending and lag",
-        epilog=epilog,
+    ls = add_list_parser(
+        verbs, common, epilog, noun="group", help="a station's groups with pending and lag"
     )
-    ls.add_argument("station", help="station name")
-    ls.add_argument("--prefix", help="only groups whose names start with this")
-    ls.add_argument("--contains", help="only groups whose names hold this (ignoring case)")
-    ls.add_argument(
-        "-n",
-        "--limit",
-        type=int,
-        help="at most this many, by name (default: every group, read a page at a time)",
-    )
-    ls.add_argument("--after", metavar="GROUP", help="the groups after this one (the next page)")
     ls.set_defaults(handler=list_groups)
 
     show = verbs.add_parser("show", parents=[common], help="one group", epilog=epilog)
