@@ -32,8 +32,9 @@ fi
 "$PY" -m ruff format --check stations tests bench
 # Strict types (config in pyproject.toml), on the paths that pass so far.
 "$PY" -m mypy stations
-# The suite is to stay under 20 minutes in CI: two workers (most tests wait on a server, a disk
-# or a JVM rather than compute), each taking a whole file at a time so a file's module-scoped
-# servers start once; tests/conftest.py hands out the longest files first. The slowest tests
-# are listed at the end. Arguments come last, so `-n 0` runs everything in this process.
-exec "$PY" -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# The suite is to stay under 20 minutes in CI: three workers on the 2-core box (many tests
+# wait on servers, browsers, JVMs and timers: two took 22:17 on an Intel box, three 16:56),
+# each taking a whole file at a time so a file's module-scoped servers start once;
+# tests/conftest.py hands out the longest files first. The slowest tests are listed at the
+# end. Arguments come last, so `-n 0` runs everything in this process.
+exec "$PY" -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
