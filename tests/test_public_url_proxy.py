@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from urllib.parse import urljoin
 
 import aiohttp
 import httpx
@@ -111,6 +112,30 @@ async def test_the_api_document_names_the_public_url(behind_proxy: Proxy) -> Non
     document = yaml.safe_load(r.text)
     assert [server["url"] for server in document["servers"]] == [behind_proxy.url]
     assert "/api/stations" in document["paths"]
+
+
+async def test_without_a_public_url_the_api_document_names_the_server_that_served_it(
+    tmp_path: Path, make_server: MakeServer
+) -> None:
+    """It named http://127.0.0.1:4437 whatever the port, and no prefix: a tool that took the
+    document's server sent its requests elsewhere. Now "..": relative to the document, the
+    server that served it, directly or under a proxy's prefix."""
+    server = make_server(f"sqlite:///{tmp_path / 'stations.db'}")
+    proxy = Proxy([server.url])
+    await proxy.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for base in (server.url, proxy.url):
+                r = await http.get(f"{base}/api/openapi.yaml")
+                assert r.status_code == 200
+                assert r.headers["Content-Type"].startswith("application/yaml")
+                [entry] = yaml.safe_load(r.text)["servers"]
+                assert urljoin(str(r.url), entry["url"]) == f"{base}/", (base, entry)
+                # And a request made at that address reaches the API.
+                stations = await http.get(urljoin(str(r.url), entry["url"]) + "api/stations")
+                assert stations.status_code == 200, stations.text
+    finally:
+        await proxy.stop()
 
 
 TLS_PUBLIC = "https://stations.example.com/stations"

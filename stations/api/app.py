@@ -73,11 +73,20 @@ OPENAPI = Path(__file__).with_name("openapi.yaml")
 _SERVERS = re.compile(r"^servers:\n  - url: .*\n    description: .*$", re.MULTILINE)
 
 
+# Without --public-url the document names its server relative to itself: "..", from
+# /api/openapi.yaml, is the server's root whatever its port, and behind a proxy's path prefix
+# too (the file itself names the default address, which a server on another port is not).
+_RELATIVE = (
+    "..",
+    "this server: relative to this document (start it with --public-url to name one)",
+)
+
+
 @functools.lru_cache(maxsize=4)
-def _openapi_at(public_url: str) -> bytes:
-    """The document with ``--public-url`` as its one server (it names the default address)."""
+def _openapi_at(url: str, description: str) -> bytes:
+    """The document with ``url`` as its one server."""
     text, found = _SERVERS.subn(
-        f"servers:\n  - url: {json.dumps(public_url)}\n    description: this server (--public-url)",
+        f"servers:\n  - url: {json.dumps(url)}\n    description: {json.dumps(description)}",
         OPENAPI.read_text(encoding="utf-8"),
         1,
     )
@@ -89,12 +98,12 @@ def _openapi_at(public_url: str) -> bytes:
 @needs("read")
 async def openapi(request: web.Request) -> web.StreamResponse:
     public_url = request.app[keys.PUBLIC_URL]
-    if public_url is not None:
-        return web.Response(
-            body=_openapi_at(public_url), content_type="application/yaml", charset="utf-8"
-        )
+    if public_url is None:
+        body = _openapi_at(*_RELATIVE)
+    else:
+        body = _openapi_at(public_url, "this server (--public-url)")
     # mimetypes knows no .yaml before Python 3.13: it went as application/octet-stream.
-    return web.FileResponse(OPENAPI, headers={"Content-Type": "application/yaml; charset=utf-8"})
+    return web.Response(body=body, content_type="application/yaml", charset="utf-8")
 
 
 class _ReadCollector:
