@@ -4,6 +4,7 @@ fresh PostgreSQL database each, plus helpers to kill and restart them."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import signal
@@ -76,6 +77,23 @@ def drop_pg_database(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def admin_and_scoped_tokens(workdir: Path, admin: str, scoped: str, stations: str) -> Path:
+    """A ``--tokens`` file of an admin token and a consumer token whose scope is ``stations``
+    (a pattern such as ``mine-*``): what the tests of scoped pages and commands start with."""
+    path = workdir / "tokens.json"
+    path.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"token": admin, "role": "admin"},
+                    {"token": scoped, "role": "consumer", "stations": [stations]},
+                ]
+            }
+        )
+    )
+    return path
 
 
 @dataclass

@@ -26,7 +26,7 @@ from stations.client import (
 from stations.client.sync import SyncClient
 from tests import clikit
 from tests.clikit import as_json, failed, ok
-from tests.harness import Server
+from tests.harness import Server, admin_and_scoped_tokens
 
 ADMIN = "cursor-commands-admin-1"
 SCOPED = "cursor-commands-scoped-1"  # a consumer of mine-* only
@@ -36,17 +36,7 @@ OFFSET0 = "0000000000000000_0000000000000000"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     workdir: Path = tmp_path_factory.mktemp("cursor-commands")
-    tokens = workdir / "tokens.json"
-    tokens.write_text(
-        json.dumps(
-            {
-                "tokens": [
-                    {"token": ADMIN, "role": "admin"},
-                    {"token": SCOPED, "role": "consumer", "stations": ["mine-*"]},
-                ]
-            }
-        )
-    )
+    tokens = admin_and_scoped_tokens(workdir, ADMIN, SCOPED, "mine-*")
     url = f"sqlite:///{workdir / 'stations-data' / 'stations.db'}"
     server = Server(url, workdir, ["--tokens", str(tokens)]).start()
     yield server

@@ -31,7 +31,7 @@ from stations.store.clock import now_ms
 from stations.store.streams import load
 from tests import clikit
 from tests.clikit import ok
-from tests.harness import Server
+from tests.harness import Server, admin_and_scoped_tokens
 from tests.module_server import ENGINES, module_server
 
 OFFSET0 = "0000000000000000_0000000000000000"
@@ -332,17 +332,7 @@ def test_a_scoped_token_pages_the_groups_and_cursors_of_its_stations(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     workdir: Path = tmp_path_factory.mktemp("group-pages-auth")
-    tokens = workdir / "tokens.json"
-    tokens.write_text(
-        json.dumps(
-            {
-                "tokens": [
-                    {"token": ADMIN, "role": "admin"},
-                    {"token": SCOPED, "role": "consumer", "stations": ["mine-*"]},
-                ]
-            }
-        )
-    )
+    tokens = admin_and_scoped_tokens(workdir, ADMIN, SCOPED, "mine-*")
     server = Server(f"sqlite:///{workdir / 's.db'}", workdir, ["--tokens", str(tokens)]).start()
     try:
         admin = {"Authorization": f"Bearer {ADMIN}"}

@@ -4,7 +4,6 @@ hundred rows. Without those parameters the list is the contract's, whole."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import Server
+from tests.harness import Server, admin_and_scoped_tokens
 from tests.module_server import ENGINES, module_server
 
 ADMIN = "pages-admin-1"
@@ -107,17 +106,7 @@ def test_a_scoped_token_pages_through_its_own_stations_only(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     workdir: Path = tmp_path_factory.mktemp("pages-auth")
-    tokens = workdir / "tokens.json"
-    tokens.write_text(
-        json.dumps(
-            {
-                "tokens": [
-                    {"token": ADMIN, "role": "admin"},
-                    {"token": SCOPED, "role": "consumer", "stations": ["mine-*"]},
-                ]
-            }
-        )
-    )
+    tokens = admin_and_scoped_tokens(workdir, ADMIN, SCOPED, "mine-*")
     server = Server(f"sqlite:///{workdir / 's.db'}", workdir, ["--tokens", str(tokens)]).start()
     try:
         admin = {"Authorization": f"Bearer {ADMIN}"}
