@@ -114,6 +114,19 @@ async def test_the_api_document_names_the_public_url(behind_proxy: Proxy) -> Non
     assert "/api/stations" in document["paths"]
 
 
+async def test_a_path_nothing_serves_is_named_as_the_client_asked_for_it(
+    behind_proxy: Proxy,
+) -> None:
+    """The 404 named the path without the proxy's prefix (``/api/stationz``): not the URL the
+    user typed, so a wrong prefix could not be told from a wrong path."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.get(f"{behind_proxy.url}/api/stationz")
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["code"] == "no_route"
+    assert f"nothing is served at {PREFIX}/api/stationz " in error["message"], error
+
+
 async def test_without_a_public_url_the_api_document_names_the_server_that_served_it(
     tmp_path: Path, make_server: MakeServer
 ) -> None:

@@ -26,6 +26,19 @@ def own_url(request: web.Request, raw_path: str) -> str:
     return base_url(request) + raw_path
 
 
+def public_path(request: web.Request) -> str:
+    """``request``'s path as the client asked for it: under ``--public-url``'s path prefix,
+    which a proxy stripped before the request came here."""
+    public_url = request.app[keys.PUBLIC_URL]
+    prefix = "" if public_url is None else _prefix(public_url)
+    return prefix + request.path
+
+
+@functools.lru_cache(maxsize=8)
+def _prefix(public_url: str) -> str:
+    return urlsplit(public_url).path.rstrip("/")
+
+
 @functools.lru_cache(maxsize=8)
 def _origin_and_host(public_url: str) -> tuple[str, str]:
     """The public URL's origin as a browser sends it (no default port, no path) and its host
