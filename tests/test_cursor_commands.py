@@ -18,9 +18,9 @@ import pytest
 from stations.client import (
     Client,
     CursorInfo,
+    CursorNotFound,
     CursorPage,
     Forbidden,
-    NotFound,
     StationNotFound,
 )
 from stations.client.sync import SyncClient
@@ -114,12 +114,16 @@ async def test_a_missing_cursor_is_not_found(server: Server) -> None:
     name, _ = await _station(server, "missing", messages=0)
     async with Client(server.url, ADMIN) as client:
         station = client.station(name)
-        with pytest.raises(NotFound) as caught:
+        with pytest.raises(CursorNotFound) as caught:
             await station.cursor("nobody")
         assert caught.value.status == 404 and "cursor nobody not found" in str(caught.value)
-        assert not isinstance(caught.value, StationNotFound)  # the station is there
-        with pytest.raises(NotFound, match="cursor nobody not found"):
+        assert caught.value.field == "cursor"
+        with pytest.raises(CursorNotFound, match="cursor nobody not found"):
             await station.delete_cursor("nobody")
+        # A missing station is said of the station, whichever cursor call asked.
+        for call in ("cursor", "delete_cursor"):
+            with pytest.raises(StationNotFound):
+                await getattr(client.station(f"{name}-no-such"), call)("nobody")
         with pytest.raises(StationNotFound):
             await client.station(f"{name}-no-such").cursors()
         with pytest.raises(StationNotFound):
@@ -141,7 +145,7 @@ def test_the_blocking_face_has_the_cursor_methods(server: Server) -> None:
         assert [c.name for c in page.cursors] == ["reader"] and page.next is None
         assert station.cursor("reader") == committed
         station.delete_cursor("reader")
-        with pytest.raises(NotFound):
+        with pytest.raises(CursorNotFound):
             station.cursor("reader")
 
 
@@ -175,6 +179,10 @@ async def test_the_cli_lists_cursors_as_a_table_json_or_a_page(server: Server) -
     assert proc.returncode == 0, proc.stderr
     assert [c["name"] for c in json.loads(proc.stdout)] == ["c2", "c3"]
     assert proc.stderr == "stations: 2 shown, more after c3 (--after c3, or a larger --limit)\n"
+    # Exactly --limit left: all shown, and no word of more.
+    proc = cli(server, "ls", name, "--after", "c2", "--limit", "2", "--json")
+    assert [c["name"] for c in json.loads(proc.stdout)] == ["c3", "c4"]
+    assert (proc.returncode, proc.stderr) == (0, "")
     listed = as_json(cli(server, "ls", name, "--after", "c3", "--limit", "2", "--json"))
     assert [c["name"] for c in listed] == ["c4"]
     listed = as_json(cli(server, "list", name, "--prefix", "c4", "--json"))
@@ -208,7 +216,7 @@ async def test_the_cli_sets_shows_and_deletes_a_cursor(server: Server) -> None:
     failed(cli(server, "set", name, "query-1", "latest"), 2, "OFFSET 'latest' is not an offset")
     beyond = "0000000000000099_0000000000000000"
     failed(cli(server, "set", name, "query-1", beyond), 1, f"OFFSET {beyond}: it is beyond")
-    failed(cli(server, "set", name, "bad/name", "-1"), 1)
+    failed(cli(server, "set", name, "bad/name", "-1"), 1, "a cursor name is 1 to 256 letters")
     failed(cli(server, "show", name, ""), 2, "the cursor name is empty")
 
     assert ok(cli(server, "delete", name, "query-1")) == f"cursor query-1 on {name} deleted\n"

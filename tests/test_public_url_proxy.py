@@ -124,7 +124,7 @@ async def test_a_path_nothing_serves_is_named_as_the_client_asked_for_it(
     assert r.status_code == 404
     error = r.json()["error"]
     assert error["code"] == "no_route"
-    assert f"nothing is served at {PREFIX}/api/stationz " in error["message"], error
+    assert f"; {PREFIX}/api/stationz through --public-url " in error["message"], error
 
 
 async def test_without_a_public_url_the_api_document_names_the_server_that_served_it(
@@ -147,6 +147,11 @@ async def test_without_a_public_url_the_api_document_names_the_server_that_serve
                 # And a request made at that address reaches the API.
                 stations = await http.get(urljoin(str(r.url), entry["url"]) + "api/stations")
                 assert stations.status_code == 200, stations.text
+                # Asked again with its tag, it is not sent again (it was a file with one).
+                tag = r.headers["ETag"]
+                again = await http.get(r.url, headers={"If-None-Match": tag})
+                assert (again.status_code, again.content) == (304, b""), again.text
+                assert again.headers["ETag"] == tag
     finally:
         await proxy.stop()
 

@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from stations import errors
-from stations.api.public import public_path
+from stations.api.public import path_as_asked
 from stations.domain.budget import Overloaded
 from stations.domain.log import SequenceGap, StreamClosed
 from stations.domain.offsets import encode
@@ -71,8 +71,10 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
             # No route has this path: a URL with a proxy's prefix, or a typo. Its own code, so
             # that clients (the SDK, the CLI, the console) do not take it for a station or
             # group that is not there, or was deleted.
+            asked = path_as_asked(request)
+            through = "" if asked is None else f"; {asked} through --public-url"
             return error_response(
-                404, "no_route", f"nothing is served at {public_path(request)} (is the URL right?)"
+                404, "no_route", f"nothing is served at {request.path}{through} (is the URL right?)"
             )
         if exc.status == 413:
             reason = f"the request body is larger than {request.client_max_size} bytes"

@@ -5,7 +5,7 @@ request reached. Whatever the server hands out that names itself is built here."
 from __future__ import annotations
 
 import functools
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from aiohttp import web
 
@@ -26,17 +26,23 @@ def own_url(request: web.Request, raw_path: str) -> str:
     return base_url(request) + raw_path
 
 
-def public_path(request: web.Request) -> str:
-    """``request``'s path as the client asked for it: under ``--public-url``'s path prefix,
-    which a proxy stripped before the request came here."""
+def path_as_asked(request: web.Request) -> str | None:
+    """``request``'s path under ``--public-url``'s path prefix, as a client behind the proxy
+    that stripped the prefix asked for it; None without a prefix, or when the path holds it
+    already (a proxy that does not strip it, or a request straight to this process)."""
     public_url = request.app[keys.PUBLIC_URL]
-    prefix = "" if public_url is None else _prefix(public_url)
+    if public_url is None:
+        return None
+    prefix = _prefix(public_url)
+    if not prefix or request.path == prefix or request.path.startswith(prefix + "/"):
+        return None
     return prefix + request.path
 
 
 @functools.lru_cache(maxsize=8)
 def _prefix(public_url: str) -> str:
-    return urlsplit(public_url).path.rstrip("/")
+    # Decoded, as request.path is.
+    return unquote(urlsplit(public_url).path).rstrip("/")
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,7 +16,7 @@ import aiohttp
 
 from stations.client.consumer import Consumer
 from stations.client.core import check_server
-from stations.client.errors import NotFound, StationsError, is_retryable, may_have_acted
+from stations.client.errors import StationsError, is_retryable, may_have_acted
 from stations.client.handle import ClientChild
 from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
 from stations.client.models import (
@@ -522,13 +522,10 @@ class Station:
         )
 
     async def cursor(self, name: str) -> CursorInfo:
-        """One reader cursor. A missing cursor or station raises ``NotFound`` (the server's
-        answer does not say which is missing; its message does)."""
+        """One reader cursor: ``CursorNotFound`` if it is missing, ``StationNotFound`` if the
+        station is."""
         reply = await self.client.http.call(
-            "GET",
-            self.cursor_url(name),
-            what=f"cursor {name} on {self.name}",
-            not_found=NotFound,
+            "GET", self.cursor_url(name), what=f"cursor {name} on {self.name}"
         )
         return CursorInfo.from_wire(reply.json())
 
@@ -545,13 +542,10 @@ class Station:
         return CursorInfo.from_wire(reply.json())
 
     async def delete_cursor(self, name: str) -> None:
-        """Forget a reader cursor (an admin token). A missing cursor or station raises
-        ``NotFound``."""
+        """Forget a reader cursor (an admin token): ``CursorNotFound`` if it is missing,
+        ``StationNotFound`` if the station is."""
         await self.client.http.call(
-            "DELETE",
-            self.cursor_url(name),
-            what=f"delete cursor {name} on {self.name}",
-            not_found=NotFound,
+            "DELETE", self.cursor_url(name), what=f"delete cursor {name} on {self.name}"
         )
 
     # -- dead-letter store ------------------------------------------------------------------------------

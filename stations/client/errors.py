@@ -92,6 +92,10 @@ class GroupNotFound(NotFound):
     """404 for a consumer group."""
 
 
+class CursorNotFound(NotFound):
+    """404 for a reader cursor."""
+
+
 class Conflict(StationsError):
     """409: a station exists with another config, a content type mismatch, ..."""
 
@@ -271,6 +275,8 @@ def error_for(
         # "group", or a transaction item's "ack.0.group"
         named_group = field is not None and (field == "group" or field.endswith(".group"))
         cls: type[StationsError] = GroupNotFound if named_group else not_found
+        if field == "cursor":
+            cls = CursorNotFound
         return cls(message, **common)
     if status == 429:
         return RateLimited(message, retry_after=retry_after(headers), **common)

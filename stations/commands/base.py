@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the server refused the request (bad input, 400/413/...)
 EXIT_USAGE = 2  # a bad command line (argparse's convention)
-EXIT_NOT_FOUND = 3  # no such station or group (404/410)
+EXIT_NOT_FOUND = 3  # no such station, group or cursor (404/410)
 EXIT_CONFLICT = 4  # the station exists with other settings, the stream is closed (409)
 EXIT_AUTH = 5  # no token, an unknown one, or one that does not reach the station (401/403)
 EXIT_UNAVAILABLE = 6  # no answer, a server error (5xx) or overload (429)

@@ -88,14 +88,14 @@ def one(tx: Tx, station: str, name: str, now: int) -> dict[str, Any]:
     state = live_stream(load(tx, station), station, now)
     found = store.rows(tx, state.id, validate_name(name))
     if not found:
-        raise NotFound(f"cursor {name} not found on station {station}")
+        raise NotFound(f"cursor {name} not found on station {station}", "cursor")
     return view(state, *found[0])
 
 
 def remove(batch: Batch, station: str, name: str) -> None:
     state = live_stream(batch.stream(station), station, batch.now)
     if not store.remove(batch.conn, state.id, validate_name(name)):
-        raise NotFound(f"cursor {name} not found on station {station}")
+        raise NotFound(f"cursor {name} not found on station {station}", "cursor")
 
 
 def lags(tx: Tx, limit: int) -> list[tuple[str, str, int]]:
