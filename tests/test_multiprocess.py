@@ -355,10 +355,12 @@ def test_window_patched_at_one_process_applies_at_the_other(
     clients: tuple[httpx.Client, httpx.Client],
 ) -> None:
     ca, cb = clients
-    grow = new_station(ca, idempotencyWindowMs=300)
+    # 1 s: the PATCH must come while the id is in it (300 ms was not always enough for a
+    # produce and a PATCH on a box running three test workers).
+    grow = new_station(ca, idempotencyWindowMs=1000)
     shrink = new_station(ca, idempotencyWindowMs=LONG_WINDOW)
     began = time.monotonic()
-    # Grown at B while the id is still inside its 300 ms window at A.
+    # Grown at B while the id is still inside its 1 s window at A.
     assert produce(ca, grow, {"id": "x", "data": 1})[0]["duplicate"] is False
     r = cb.patch(f"/api/stations/{grow}", json={"idempotencyWindowMs": LONG_WINDOW})
     assert r.status_code == 200, r.text
@@ -368,7 +370,7 @@ def test_window_patched_at_one_process_applies_at_the_other(
     assert produce(ca, shrink, {"id": "x", "data": 1})[0]["duplicate"] is True
     r = cb.patch(f"/api/stations/{shrink}", json={"idempotencyWindowMs": 100})
     assert r.status_code == 200, r.text
-    time.sleep(max(0.0, began + 0.45 - time.monotonic()))  # past both short windows
+    time.sleep(max(0.0, began + 1.2 - time.monotonic()))  # past both short windows
     assert produce(ca, shrink, {"id": "x", "data": 2})[0] == {
         "offset": offset(1),
         "duplicate": False,

@@ -46,18 +46,21 @@ def produce(client: httpx.Client, name: str, *items: dict[str, Any]) -> list[dic
 def test_id_stored_again_at_the_other_process_keeps_its_new_offset_when_the_window_grows(
     pg_url: str, make_server: Any
 ) -> None:
-    """A stores id x (offset 0, in A's cache); its 300 ms window passes; B stores x again
+    """A stores id x (offset 0, in A's cache); its 2 s window passes; B stores x again
     (offset 1). The window then grows: x is a duplicate of offset 1 at both processes. Before,
     A's cache still held x -> 0, which the grown window made look live again: A answered
-    duplicate of offset 0, a message that is no longer the one stored under x."""
+    duplicate of offset 0, a message that is no longer the one stored under x.
+
+    The window must grow while x -> 1 is still in it (else x may be swept and stored again, as
+    it should be): 2 s, not the 300 ms that a loaded box once let pass before the PATCH."""
     a, b = make_server(pg_url), make_server(pg_url)
     with httpx.Client(base_url=a.url, timeout=30) as ca, httpx.Client(base_url=b.url) as cb:
-        name = new_station(ca, idempotencyWindowMs=300)
+        name = new_station(ca, idempotencyWindowMs=2000)
         assert produce(ca, name, {"id": "x", "data": 0})[0] == {
             "offset": offset(0),
             "duplicate": False,
         }
-        time.sleep(0.45)  # past the window
+        time.sleep(2.3)  # past the window
         assert produce(cb, name, {"id": "x", "data": 1})[0] == {
             "offset": offset(1),
             "duplicate": False,
