@@ -269,6 +269,9 @@ def test_pipeline_ingest_of_a_csv_with_nan_is_one_line_naming_the_column(
     assert err[0].startswith("created station")
     assert len(err) == 2 and "column 'score' holds NaN in the row with id 'b'" in err[1], err
     assert "the same command stores none of them twice" in err[1]
+    # How to write null instead, in the source: the command line has no DataFrame to nanvl.
+    assert "if that is meant (an empty field in CSV, null in JSON or Parquet)" in err[1], err
+    assert "nanvl" not in err[1]
 
 
 # -- an idle streaming query -----------------------------------------------------------------

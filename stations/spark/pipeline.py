@@ -512,7 +512,10 @@ def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) ->
             try:
                 _run_job(spark, group, writer.save, args.url)
             except PipelineError as exc:  # named by the flag the user typed
+                from stations.spark.rows import NANVL_HINT
+
                 said = str(exc).replace("msgIdColumn ", "--msg-id-column ")
+                said = said.replace(NANVL_HINT, "(an empty field in CSV, null in JSON or Parquet)")
                 raise PipelineError(said, exc.code, exc.log) from None
         with open(report) as f:
             totals = json.load(f)

@@ -42,6 +42,11 @@ _LONG_RUN = b"0" * 19
 _INEXACT = re.compile(rb"(?:^|[\s:,\[-])[0-9]{20}|-[0-9]{19}")
 
 
+# How a DataFrame's NaN becomes null, in the error a NaN row gets (``stations pipeline``, which
+# has no DataFrame for the user to change, says how in a source file instead).
+NANVL_HINT = "(F.nanvl(col, F.lit(None)) for NaN)"
+
+
 def _exact_int(text: str) -> int | orjson.Fragment:
     """An integer as it is: one beyond 64 bits as its own digits, which ``dumpb`` writes
     back unchanged (orjson has no such integers)."""
@@ -190,7 +195,7 @@ class RowShape:
         return ValueError(
             f"column {path!r} holds {what} in {where}: JSON has no NaN or Infinity, and "
             "writing null instead would change the data; replace it with null yourself if "
-            "that is meant (F.nanvl(col, F.lit(None)) for NaN), or filter such rows out"
+            f"that is meant {NANVL_HINT}, or filter such rows out"
         )
 
     def payload(self, row: dict[str, Any]) -> Any:
