@@ -309,7 +309,8 @@ async def test_drop_and_replay_stay_in_their_station(api: Api) -> None:
 async def test_poison_off_drops_poison_messages(api: Api) -> None:
     st = await api.station(
         dls={"poison": False},
-        consumerDefaults={"maxAckTimeMs": 200, "maxMsgDeliveries": 1},
+        # 1.5 s: the nack below must come before the lease runs out on a loaded box.
+        consumerDefaults={"maxAckTimeMs": 1500, "maxMsgDeliveries": 1},
     )
     offs = await api.produce(st, ["p", "q", "r"])
     await api.put_group(st, "g")
@@ -394,20 +395,21 @@ async def test_forward_to(api: Api) -> None:
     target = await api.station(uniq("dead"))
     st = await api.station(
         dls={"forwardTo": target},
-        consumerDefaults={"maxAckTimeMs": 500, "maxMsgDeliveries": 1},
+        # 2 s: the dead-letter below must come before the lease runs out on a loaded box.
+        consumerDefaults={"maxAckTimeMs": 2000, "maxMsgDeliveries": 1},
     )
     offs = await api.produce(st, [{"o": 1}, {"o": 2}], ids=["one", "two"])
     await api.put_group(st, "g")
     got = await api.fetch(st, "g", max=2)
     await api.dead_letter(st, "g", [got[1]["offset"]], reason="nope")
     # offs[0] expires into the DLS.
-    await eventually(lambda: api.dls_entries(st), timeout=3)
+    await eventually(lambda: api.dls_entries(st), timeout=5)
 
     async def forwarded() -> list[dict[str, Any]] | None:
         msgs = await api.browse(target)
         return msgs if len(msgs) >= 2 else None
 
-    msgs = await eventually(forwarded, timeout=3)
+    msgs = await eventually(forwarded, timeout=5)
     await asyncio.sleep(0.3)
     msgs = await api.browse(target)
     assert len(msgs) == 2

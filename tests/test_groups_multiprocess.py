@@ -110,7 +110,7 @@ async def test_leases_expire_across_processes(pg_url: str, make_server: MakeServ
     one, two = make_server(pg_url), make_server(pg_url)
     async with client(one) as c1, client(two) as c2:
         a, b = Api(c1), Api(c2)
-        st = await a.station(consumerDefaults={"maxAckTimeMs": 400, "maxMsgDeliveries": 3})
+        st = await a.station(consumerDefaults={"maxAckTimeMs": 1500, "maxMsgDeliveries": 3})
         await a.put_group(st, "g")
         offs = await a.produce(st, ["x", "y"])
         got = await a.fetch(st, "g", max=2, consumer="on-one")
@@ -130,7 +130,7 @@ async def test_leases_expire_across_processes(pg_url: str, make_server: MakeServ
         third = await a.fetch(st, "g", max=5, wait_ms=3000, consumer="on-one")
         assert [(m["offset"], m["deliveryCount"]) for m in third] == [(offs[0], 3)]
         # Its last lease expires on process one: into the DLS, once.
-        entries: list[dict[str, Any]] = await eventually(lambda: a.dls_entries(st), timeout=4)
+        entries: list[dict[str, Any]] = await eventually(lambda: a.dls_entries(st), timeout=6)
         assert [(e["offset"], e["deliveryCount"]) for e in entries] == [(offs[0], 3)]
         two.start()
         await asyncio.sleep(0.3)

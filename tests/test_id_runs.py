@@ -125,11 +125,12 @@ def test_runs_answer_after_kill_and_restart(server: Server) -> None:
 
 def test_runs_leave_with_the_window(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        name = station(client, window_ms=1500)
+        # 4 s: the 8 POSTs and the look at id_runs must come before the first ids run out.
+        name = station(client, window_ms=4000)
         fill(client, name, 400)
         sid = query(server, "SELECT id FROM streams WHERE name = ?", name)[0][0]
         assert query(server, "SELECT count(*) FROM id_runs WHERE stream_id = ?", sid)[0][0] > 0
-        time.sleep(1.6)
+        time.sleep(4.3)
         # Out of the window: the ids are free again, swept or not.
         again = produce(client, name, [f"{name}-0", f"{name}-150"])
         assert [r["duplicate"] for r in again] == [False, False]
@@ -148,8 +149,9 @@ def test_window_patch_applies_to_ids_in_runs(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         name = station(client)
         offsets = fill(client, name, 400)
-        time.sleep(0.3)
-        r = client.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": 200})
+        time.sleep(2.3)
+        # 2 s: the copies stored below must still be inside it when the window grows again.
+        r = client.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": 2000})
         assert r.status_code == 200, r.text
         old = list(offsets)[:150]  # all of these were moved to runs
         assert all(not r["duplicate"] for r in produce(client, name, old))
@@ -166,9 +168,10 @@ def test_a_window_shrunk_and_grown_again_counts_only_the_ids_left(server: Server
     with httpx.Client(base_url=server.url, timeout=30) as client:
         name = station(client)
         fill(client, name, 330, per=30, prefix="old-")
-        time.sleep(0.6)
+        time.sleep(3.3)
+        # 3 s: the 11 POSTs of the new ids and both PATCHes must fit inside it.
         new = fill(client, name, 330, per=30, prefix="new-")
-        for window in (400, 600_000):
+        for window in (3000, 600_000):
             r = client.patch(f"/api/stations/{name}", json={"idempotencyWindowMs": window})
             assert r.status_code == 200, r.text
         assert stats(client, name)["idsInWindow"] == 330

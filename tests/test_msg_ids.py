@@ -8,7 +8,8 @@ for ids repeated inside one request, through both doors (the messages API and th
 header), and a PATCH of the window applies to ids already stored.
 
 Most cases share one server per engine (each makes its own stations); the restart and sweep
-cases start their own. Windows that must run out are a few hundred milliseconds long.
+cases start their own. Windows that must run out are a few seconds long at most (long enough
+for the requests that must come inside them on a loaded box running three test workers).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.module_server import ENGINES, module_server
 
 JSON = {"Content-Type": "application/json"}
 LONG_WINDOW = 60_000  # never runs out during a test
-SHORT_WINDOW = 300  # runs out after a short sleep
+SHORT_WINDOW = 2000  # runs out after a short sleep; holds a few requests on a loaded box
 
 
 def offset(position: int) -> str:
@@ -105,8 +106,9 @@ def eventually(check: Callable[[], bool], timeout: float = 6.0, what: str = "") 
 
 
 def sleep_past(window_ms: int, since: float) -> None:
-    """Sleep until ``window_ms`` (plus a margin for clock granularity) has passed ``since``."""
-    remaining = since + window_ms / 1000 + 0.12 - time.monotonic()
+    """Sleep until ``window_ms`` (plus a 0.3 s margin) has passed ``since``, a time taken after
+    the request that stored the id returned."""
+    remaining = since + window_ms / 1000 + 0.3 - time.monotonic()
     if remaining > 0:
         time.sleep(remaining)
 
@@ -190,15 +192,15 @@ def test_ids_repeated_inside_one_request(client: httpx.Client) -> None:
 
 def test_same_id_after_the_window_is_stored(client: httpx.Client) -> None:
     name = new_station(client, idempotencyWindowMs=SHORT_WINDOW)
-    stored = time.monotonic()
     assert one(client, name, "late", 1) == (offset(0), False)
+    stored = time.monotonic()
     assert one(client, name, "late", 2) == (offset(0), True)
     assert stats(client, name)["idsInWindow"] == 1
 
     sleep_past(SHORT_WINDOW, stored)
     assert stats(client, name)["idsInWindow"] == 0
-    stored_again = time.monotonic()
     assert one(client, name, "late", 3) == (offset(1), False)
+    stored_again = time.monotonic()
     # The new message opens a new window for the id.
     assert one(client, name, "late", 4) == (offset(1), True)
     assert [(m["id"], m["data"]) for m in browse(client, name)] == [("late", 1), ("late", 3)]
@@ -211,15 +213,15 @@ def test_same_id_after_the_window_is_stored(client: httpx.Client) -> None:
 
 def test_window_is_per_message_not_per_station(client: httpx.Client) -> None:
     """Each id expires on its own clock (sliding, per-id), not in station-wide buckets."""
-    window = 800
+    window = 3000
     name = new_station(client, idempotencyWindowMs=window)
-    early = time.monotonic()
     one(client, name, "early", 1)
-    time.sleep(0.45)
-    late = time.monotonic()
+    early = time.monotonic()  # after "early" was stored
+    time.sleep(1.5)
+    late = time.monotonic()  # before "late" is stored
     one(client, name, "late", 2)
     sleep_past(window, early)
-    # "early" is free again, "late" (stored 450 ms later) is still remembered.
+    # "early" is free again, "late" (stored 1.5 s later) is still remembered.
     assert one(client, name, "late", 3) == (offset(1), True)
     assert time.monotonic() < late + window / 1000, "the machine is too slow for this test"
     assert one(client, name, "early", 4) == (offset(2), False)
@@ -315,8 +317,8 @@ def patch_window(client: httpx.Client, name: str, window: int) -> None:
 
 def test_shrinking_the_window_expires_stored_ids(client: httpx.Client) -> None:
     name = new_station(client, idempotencyWindowMs=LONG_WINDOW)
-    stored = time.monotonic()
     assert one(client, name, "a", 1) == (offset(0), False)
+    stored = time.monotonic()
     assert one(client, name, "a", 1) == (offset(0), True)  # now also in the hot cache
     patch_window(client, name, 100)
     sleep_past(100, stored)
@@ -326,8 +328,8 @@ def test_shrinking_the_window_expires_stored_ids(client: httpx.Client) -> None:
 
 def test_growing_the_window_keeps_stored_ids(client: httpx.Client) -> None:
     name = new_station(client, idempotencyWindowMs=SHORT_WINDOW)
-    stored = time.monotonic()
     assert one(client, name, "a", 1) == (offset(0), False)
+    stored = time.monotonic()
     assert one(client, name, "a", 1) == (offset(0), True)
     patch_window(client, name, LONG_WINDOW)
     sleep_past(SHORT_WINDOW, stored)
@@ -437,14 +439,14 @@ def test_duplicate_after_kill_and_restart(server: Server) -> None:
         eventually(lambda: stats(c, retained)["messages"] == 1, what="retention")
 
         # The sweeper first ran about 1 s after the start; with 60 s windows it settled on a
-        # 15 s period. A new station with a 200 ms window must not wait for that.
+        # 15 s period. A new station with a 2 s window must not wait for that.
         time.sleep(max(0.0, started + 1.4 - time.monotonic()))
-        short = new_station(c, idempotencyWindowMs=200)
+        short = new_station(c, idempotencyWindowMs=2000)
         produce(c, short, *({"id": f"s{i}", "data": i} for i in range(20)))
         assert ids_in_table(server.db_url, short) == 20
         eventually(
             lambda: ids_in_table(server.db_url, short) == 0,
-            timeout=3.0,
+            timeout=6.0,
             what="the sweeper to remove expired ids",
         )
         assert ids_in_table(server.db_url, name) == 4, "only expired ids are swept"

@@ -355,13 +355,14 @@ def test_window_patched_at_one_process_applies_at_the_other(
     clients: tuple[httpx.Client, httpx.Client],
 ) -> None:
     ca, cb = clients
-    # 1 s: the PATCH must come while the id is in it (300 ms was not always enough for a
-    # produce and a PATCH on a box running three test workers).
-    grow = new_station(ca, idempotencyWindowMs=1000)
+    # 2 s: the PATCH must come while the id is in it (300 ms was not always enough for a
+    # produce and a PATCH on a box running three test workers, whose processes may wait a few
+    # hundred milliseconds for a CPU).
+    grow = new_station(ca, idempotencyWindowMs=2000)
     shrink = new_station(ca, idempotencyWindowMs=LONG_WINDOW)
-    began = time.monotonic()
-    # Grown at B while the id is still inside its 1 s window at A.
+    # Grown at B while the id is still inside its 2 s window at A.
     assert produce(ca, grow, {"id": "x", "data": 1})[0]["duplicate"] is False
+    grow_stored = time.monotonic()  # after the id was stored
     r = cb.patch(f"/api/stations/{grow}", json={"idempotencyWindowMs": LONG_WINDOW})
     assert r.status_code == 200, r.text
     assert produce(ca, grow, {"id": "x", "data": 1})[0]["duplicate"] is True
@@ -370,7 +371,9 @@ def test_window_patched_at_one_process_applies_at_the_other(
     assert produce(ca, shrink, {"id": "x", "data": 1})[0]["duplicate"] is True
     r = cb.patch(f"/api/stations/{shrink}", json={"idempotencyWindowMs": 100})
     assert r.status_code == 200, r.text
-    time.sleep(max(0.0, began + 1.2 - time.monotonic()))  # past both short windows
+    shrunk = time.monotonic()  # the shrink station's id was stored before this
+    # Past both short windows: grow's first 2 s and shrink's 100 ms, each with 0.3 s to spare.
+    time.sleep(max(0.0, grow_stored + 2.3 - time.monotonic(), shrunk + 0.4 - time.monotonic()))
     assert produce(ca, shrink, {"id": "x", "data": 2})[0] == {
         "offset": offset(1),
         "duplicate": False,
@@ -562,7 +565,8 @@ def test_an_id_sweep_deletes_by_the_window_in_force_when_it_deletes(pg_url: str)
     engine = db.make_engine(pg_url)
     try:
         db.upgrade(engine)
-        config = parse_config({"name": "w", "idempotencyWindowMs": 1_000})
+        # 10 s: the ids must still be inside it when the PATCH below grows it.
+        config = parse_config({"name": "w", "idempotencyWindowMs": 10_000})
         with engine.connect() as conn, conn.begin():
             batch = Batch(conn, now_ms())
             request = CreateRequest("w", "application/json", config, compare_config=True)
@@ -573,7 +577,7 @@ def test_an_id_sweep_deletes_by_the_window_in_force_when_it_deletes(pg_url: str)
 
         sweeper = engine.connect()
         sweep_tx = sweeper.begin()
-        later = Batch(sweeper, now_ms() + 5_000)  # the ids are past the 1 s window by then
+        later = Batch(sweeper, now_ms() + 20_000)  # the ids are past the 10 s window by then
         (due,) = upkeep.ids_due(sweeper, later.now)
         with engine.connect() as conn, conn.begin():  # another process grows the window
             grow = {"idempotencyWindowMs": 3_600_000}
@@ -584,6 +588,6 @@ def test_an_id_sweep_deletes_by_the_window_in_force_when_it_deletes(pg_url: str)
         sweep_tx.commit()
         sweeper.close()
         with engine.connect() as conn:
-            assert idtable.counts(conn, now_ms() + 5_000).get(due.id) == 3
+            assert idtable.counts(conn, now_ms() + 20_000).get(due.id) == 3
     finally:
         engine.dispose()

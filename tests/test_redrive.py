@@ -18,22 +18,26 @@ from tests.groupkit import (
 from tests.harness import Server
 
 
-async def dead_letter_one(api: Api, st: str, wait_ms: int = 0) -> dict[str, Any]:
+async def dead_letter_one(api: Api, st: str, wait_ms: int = 0) -> tuple[dict[str, Any], float]:
+    """Fetch one message and dead-letter it; the message, and a time (``time.monotonic``) taken
+    after the fetch returned and before the dead-letter was sent."""
     got = await api.fetch(st, "g", max=1, wait_ms=wait_ms)
     assert len(got) == 1, got
+    sent = time.monotonic()
     assert (await api.dead_letter(st, "g", [got[0]["offset"]], reason="boom"))["deadLettered"] == 1
-    return got[0]
+    return got[0], sent
 
 
 async def test_replay_with_delay_waits(api: Api) -> None:
     st = await api.station()
     await api.produce(st, [{"n": 1}])
     await api.put_group(st, "g")
-    msg = await dead_letter_one(api, st)
+    msg, _ = await dead_letter_one(api, st)
     entry = (await api.dls_entries(st))[0]
     start = time.monotonic()
+    # 3 s: the checks below that it is not yet due must come inside it on a loaded box.
     r = await api.c.post(
-        api.path(st, "dls", "replay"), json={"ids": [entry["id"]], "delayMs": 1500}
+        api.path(st, "dls", "replay"), json={"ids": [entry["id"]], "delayMs": 3000}
     )
     assert r.status_code == 200 and r.json()["replayed"] == 1
     assert await api.dls_entries(st) == []
@@ -43,7 +47,7 @@ async def test_replay_with_delay_waits(api: Api) -> None:
     got = await api.fetch(st, "g", wait_ms=20_000)
     elapsed = time.monotonic() - start
     assert [m["offset"] for m in got] == [msg["offset"]] and got[0]["deliveryCount"] == 1
-    assert elapsed >= 1.5, elapsed  # the delay is a floor ...
+    assert elapsed >= 3.0, elapsed  # the delay is a floor ...
     assert elapsed < 15, elapsed  # ... and the wake-up comes (loosely: a shared, loaded box)
 
 
@@ -81,24 +85,27 @@ async def test_policy_validation(api: Api) -> None:
 
 
 async def test_policy_redrives_until_the_cap(api: Api) -> None:
-    policy = {"maxRedrives": 2, "delayMs": 300, "backoff": 2}
+    # Delays of 1.5 s and 3 s: a listing of the DLS must come before each redrive on a loaded
+    # box. maxDelayMs holds the step after them (6 s by the backoff) at 3 s.
+    policy = {"maxRedrives": 2, "delayMs": 1500, "backoff": 2, "maxDelayMs": 3000}
     st = await api.station(dls={"redrive": policy})
     await api.produce(st, [{"n": 1}])
     await api.put_group(st, "g", maxMsgDeliveries=1)
-    msg = await dead_letter_one(api, st)
-    for n, delay in ((0, 0.3), (1, 0.6)):
+    msg, sent = await dead_letter_one(api, st)
+    for n, delay in ((0, 1.5), (1, 3.0)):
         (entry,) = await api.dls_entries(st)
         assert entry["redrives"] == n and entry["redriveAt"] is not None
         assert entry["reason"] == "dead_letter"
-        start = time.monotonic()
-        again = await dead_letter_one(api, st, wait_ms=20_000)  # woken by the redrive
-        assert time.monotonic() - start >= delay - 0.25  # ours started after its dead-letter
+        again, next_sent = await dead_letter_one(api, st, wait_ms=20_000)  # woken by the redrive
+        # From before its dead-letter was sent to after the redrive came back.
+        assert next_sent - sent >= delay - 0.05, next_sent - sent
         assert again["offset"] == msg["offset"] and again["deliveryCount"] == 1
+        sent = next_sent
     (entry,) = await api.dls_entries(st)
     assert entry["redrives"] == 2 and entry["redriveAt"] is None
     assert entry["reason"] == "max_redrives" and entry["error"] == "dead_letter: boom"
-    # It stays: no redrive comes (a bounded look, well past the next backoff step of 1.2 s).
-    assert await api.fetch(st, "g", wait_ms=2000) == []
+    # It stays: no redrive comes (a bounded look, well past the next step of 3 s).
+    assert await api.fetch(st, "g", wait_ms=3800) == []
     assert len(await api.dls_entries(st)) == 1
     # A lease that expires on its last delivery takes the same road.
     st2 = await api.station(dls={"redrive": {"maxRedrives": 1, "delayMs": 0}})
@@ -116,7 +123,8 @@ async def test_policy_redrives_until_the_cap(api: Api) -> None:
 async def test_cap_and_redrives_survive_kill9(server: Server) -> None:
     async with client(server) as c:
         api = Api(c)
-        st = await api.station(dls={"redrive": {"maxRedrives": 1, "delayMs": 800}})
+        # 3 s: the listing and the kill -9 and restart below come before any redrive is due.
+        st = await api.station(dls={"redrive": {"maxRedrives": 1, "delayMs": 3000}})
         n = 40
         offsets = await api.produce(st, [{"i": i} for i in range(n)])
         await api.put_group(st, "g", maxMsgDeliveries=1)
@@ -141,7 +149,7 @@ async def test_cap_and_redrives_survive_kill9(server: Server) -> None:
     server.restart()
     async with client(server) as c:
         api = Api(c)
-        assert await api.fetch(st, "g", max=n, wait_ms=2500) == []  # the cap holds
+        assert await api.fetch(st, "g", max=n, wait_ms=3500) == []  # the cap holds
         assert len(await api.dls_entries(st)) == n
     assert_clean_log(server)
 

@@ -405,7 +405,7 @@ async def test_producer_linger_sends_without_flush(client: Client) -> None:
     name = unique("linger")
     await client.create_station(name, content_type="application/octet-stream")
     station = await _station_with_info(client, name)
-    producer = station.producer("p", linger_ms=400)
+    producer = station.producer("p", linger_ms=2000)
     producer.append(b"ab")
     producer.append("cd")
     await asyncio.sleep(0.05)
@@ -958,13 +958,13 @@ async def test_a_message_whose_work_takes_long_extends_its_lease(client: Client)
     station = client.station(name)
     await station.produce_many([{"n": 1}, {"n": 2}, {"n": 3}])
     async with (
-        station.consumer("g", consumer="a", batch_size=3, max_ack_time_ms=500) as a,
-        station.consumer("g", consumer="b", batch_size=3, max_ack_time_ms=500) as b,
+        station.consumer("g", consumer="a", batch_size=3, max_ack_time_ms=1500) as a,
+        station.consumer("g", consumer="b", batch_size=3, max_ack_time_ms=1500) as b,
     ):
         first, second, third = [await anext(a) for _ in range(3)]
         before = first.ack_deadline
-        assert await first.extend(3000)
-        assert await a.extend([second], 1500) == 1
+        assert await first.extend(8000)
+        assert await a.extend([second], 4000) == 1
         assert first.ack_deadline is not None and before is not None
         assert first.ack_deadline > before
         # The unextended third expires and goes to b; the first does not.
@@ -994,8 +994,8 @@ async def test_extend_names_its_delivery_and_a_transaction_outlives_heartbeats(
     station = client.station(name)
     await station.produce({"n": 1})
     async with (
-        station.consumer("g", consumer="same", batch_size=1, max_ack_time_ms=300) as a,
-        station.consumer("g", consumer="same", batch_size=1, max_ack_time_ms=300) as b,
+        station.consumer("g", consumer="same", batch_size=1, max_ack_time_ms=1500) as a,
+        station.consumer("g", consumer="same", batch_size=1, max_ack_time_ms=1500) as b,
     ):
         stale = await anext(a)
         live = await asyncio.wait_for(anext(b), 10)  # after stale's lease expired
@@ -1010,9 +1010,9 @@ async def test_extend_names_its_delivery_and_a_transaction_outlives_heartbeats(
         assert live.ack_deadline > live_deadline
         async with b.transaction() as tx:
             tx.ack(live)
-            for _ in range(3):  # heartbeats while the work goes on, past the 300 ms
-                assert await live.extend(1000)
-                await asyncio.sleep(0.2)
+            for _ in range(3):  # heartbeats while the work goes on, past the 1.5 s
+                assert await live.extend(2000)
+                await asyncio.sleep(0.6)
             tx.produce(name, {"done": 1})
     (group,) = await station.groups()
     assert (group.pending, group.in_flight) == (1, 0)  # the produced message waits

@@ -313,7 +313,7 @@ async def test_pull_wake_lease_expiry_and_tokens(make_server: Any, tmp_path: Any
                 "type": "pull-wake",
                 "streams": ["jobs"],
                 "wake_stream": "wake/pool",
-                "lease_ttl_ms": 1000,
+                "lease_ttl_ms": 3000,
             },
         )
         assert r.status_code == 201, r.text

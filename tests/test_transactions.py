@@ -104,7 +104,7 @@ async def test_two_stations_two_groups(api: Api) -> None:
 async def test_stale_lease_fails_everything(api: Api) -> None:
     src, out = await api.station(), await api.station()
     await api.produce(src, [{"n": 1}, {"n": 2}])
-    await api.put_group(src, "g", maxAckTimeMs=300, maxMsgDeliveries=5)
+    await api.put_group(src, "g", maxAckTimeMs=1500, maxMsgDeliveries=5)
     first = await api.fetch(src, "g", max=1)
     await until_past(first[0]["ackDeadline"])
     second = await api.fetch(src, "g", max=1, consumer="c2")  # the expired one comes first
@@ -152,7 +152,7 @@ async def test_a_message_delivered_again_after_a_seek_or_replay_is_another_lease
     def held(m: dict[str, Any]) -> dict[str, Any]:
         return {**lease(src, "g", m), "ackDeadline": m["ackDeadline"]}
 
-    await api.put_group(src, "g", maxAckTimeMs=300, maxMsgDeliveries=1)
+    await api.put_group(src, "g", maxAckTimeMs=1500, maxMsgDeliveries=1)
     first = await api.fetch(src, "g", max=1)
     r = await api.c.post(f"/api/stations/{src}/groups/g/seek", json={"to": "earliest"})
     assert r.status_code == 200, r.text

@@ -137,7 +137,7 @@ def eventually(check: Any, what: str, timeout: float = 15) -> None:
 
 def test_max_age_drops_old_messages_again_after_the_station_went_empty(server: Any) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as c:
-        r = c.post("/api/stations", json={"name": "aging", "retention": {"maxAgeMs": 500}})
+        r = c.post("/api/stations", json={"name": "aging", "retention": {"maxAgeMs": 2000}})
         assert r.status_code == 201, r.text
 
         def count() -> int:
@@ -156,7 +156,8 @@ def test_rules_by_time_look_again_when_something_is_stored(server: Any) -> None:
     ``maxAgeMs`` is dropped in time although the look planned for an older DLS entry is a day
     away."""
     with httpx.Client(base_url=server.url, timeout=30) as c:
-        config = {"retention": {"maxAgeMs": 400}, "dls": {"retentionMs": 86_400_000}}
+        # maxAgeMs must hold a produce, a fetch and a dead-letter on a loaded box.
+        config = {"retention": {"maxAgeMs": 2000}, "dls": {"retentionMs": 86_400_000}}
         assert c.post("/api/stations", json={"name": "both", **config}).status_code == 201
         assert c.post("/api/stations", json={"name": "dl", "dls": {"retentionMs": 400}}).is_success
 
