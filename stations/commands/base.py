@@ -45,6 +45,9 @@ def retold(exc: StationsError, message: str) -> StationsError:
     return told
 
 
+# An offset token as the API writes it (the CLI checks one before sending it).
+OFFSET = re.compile(r"[0-9]{16}_[0-9]{16}")
+
 T = TypeVar("T")
 Item = TypeVar("Item")
 

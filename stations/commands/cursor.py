@@ -4,10 +4,10 @@ that keep their own progress (a Spark streaming query) commit, with their lag.""
 from __future__ import annotations
 
 import argparse
-import re
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
+    OFFSET,
     Usage,
     add_list_parser,
     naming_options,
@@ -69,10 +69,6 @@ def add_parser(
     delete.set_defaults(handler=delete_cursor)
 
 
-# An offset token, or -1 (the start): what the API's cursor commit takes.
-_OFFSET = re.compile(r"-1|[0-9]{16}_[0-9]{16}")
-
-
 def _wire(cursor: CursorInfo) -> dict[str, Any]:
     """The cursor as the API gives it (its CursorView)."""
     updated = cursor.updated_at
@@ -131,7 +127,8 @@ async def show_cursor(args: argparse.Namespace, client: Client) -> int:
 
 
 async def set_cursor(args: argparse.Namespace, client: Client) -> int:
-    if not _OFFSET.fullmatch(args.offset):
+    # An offset token, or -1 (the start): what the API's cursor commit takes.
+    if args.offset != "-1" and not OFFSET.fullmatch(args.offset):
         raise Usage(
             f"OFFSET {args.offset!r} is not an offset (0000000000000042_0000000000000000) nor -1"
         )

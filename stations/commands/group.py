@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from stations.commands.base import (
+    OFFSET,
     Refused,
     Usage,
     add_list_parser,
@@ -315,7 +315,7 @@ async def create_group(args: argparse.Namespace, client: Client) -> int:
 
     limits = _limits(args)
     if args.start is not None and not (
-        args.start in ("earliest", "latest") or _OFFSET.fullmatch(args.start)
+        args.start in ("earliest", "latest") or OFFSET.fullmatch(args.start)
     ):
         raise Usage(f"--from must be earliest, latest or an offset, not {args.start!r}")
     try:
@@ -505,7 +505,6 @@ async def delete_group(args: argparse.Namespace, client: Client) -> int:
 
 
 # The API's limits: an offset token, a request's items, a nack's delay.
-_OFFSET = re.compile(r"[0-9]{16}_[0-9]{16}")
 MAX_ITEMS = 10_000
 MAX_DELAY_MS = 86_400_000
 
@@ -525,7 +524,7 @@ def _lease(text: str, where: str) -> dict[str, Any]:
         if len(parts) != 3:
             raise Usage(f"{where} is not OFFSET,DELIVERY-COUNT,ACK-DEADLINE nor a JSON object")
     offset, count, deadline = (p.strip() if isinstance(p, str) else p for p in parts)
-    if not (isinstance(offset, str) and _OFFSET.fullmatch(offset)):
+    if not (isinstance(offset, str) and OFFSET.fullmatch(offset)):
         raise Usage(f"{where}: {offset!r} is not an offset (0000000000000042_0000000000000000)")
     if isinstance(count, str) and count.isascii() and count.isdigit():
         count = int(count)
@@ -560,7 +559,7 @@ def _offset_line(text: str, where: str) -> str:
     text = text.strip()
     where = f"{where} {text!r}"
     offset: Any = _json_line(text, where).get("offset") if text.startswith("{") else text
-    if not (isinstance(offset, str) and _OFFSET.fullmatch(offset)):
+    if not (isinstance(offset, str) and OFFSET.fullmatch(offset)):
         raise Usage(f"{where}: {offset!r} is not an offset (0000000000000042_0000000000000000)")
     return offset
 
@@ -602,7 +601,7 @@ def _settle_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
 
 def _offsets(given: list[str]) -> list[str]:
     for offset in given:
-        if not _OFFSET.fullmatch(offset):
+        if not OFFSET.fullmatch(offset):
             raise Usage(f"OFFSET {offset!r} is not an offset (0000000000000042_0000000000000000)")
     return list(given)
 
