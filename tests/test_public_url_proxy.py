@@ -8,7 +8,7 @@ public URL's origin (and host name) are the server's own, not a foreign page's (
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -18,6 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from stations.client import BadRequest, Client
 from tests.harness import Server, free_port
 
 MakeServer = Callable[..., Server]
@@ -204,3 +205,40 @@ async def test_the_public_url_is_kept_as_clients_send_it(
         [entry] = yaml.safe_load(r.text)["servers"]
         assert entry["url"] == "https://xn--bcher-kva.example/a%20b"
         assert "default address" not in entry["description"]
+
+
+async def test_dot_names_are_refused_before_a_proxy_resolves_them_away(
+    tmp_path: Path, make_server: MakeServer
+) -> None:
+    """A proxy that resolves dot segments (nginx, or this one: aiohttp's client) turned
+    ``DELETE .../orders/cursors/..`` into ``DELETE /api/stations/orders/``: the request reached
+    the station's own route (here refused for the trailing slash, a 400 naming ``name``; one
+    step of slash-trimming from deleting the station). The SDK refuses ``.`` and ``..`` as
+    names before sending, naming the argument."""
+    server = make_server(f"sqlite:///{tmp_path / 'stations.db'}")
+    proxy = Proxy([server.url])
+    await proxy.start()
+    try:
+        async with Client(proxy.url) as client:
+            await client.create_station("orders")
+            station = client.station("orders")
+            await station.produce({"n": 1})
+            await station.ensure_group("workers")
+            calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+                ("cursor", lambda: station.delete_cursor("..")),
+                ("cursor", lambda: station.commit_cursor(".", "-1")),
+                ("group", lambda: station.delete_group("..")),
+                ("station", lambda: client.delete_station("..")),
+                ("station", lambda: client.station(".").info()),
+            ]
+            for field, call in calls:
+                with pytest.raises(BadRequest) as refused:
+                    await call()
+                assert refused.value.field == field, refused.value
+                assert "relative path segment" in refused.value.message
+            info = await station.info()
+            assert info.name == "orders"
+            assert [g.name for g in await station.groups()] == ["workers"]
+        assert proxy.answered_by, "the client's requests went through the proxy"
+    finally:
+        await proxy.stop()

@@ -156,7 +156,9 @@ class Client:
         return StationInfo.from_wire(reply.json(), created=reply.status == 201)
 
     async def get_station(self, name: str) -> StationInfo:
-        reply = await self.http.call("GET", self._api(path_segment(name)), what=f"station {name}")
+        reply = await self.http.call(
+            "GET", self._api(path_segment(name, "station")), what=f"station {name}"
+        )
         return StationInfo.from_wire(reply.json())
 
     async def list_stations(self) -> list[StationInfo]:
@@ -185,7 +187,7 @@ class Client:
         )
         reply = await self.http.call(
             "PATCH",
-            self._api(path_segment(name)),
+            self._api(path_segment(name, "station")),
             body,
             what=f"patch station {name}",
             params=_created(created_at),
@@ -198,7 +200,7 @@ class Client:
         again since raises ``Conflict`` (field ``createdAt``) and stays."""
         await self.http.call(
             "DELETE",
-            self._api(path_segment(name)),
+            self._api(path_segment(name, "station")),
             what=f"delete station {name}",
             params=_created(created_at),
         )
@@ -251,13 +253,13 @@ class Station:
         return f"Station({self.name!r})"
 
     def _api(self, *parts: str) -> str:
-        return self.client._api(path_segment(self.name), *parts)
+        return self.client._api(path_segment(self.name, "station"), *parts)
 
     def group_url(self, group: str) -> str:
-        return self._api("groups", path_segment(group))
+        return self._api("groups", path_segment(group, "group"))
 
     def cursor_url(self, cursor: str) -> str:
-        return self._api("cursors", path_segment(cursor))
+        return self._api("cursors", path_segment(cursor, "cursor"))
 
     async def info(self) -> StationInfo:
         info = await self.client.get_station(self.name)

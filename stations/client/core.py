@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from stations.client.errors import NotFound, StationNotFound, StationsError, error_for
+from stations.client.errors import (
+    BadRequest,
+    NotFound,
+    StationNotFound,
+    StationsError,
+    error_for,
+)
 
 DEFAULT_URL = "http://127.0.0.1:4437"
 # Longer than the server's long-poll timeout (30 s by default) and SSE lifetime (60 s), so a
@@ -80,8 +86,13 @@ def check_url(url: str) -> None:
         raise ValueError(f"url {url!r} has port 0")
 
 
-def path_segment(name: str) -> str:
-    """A station name as one path segment of the management API (``/`` becomes ``%2F``)."""
+def path_segment(name: str, field: str = "name") -> str:
+    """A station, group or cursor name as one path segment of the management API (``/``
+    becomes ``%2F``). ``.`` and ``..`` are refused before sending (``BadRequest`` naming
+    ``field``): URL clients and proxies resolve them away, so ``DELETE .../cursors/..`` could
+    reach ``/api/stations/{station}/``."""
+    if name in (".", ".."):
+        raise BadRequest(f"{field} may not be {name!r}: it is a relative path segment", field=field)
     return quote(name, safe="")
 
 

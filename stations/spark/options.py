@@ -202,7 +202,7 @@ class Config:
     @property
     def api_path(self) -> str:
         """The station under the management API: ``/api/stations/{name}``."""
-        return f"/api/stations/{path_segment(self.station)}"
+        return f"/api/stations/{path_segment(self.station, 'station')}"
 
     @property
     def stream_path(self) -> str:

@@ -204,7 +204,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._commit_cursor(str(end["offset"]))
 
     def _cursor_path(self) -> str:
-        return f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor or '')}"
+        return f"{self.cfg.api_path}/cursors/{path_segment(self.cfg.cursor or '', 'cursor')}"
 
     def _commit_cursor(self, offset: str) -> None:
         """Store ``offset`` under the ``cursor`` name, once per position.
