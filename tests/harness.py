@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx  # noqa: F401  (imported so a missing test dependency fails loudly here)
+import httpx
 
 from tests import zygote
 
@@ -77,6 +77,27 @@ def drop_pg_database(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def wait_for_waiting_readers(
+    url: str, count: int, token: str | None = None, timeout: float = 15.0
+) -> None:
+    """Until the server at ``url`` counts at least ``count`` requests parked waiting (long-polls,
+    SSE streams, group fetches: ``stations_waiting_readers``), rather than a fixed sleep that a
+    busy box can outlast before the requests even arrive. ``token``: one that may read
+    ``/metrics``."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+        for line in text.splitlines():
+            if line.startswith("stations_waiting_readers "):
+                seen = float(line.split()[1])
+        if seen is not None and seen >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{count} waiting readers expected within {timeout} s, saw {seen}")
 
 
 def admin_and_scoped_tokens(workdir: Path, admin: str, scoped: str, stations: str) -> Path:

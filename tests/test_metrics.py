@@ -145,9 +145,11 @@ def test_figures_after_known_traffic(srv: Server, http: httpx.Client, tmp_path: 
     # line per answer it sends).
     with contextlib.suppress(httpx.TimeoutException):
         http.get("/v1/stream/met-a?offset=now&live=long-poll", timeout=0.5)
-    time.sleep(0.5)  # the server sees the connection go
-    log = (tmp_path / "access.log").read_text()
-    assert '"GET /v1/stream/met-a?offset=now&live=long-poll HTTP/1.1" 499' in log, log[-2000:]
+    line = '"GET /v1/stream/met-a?offset=now&live=long-poll HTTP/1.1" 499'
+    deadline = time.monotonic() + 10  # until the server has seen the connection go
+    while line not in (log := (tmp_path / "access.log").read_text()):
+        assert time.monotonic() < deadline, log[-2000:]
+        time.sleep(0.05)
 
 
 def _random_traffic(http: httpx.Client, count: int) -> list[str]:

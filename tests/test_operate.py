@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import Server, free_port
+from tests.harness import Server, free_port, wait_for_waiting_readers
 from tests.packaging import clean_env, copy_checkout, run
 from tests.test_cli import assert_one_line_error, run_cli
 
@@ -685,7 +685,7 @@ def test_revoking_a_token_ends_its_waiting_requests(tmp_path: Path) -> None:
         threads = [threading.Thread(target=wait, args=w[:4], kwargs=w[4]) for w in waits]
         for thread in threads:
             thread.start()
-        time.sleep(1.0)  # all four are waiting
+        wait_for_waiting_readers(server.url, 4, "keep-secret-1")
         assert not outcomes, outcomes
         tokens.write_text(json.dumps({"tokens": [keep]}))
         hung_up = time.monotonic()

@@ -548,7 +548,7 @@ def test_a_lock_held_elsewhere_ends_in_503s_and_readiness_says_writes_stall(
     from stations.api import make_app
     from stations.domain import service as service_module
 
-    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 1500, raising=False)
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 3000, raising=False)
     monkeypatch.setattr(service_module, "WRITES_STALLED_S", 0.3, raising=False)
 
     async def run() -> None:
@@ -571,9 +571,11 @@ def test_a_lock_held_elsewhere_ends_in_503s_and_readiness_says_writes_stall(
                         json={"max": 1, "waitMs": 0, "consumer": "c"},
                     )
                 )
-                await asyncio.sleep(0.6)
-                ready = await client.get("/readyz")
-                assert ready.status == 503
+                # Asked until the fetch has waited past WRITES_STALLED_S (not a fixed sleep a
+                # busy box can make too short, or longer than the lock timeout).
+                while (ready := await client.get("/readyz")).status != 503:
+                    assert not fetch.done(), "the fetch ended before readiness said stalled"
+                    await asyncio.sleep(0.05)
                 assert (await ready.json())["database"] == "writes stalled"
                 append = await client.post(
                     "/v1/stream/plain", data=b"[1]", headers={"Content-Type": "application/json"}

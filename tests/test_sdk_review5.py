@@ -30,7 +30,7 @@ from stations.client.blocking import BlockingHttp
 from stations.client.client import Station
 from stations.client.retry import RetryPolicy
 from stations.client.sync import SyncClient
-from tests.harness import Server
+from tests.harness import Server, wait_for_waiting_readers
 from tests.test_sdk import unique
 
 MAX_IDS = 10_000  # ids per DLS replay or drop request (the API's limit)
@@ -283,7 +283,7 @@ async def test_a_revoked_token_is_refused_at_once_and_said_to_be(
             waiting = asyncio.ensure_future(
                 _refused_at_once(_drain(station.read(offset="now", live="long-poll")))
             )
-            await asyncio.sleep(0.5)  # the long-poll waits on the server
+            await asyncio.to_thread(wait_for_waiting_readers, tokens.server.url, 1, tokens.admin)
             await asyncio.to_thread(tokens.revoke, tokens.worker)
             assert "revoked" in str(await waiting)
             await _refused_at_once(c.get_station(name))
