@@ -6,14 +6,25 @@ Storage tests take the ``server`` fixture and run once on SQLite and once on Pos
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import IN_CI, Server, drop_pg_database, new_pg_database, pg_available
+from tests.harness import (
+    IN_CI,
+    SHORT_LIVED_JVM,
+    Server,
+    drop_pg_database,
+    new_pg_database,
+    pg_available,
+)
 
 ENGINES = ["sqlite", "postgresql"]
+# spark-submit (PySpark's own driver, `stations pipeline`'s) puts these on the driver JVM's
+# command line; subprocesses inherit them (see SHORT_LIVED_JVM).
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
 
 
 def _require_pg() -> None:

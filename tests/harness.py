@@ -24,6 +24,13 @@ PG_ADMIN_URL = os.environ.get("STATIONS_TEST_PG", "postgresql://postgres@127.0.0
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+# The suite's JVMs (Spark drivers, the standalone cluster's daemons and executors) live for
+# seconds to minutes and the 2-core box's CPUs are the suite's limit: C1 alone and the serial
+# collector took a third off a pipeline run's CPU (44 -> 29 CPU-s) and a quarter off
+# test_spark_review4's. Not the product's default: a long bulk job wants C2.
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 # Each test process (pytest-xdist worker) takes ports from a range of its own, below Linux's
 # ephemeral ports (32768-60999): a port the kernel hands out for binding to 0, or to a client
 # connection, or that another worker picks, could otherwise be taken while a server that is

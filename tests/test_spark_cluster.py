@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import IN_CI, Server, free_port
+from tests.harness import IN_CI, SHORT_LIVED_JVM, Server, free_port
 
 try:
     import pyarrow as pa
@@ -72,6 +72,9 @@ def _env(home: Path | None = None) -> dict[str, str]:
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     if home is not None:
         env.update(SPARK_HOME=str(home), SPARK_SCALA_VERSION="2.13")
+        # The daemons' JVMs and the executors the worker starts (they inherit its
+        # environment); the drivers take SPARK_SUBMIT_OPTS (tests/conftest.py).
+        env["JAVA_TOOL_OPTIONS"] = SHORT_LIVED_JVM
     return env
 
 
