@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests import zygote
+
 
 def run(
     *args: str,
@@ -26,6 +28,8 @@ def run(
     if token is not None:
         environment["STATIONS_TOKEN"] = token
     environment.update(env or {})
+    if zygote.enabled() and args[:1] != ("pipeline",):  # see tests/zygote.py
+        return zygote.run(list(args), cwd, environment, stdin, timeout)
     return subprocess.run(
         [sys.executable, "-m", "stations", *args],
         input=stdin,
