@@ -86,25 +86,25 @@ def drop_pg_database(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def metric(url: str, name: str, token: str | None = None) -> float:
+    """One unlabelled figure of the server's ``/metrics`` (``token``: one that may read it)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for line in httpx.get(f"{url}/metrics", headers=headers, timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} missing")
+
+
 def wait_for_waiting_readers(
     url: str, count: int, token: str | None = None, timeout: float = 15.0
 ) -> None:
     """Until the server at ``url`` counts at least ``count`` requests parked waiting (long-polls,
     SSE streams, group fetches: ``stations_waiting_readers``), rather than a fixed sleep that a
-    busy box can outlast before the requests even arrive. ``token``: one that may read
-    ``/metrics``."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    busy box can outlast before the requests even arrive."""
     deadline = time.monotonic() + timeout
-    seen = None
-    while time.monotonic() < deadline:
-        text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
-        for line in text.splitlines():
-            if line.startswith("stations_waiting_readers "):
-                seen = float(line.split()[1])
-        if seen is not None and seen >= count:
-            return
+    while (seen := metric(url, "stations_waiting_readers", token)) < count:
+        assert time.monotonic() < deadline, f"{count} waiting readers expected, saw {seen}"
         time.sleep(0.02)
-    raise AssertionError(f"{count} waiting readers expected within {timeout} s, saw {seen}")
 
 
 def admin_and_scoped_tokens(workdir: Path, admin: str, scoped: str, stations: str) -> Path:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Server
+from tests.harness import Server, metric
 
 JSON = {"Content-Type": "application/json"}
 
@@ -334,7 +334,7 @@ async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothi
         await asyncio.sleep(0.3)
         conn.close()
     deadline = time.monotonic() + 3
-    while _metric(server.url, "stations_waiting_readers") != 0:
+    while metric(server.url, "stations_waiting_readers") != 0:
         assert time.monotonic() < deadline, "the slots of clients that left are still taken"
         await asyncio.sleep(0.05)
     http.post("/api/stations/s/messages", json={"messages": [{"id": "m1", "data": 1}]})
@@ -469,8 +469,8 @@ async def test_an_idle_sse_reader_holds_no_page_of_the_read_budget(
     while b'"upToDate":true' not in got:
         got += await asyncio.wait_for(reader.read(1 << 20), 10)
     await asyncio.sleep(0.3)
-    assert _metric(server.url, "stations_waiting_readers") == 1  # still there, waiting
-    assert _metric(server.url, "stations_read_budget_used_bytes") == 0
+    assert metric(server.url, "stations_waiting_readers") == 1  # still there, waiting
+    assert metric(server.url, "stations_read_budget_used_bytes") == 0
     writer.close()
 
 
@@ -659,13 +659,6 @@ print(json.dumps([achieved, latencies]))
 """
 
 
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"metric {name} missing")
-
-
 async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_s(
     spawn: Callable[..., Server], pg_url: str
 ) -> None:
@@ -701,7 +694,7 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_
         readers += [asyncio.create_task(reader()) for _ in range(100)]
         await asyncio.sleep(0.2)
     await asyncio.sleep(2)
-    reads_before = _metric(server.url, "stations_read_transactions_total")
+    reads_before = metric(server.url, "stations_read_transactions_total")
 
     # The producer runs in a process of its own: in this one it would wait for the GIL behind
     # the 1,000 readers' loop, and measure the test client rather than the server.
@@ -720,7 +713,7 @@ async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_
     latencies.sort()
     p50, p99 = (1000 * latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.99))
     results = await asyncio.gather(*readers)
-    reads = _metric(server.url, "stations_read_transactions_total") - reads_before
+    reads = metric(server.url, "stations_read_transactions_total") - reads_before
     print(
         f"producer {achieved:.1f} msg/s offered {rate} (append p50 {p50:.0f} ms, p99 {p99:.0f} "
         f"ms); {answers} answers with data, {reads:.0f} read transactions"

@@ -166,17 +166,23 @@ def _command(request: dict[str, Any]) -> None:
         os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
-    for sig in (signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts: Ctrl-C raises
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = ["stations", *request["argv"]]
+    _become(request, signal.default_int_handler)  # as Python starts: Ctrl-C raises
     from stations.cli import main
 
     main(request["argv"])
     raise SystemExit(0)
+
+
+def _become(request: dict[str, Any], on_interrupt: Any) -> None:
+    """The child's signals, directory, environment and ``sys.argv`` as ``python -m stations
+    *argv`` started in the request's directory would have them."""
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, on_interrupt)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["stations", *request["argv"]]
 
 
 def _child(request: dict[str, Any]) -> None:
@@ -193,12 +199,7 @@ def _child(request: dict[str, Any]) -> None:
         os.dup2(log, 2)
         for fd in {null, log} - {0, 1, 2}:
             os.close(fd)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = ["stations", *request["argv"]]
+        _become(request, signal.SIG_DFL)
         from stations.cli import main
 
         main(request["argv"])

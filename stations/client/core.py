@@ -86,7 +86,7 @@ def check_url(url: str) -> None:
         raise ValueError(f"url {url!r} has port 0")
 
 
-def path_segment(name: str, field: str = "name") -> str:
+def path_segment(name: str, field: str) -> str:
     """A station, group or cursor name as one path segment of the management API (``/``
     becomes ``%2F``). ``.`` and ``..`` are refused before sending (``BadRequest`` naming
     ``field``): URL clients and proxies resolve them away, so ``DELETE .../cursors/..`` could
