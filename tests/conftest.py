@@ -6,6 +6,7 @@ Storage tests take the ``server`` fixture and run once on SQLite and once on Pos
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,19 @@ ENGINES = ["sqlite", "postgresql"]
 # spark-submit (PySpark's own driver, `stations pipeline`'s) puts these on the driver JVM's
 # command line; subprocesses inherit them (see SHORT_LIVED_JVM).
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
+
+
+def _one_tls_context_for_httpx() -> None:
+    """httpx builds a TLS context and loads certifi's CA bundle into it for every client it
+    makes, 7% of the suite's Python CPU (profiled with py-spy), though the tests speak plain
+    HTTP on loopback. The tests' clients share one, made as httpx makes it."""
+    import httpx._transports.default as transport
+
+    made = transport.create_ssl_context  # type: ignore[attr-defined]
+    transport.create_ssl_context = functools.cache(made)  # type: ignore[attr-defined]
+
+
+_one_tls_context_for_httpx()
 
 
 def _require_pg() -> None:

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,34 @@ def run(cmd: list[str | Path], **kwargs) -> subprocess.CompletedProcess[str]:  #
     return proc
 
 
-def build_wheel(source: Path, dist: Path) -> Path:
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, source])
+@dataclass(frozen=True)
+class Built:
+    sdist: Path
+    wheel: Path
+    log: str  # pip's verbose output of the wheel's build (setuptools' warnings are in it)
+
+
+def build(dest: Path) -> Built:
+    """The sdist of a copy of the checkout, and the wheel built from that sdist, as pip builds
+    it for a user who installs from the sdist. One build serves every packaging test: each
+    build makes an isolated environment with setuptools, seconds of CPU on a box the suite
+    keeps busy."""
+    source = copy_checkout(dest / "src")
+    dist = dest / "dist"
+    run([sys.executable, "-m", "build", "--sdist", "-o", dist, source])
+    (sdist,) = dist.glob("stations_streams-*.tar.gz")
+    built = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", dist, sdist])
     (wheel,) = dist.glob("stations_streams-*.whl")
-    return wheel
+    return Built(sdist, wheel, built.stdout + built.stderr)
+
+
+def venv_with(dest: Path, *requirements: str | Path) -> Path:
+    """A new virtual environment at ``dest`` with ``requirements`` installed by pip; its python.
+
+    The venv is made without its own pip and this pip installs into it (``pip --python``): what
+    lands in its site-packages is the same, without seconds of CPU spent unpacking a pip into
+    each venv only to run it once."""
+    run([sys.executable, "-m", "venv", "--without-pip", dest])
+    python = dest / "bin" / "python"
+    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", *requirements])
+    return python

@@ -1,6 +1,6 @@
 """Operating ``stations serve`` and the ``stations`` command as an operator does: stopping the
-service with SIGTERM or SIGINT while clients are busy, a data directory it cannot write, the
-CLI against a server that is down, and the package as a type-checked library."""
+service with SIGTERM or SIGINT while clients are busy, a data directory it cannot write, and the
+CLI against a server that is down. (The package as a type-checked library: test_package.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from tests.harness import Server, free_port, wait_for_waiting_readers
-from tests.packaging import clean_env, copy_checkout, run
+from tests.packaging import clean_env
 from tests.test_cli import assert_one_line_error, run_cli
 
 BODY = b"x" * 1000
@@ -360,46 +359,6 @@ def test_the_cli_says_when_the_url_is_no_stations_server(tmp_path: Path, status:
         assert "<html" not in line and len(line) < 300
     finally:
         web.shutdown()
-
-
-def test_the_wheel_is_typed_and_builds_without_deprecated_metadata(tmp_path: Path) -> None:
-    """The SDK is typed, but without ``py.typed`` mypy ignored its types in users' code; a
-    license given as a TOML table is deprecated by setuptools, to fail in 2027."""
-    source = copy_checkout(tmp_path / "src")
-    dist = tmp_path / "dist"
-    built = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", dist, source])
-    assert "SetuptoolsDeprecationWarning" not in built.stdout + built.stderr
-    (wheel,) = dist.glob("stations_streams-*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        assert "stations/py.typed" in z.namelist()
-        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
-        metadata = z.read(meta).decode()
-    assert "License-Expression: Apache-2.0" in metadata
-    assert any(n.endswith("/licenses/LICENSE") for n in z.namelist())
-
-    # mypy in a user's project sees the SDK's types (and so finds a wrong call).
-    user = tmp_path / "user"
-    user.mkdir()
-    (user / "app.py").write_text(
-        "from stations.client import Client\n\n\n"
-        "async def main() -> None:\n"
-        "    async with Client('http://127.0.0.1:4437') as client:\n"
-        "        client.station(42)\n"
-    )
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", wheel])
-    mypy = [sys.executable, "-m", "mypy", "--python-executable", venv / "bin" / "python"]
-    checked = subprocess.run(
-        [*map(str, mypy), "--strict", "--no-incremental", "app.py"],
-        cwd=user,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert 'Argument 1 to "station"' in checked.stdout, checked.stdout
 
 
 def _schema(url: str) -> None:

@@ -2,7 +2,8 @@
 the console, the OpenAPI document and its migrations from any working directory, installs
 nothing under a generic top-level name, and needs PostgreSQL's driver only for PostgreSQL.
 Its base install is the SDK and the management commands, without the server's packages; the
-sdist holds what a clone holds (scripts, tests, lockfiles) and builds that wheel."""
+sdist holds what a clone holds (scripts, tests, lockfiles) and the wheel is built from it; the
+wheel is typed, so mypy in a user's project checks calls into the SDK."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from stations import __version__
 from tests.harness import Server, free_port
-from tests.packaging import build_wheel, clean_env, copy_checkout, run
+from tests.packaging import Built, build, clean_env, run, venv_with
 
 
 def _top_level(wheel: Path) -> set[str]:
@@ -27,10 +28,14 @@ def _top_level(wheel: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of a copy of the checkout, built once for the tests that install it."""
-    built = tmp_path_factory.mktemp("wheel")
-    return build_wheel(copy_checkout(built / "src"), built / "dist")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The sdist of a copy of the checkout and the wheel built from it, once for the module."""
+    return build(tmp_path_factory.mktemp("built"))
+
+
+@pytest.fixture(scope="module")
+def wheel(built: Built) -> Path:
+    return built.wheel
 
 
 def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(
@@ -54,8 +59,7 @@ def test_wheel_in_a_fresh_venv_serves_everything_from_another_directory(
         assert required in names, required
 
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[server]"])
+    venv_with(venv, f"{wheel}[server]")
     version = run([venv / "bin" / "stations", "--version"]).stdout.strip()
     assert version == f"stations {__version__}"
 
@@ -147,8 +151,7 @@ def test_base_install_is_the_sdk_and_the_commands_without_the_server(
     """``pip install stations-streams`` is what an application or a Spark worker needs to talk
     to a server; ``serve`` and ``backup`` then name the extra in one line."""
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel])
+    venv_with(venv, wheel)
     site = next((venv / "lib").glob("python3*/site-packages"))
     present = {p.name.lower() for p in site.iterdir()}
     assert not present & set(SERVER_ONLY), sorted(present & set(SERVER_ONLY))
@@ -195,12 +198,8 @@ def test_base_install_is_the_sdk_and_the_commands_without_the_server(
     assert out.strip() == "[{'n': 1}, {'n': 2}]", out
 
 
-def test_sdist_holds_the_checkout_and_builds_the_wheel(tmp_path: Path) -> None:
-    source = copy_checkout(tmp_path / "src")
-    dist = tmp_path / "dist"
-    run([sys.executable, "-m", "build", "--sdist", "-o", dist, source])
-    (sdist,) = dist.glob("stations_streams-*.tar.gz")
-    with tarfile.open(sdist) as tar:
+def test_sdist_holds_the_checkout_and_builds_the_wheel(built: Built) -> None:
+    with tarfile.open(built.sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for required in (
         "scripts/serve.sh",
@@ -216,7 +215,43 @@ def test_sdist_holds_the_checkout_and_builds_the_wheel(tmp_path: Path) -> None:
     ):
         assert required in names, required
     assert not any("node_modules" in n or "__pycache__" in n for n in names)
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, sdist])
-    (wheel,) = dist.glob("stations_streams-*.whl")
-    with zipfile.ZipFile(wheel) as z:
+    # The wheel the other tests install is the one pip built from this sdist.
+    with zipfile.ZipFile(built.wheel) as z:
         assert "stations/store/migrations/alembic.ini" in z.namelist()
+
+
+def test_the_wheel_is_typed_and_builds_without_deprecated_metadata(
+    tmp_path: Path, built: Built
+) -> None:
+    """The SDK is typed, but without ``py.typed`` mypy ignored its types in users' code; a
+    license given as a TOML table is deprecated by setuptools, to fail in 2027."""
+    assert "SetuptoolsDeprecationWarning" not in built.log
+    with zipfile.ZipFile(built.wheel) as z:
+        assert "stations/py.typed" in z.namelist()
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = z.read(meta).decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    assert any(n.endswith("/licenses/LICENSE") for n in z.namelist())
+
+    # mypy in a user's project sees the SDK's types (and so finds a wrong call).
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "app.py").write_text(
+        "from stations.client import Client\n\n\n"
+        "async def main() -> None:\n"
+        "    async with Client('http://127.0.0.1:4437') as client:\n"
+        "        client.station(42)\n"
+    )
+    venv = tmp_path / "venv"
+    venv_with(venv, "--no-deps", built.wheel)
+    mypy = [sys.executable, "-m", "mypy", "--python-executable", venv / "bin" / "python"]
+    checked = subprocess.run(
+        [*map(str, mypy), "--strict", "--no-incremental", "app.py"],
+        cwd=user,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert 'Argument 1 to "station"' in checked.stdout, checked.stdout

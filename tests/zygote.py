@@ -27,6 +27,8 @@ not beside ``tests/``.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import signal
@@ -219,7 +221,21 @@ def _child(request: dict[str, Any]) -> None:
 
 
 def _serve_forks() -> None:
-    # What `stations serve` imports before it serves (stations.cli._require_server, the app).
+    # What `stations serve` imports before it serves (stations.cli._require_server, the app),
+    # and once it starts: the migrations (Alembic, which imports Mako, which imports Pygments
+    # where it is installed, as it is beside pytest; 0.4 s of CPU, the largest part of a
+    # server's start), the drivers and the scheduler's parts.
+    import alembic.command  # noqa: F401
+    import alembic.config  # noqa: F401
+    import alembic.runtime.environment  # noqa: F401
+    import alembic.runtime.migration  # noqa: F401
+    import alembic.script  # noqa: F401
+    import apscheduler.executors.asyncio  # noqa: F401
+    import apscheduler.triggers.date  # noqa: F401
+    import apscheduler.triggers.interval  # noqa: F401
+    import sqlalchemy.dialects.sqlite.pysqlite  # noqa: F401
+    import sqlalchemy.ext.compiler  # noqa: F401
+
     import stations.api  # noqa: F401
     import stations.api.app  # noqa: F401
     import stations.cli  # noqa: F401
@@ -227,6 +243,11 @@ def _serve_forks() -> None:
     import stations.domain.service  # noqa: F401
     import stations.spark.pipeline  # noqa: F401
     import stations.store.db  # noqa: F401
+
+    for optional in ("psycopg", "sqlalchemy.dialects.postgresql.psycopg", "uvloop"):
+        # Not installed: the servers that need it say so themselves.
+        with contextlib.suppress(ImportError):
+            importlib.import_module(optional)
 
     # A fork copies only the forking thread: a thread started by an import would be missing,
     # and a lock it held, held forever, in every server.
