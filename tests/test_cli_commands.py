@@ -409,7 +409,7 @@ def test_produce_failing_midway_says_what_was_stored(srv: Server, http: httpx.Cl
 def _environment(srv: Server) -> dict[str, str]:
     """This process's environment for a CLI run of its own, pointed at ``srv``."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("STATIONS_")}
-    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN)
+    environment.update(STATIONS_URL=srv.url, STATIONS_TOKEN=ADMIN, PYTHONFAULTHANDLER="1")
     return environment
 
 
@@ -471,6 +471,25 @@ def _producer(srv: Server, station: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _wait_or_say_why(proc: subprocess.Popen[bytes], seconds: float) -> int:
+    """``proc.wait(seconds)``; past it, a failure that shows the process's signal masks and
+    every thread's stack (it runs with PYTHONFAULTHANDLER, so SIGABRT prints them). Twice in
+    loaded runs a produce outlived its SIGINT by 15 s, which did not happen alone."""
+    try:
+        return proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        masks = [
+            line
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+        ]
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(10)
+        assert proc.stderr is not None
+        said = proc.stderr.read().decode(errors="replace")
+        raise AssertionError(f"still running {seconds} s later; {masks}\n{said}") from None
+
+
 def _stored(http: httpx.Client, station: str, want: int, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while True:
@@ -513,7 +532,7 @@ def test_one_ctrl_c_ends_produce_and_says_what_was_stored(srv: Server, http: htt
         proc.stdin.flush()
         assert _stored(http, "cli-sigint", 600, 15) == 600
         proc.send_signal(signal.SIGINT)  # once, stdin still open
-        assert proc.wait(15) == 130
+        assert _wait_or_say_why(proc, 15) == 130
     finally:
         proc.kill()
     err = proc.stderr.read().decode().strip().splitlines()
