@@ -57,7 +57,7 @@ def run(cmd: list[str | Path], **kwargs) -> subprocess.CompletedProcess[str]:  #
 class Built:
     sdist: Path
     wheel: Path
-    log: str  # pip's verbose output of the wheel's build (setuptools' warnings are in it)
+    log: str  # the builds' output (setuptools' warnings are in it)
 
 
 def build(dest: Path) -> Built:
@@ -67,11 +67,11 @@ def build(dest: Path) -> Built:
     keeps busy."""
     source = copy_checkout(dest / "src")
     dist = dest / "dist"
-    run([sys.executable, "-m", "build", "--sdist", "-o", dist, source])
+    logs = [run([sys.executable, "-m", "build", "--sdist", "-o", dist, source])]
     (sdist,) = dist.glob("stations_streams-*.tar.gz")
-    built = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", dist, sdist])
+    logs.append(run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", dist, sdist]))
     (wheel,) = dist.glob("stations_streams-*.whl")
-    return Built(sdist, wheel, built.stdout + built.stderr)
+    return Built(sdist, wheel, "".join(done.stdout + done.stderr for done in logs))
 
 
 def venv_with(dest: Path, *requirements: str | Path) -> Path:

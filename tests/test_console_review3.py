@@ -25,7 +25,7 @@ from tests.test_console import (  # noqa: F401  (fixtures)
 from tests.test_console_review import _SET_HIDDEN
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Response, Route
+    from playwright.sync_api import Browser, Page, Request, Response, Route
 
 
 # -- the produce form: a message id kept across a resend --------------------------------------
@@ -126,8 +126,20 @@ class _Reads:
     def __init__(self) -> None:
         self.lists: list[tuple[dict[str, list[str]], int, int]] = []
         self.others: list[str] = []
+        # Requests sent since the last clear(): an answer to one sent before it (a refresh
+        # under way as the tab was hidden, answered late on a loaded box) is not counted.
+        self.sent: set[Request] = set()
+
+    def watch(self, page: Page) -> None:
+        page.on("request", self.sending)
+        page.on("response", self.record)
+
+    def sending(self, request: Request) -> None:
+        self.sent.add(request)
 
     def record(self, response: Response) -> None:
+        if response.request not in self.sent:
+            return
         url = urlsplit(response.url)
         path = unquote(url.path)
         if path == "/api/stations" and response.request.method == "GET":
@@ -140,6 +152,7 @@ class _Reads:
     def clear(self) -> None:
         self.lists.clear()
         self.others.clear()
+        self.sent.clear()
 
     def last(self) -> dict[str, list[str]]:
         return self.lists[-1][0]
@@ -165,7 +178,7 @@ def test_the_station_list_reads_one_page_of_the_server_per_refresh(
     page_bytes = len(client.http.get("/api/stations?limit=100").content)
     with open_console(browser, running) as tab:
         reads = _Reads()
-        tab.page.on("response", reads.record)
+        reads.watch(tab.page)
         page = tab.open()
         rows = page.get_by_role("table").get_by_role("row").filter(has=page.get_by_role("link"))
         pager = page.get_by_role("navigation", name="Pages of stations")
