@@ -461,6 +461,17 @@ def test_output_that_cannot_be_written_is_one_line_and_its_own_code(
     ]
 
 
+def _interrupt_signals_as_in_a_terminal() -> None:
+    # A command run from a terminal's foreground gets Ctrl-C's SIGINT and SIGQUIT at their
+    # defaults. A process started with them ignored keeps them ignored (so does Python, which
+    # then installs no KeyboardInterrupt), and a suite started as a shell's background job
+    # has them ignored: three such runs started produce so (SigIgn held SIGINT and SIGQUIT)
+    # whenever the test worker had not installed a handler of its own, and it never heard
+    # the test's SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _producer(srv: Server, station: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "stations", "produce", station],
@@ -468,13 +479,13 @@ def _producer(srv: Server, station: str) -> subprocess.Popen[bytes]:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_interrupt_signals_as_in_a_terminal,
     )
 
 
 def _wait_or_say_why(proc: subprocess.Popen[bytes], seconds: float) -> int:
     """``proc.wait(seconds)``; past it, a failure that shows the process's signal masks and
-    every thread's stack (it runs with PYTHONFAULTHANDLER, so SIGABRT prints them). Twice in
-    loaded runs a produce outlived its SIGINT by 15 s, which did not happen alone."""
+    every thread's stack (it runs with PYTHONFAULTHANDLER, so SIGABRT prints them)."""
     try:
         return proc.wait(seconds)
     except subprocess.TimeoutExpired:
