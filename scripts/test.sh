@@ -35,7 +35,9 @@ fi
 # The suite is to stay under 20 minutes in CI: three workers on the 2-core box (many tests
 # wait on servers, browsers, JVMs and timers: two took 22:17 on an Intel box, three 16:56;
 # a slower AMD box, CPU-bound from first test to last, 23:43, then 21:17 once the CLI
-# commands were forked and the JVMs ran C1 only: tests/zygote.py, harness.SHORT_LIVED_JVM),
+# commands were forked and the JVMs ran C1 only: tests/zygote.py, harness.SHORT_LIVED_JVM;
+# 18:59 once the zygote also imported what a server imports as it starts and froze its heap
+# before forking, and the tests' httpx clients shared one TLS context: tests/conftest.py),
 # each taking a whole file at a time so a file's module-scoped servers start once;
 # tests/conftest.py hands out the longest files first. The slowest tests are listed at the
 # end. Arguments come last, so `-n 0` runs everything in this process.
