@@ -30,8 +30,8 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
 
 def _one_tls_context_for_httpx() -> None:
     """httpx builds a TLS context and loads certifi's CA bundle into it for every client it
-    makes, 7% of the suite's Python CPU (profiled with py-spy), though the tests speak plain
-    HTTP on loopback. The tests' clients share one, made as httpx makes it."""
+    makes (7% of the Python CPU py-spy sampled over five minutes of the suite), though the
+    tests speak plain HTTP on loopback. The tests' clients share one, made as httpx makes it."""
     import httpx._transports.default as transport
 
     made = transport.create_ssl_context  # type: ignore[attr-defined]

@@ -74,8 +74,8 @@ def build(dest: Path) -> Built:
     return Built(sdist, wheel, "".join(done.stdout + done.stderr for done in logs))
 
 
-def venv_with(dest: Path, *requirements: str | Path) -> Path:
-    """A new virtual environment at ``dest`` with ``requirements`` installed by pip; its python.
+def venv_with(dest: Path, *requirements: str | Path) -> None:
+    """A new virtual environment at ``dest`` with ``requirements`` installed by pip.
 
     The venv is made without its own pip and this pip installs into it (``pip --python``): what
     lands in its site-packages is the same, without seconds of CPU spent unpacking a pip into
@@ -83,4 +83,3 @@ def venv_with(dest: Path, *requirements: str | Path) -> Path:
     run([sys.executable, "-m", "venv", "--without-pip", dest])
     python = dest / "bin" / "python"
     run([sys.executable, "-m", "pip", "--python", python, "install", "-q", *requirements])
-    return python

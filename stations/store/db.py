@@ -24,6 +24,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
     text,
 )
@@ -586,8 +587,6 @@ def newest_revision() -> str:
 
 
 def _schema_revision(conn: Connection) -> str | None:
-    from sqlalchemy import inspect, text
-
     if not inspect(conn).has_table("alembic_version"):
         return None
     revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
