@@ -9,6 +9,7 @@ import json
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -428,3 +429,52 @@ def test_a_url_without_http_is_refused_at_once(url: str) -> None:
         read_stream(f"{url}/v1/stream/x")
     with pytest.raises(ValueError, match="url"):
         IdempotentProducer(f"{url}/v1/stream/x", "p")
+
+
+@pytest.mark.parametrize("ending", ["\r", "\n", "\r\n"])
+async def test_sse_lines_may_end_in_a_lone_cr(ending: str) -> None:
+    """The SSE format ends a line in CRLF, LF or CR alone; a Durable Streams server that ends
+    its lines in CR gave the reader nothing (it split on LF only). Sent a byte at a time, so a
+    CRLF falls across two chunks too."""
+    from aiohttp import web
+
+    events = [
+        ("data", '[{"n": 1},'),
+        ("data", ' {"n": 2}]'),
+        ("control", '{"streamNextOffset": "2", "upToDate": true}'),
+        ("data", '[{"n": 3}]'),
+        ("control", '{"streamNextOffset": "3", "upToDate": true, "streamClosed": true}'),
+    ]
+    # The first event's data comes in two data lines (joined by a line feed), and a comment
+    # line stands before the second event.
+    body = f"event: data{ending}data: {events[0][1]}{ending}data:{events[1][1]}{ending}{ending}"
+    body += f": keep-alive{ending}"
+    body += "".join(f"event: {e}{ending}data: {d}{ending}{ending}" for e, d in events[2:])
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        if request.method == "HEAD":
+            return web.Response(content_type="application/json")
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        for byte in body.encode():
+            await answer.write(bytes([byte]))
+            await asyncio.sleep(0)
+        return answer
+
+    app = web.Application()
+    app.router.add_route("*", "/v1/stream/s", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/stream/s"
+
+    async def read() -> list[tuple[list[Any], str, bool]]:
+        # Without the line ends it saw no event and reconnected for ever.
+        return [(b.items, b.offset, b.closed) async for b in read_stream(url, live="sse")]
+
+    try:
+        got = await asyncio.wait_for(read(), 10)
+    finally:
+        await runner.cleanup()
+    assert got == [([{"n": 1}, {"n": 2}], "2", False), ([{"n": 3}], "3", True)]

@@ -273,17 +273,24 @@ class _Read:
 
 async def _sse_events(stream: aiohttp.StreamReader) -> AsyncIterator[tuple[str, str]]:
     """(event, data) pairs. Lines are split by hand: aiohttp's readline() refuses long lines,
-    and one data line can carry megabytes of JSON."""
+    and one data line can carry megabytes of JSON. A line ends in CRLF, LF or a lone CR, as
+    the SSE format has it: another Durable Streams server may end its lines in CR alone."""
     buffer = bytearray()
     event, data = "message", list[str]()
-    async for chunk in stream.iter_any():
-        buffer += chunk
+    ended = False
+    searched = 0  # the buffer holds no line end before this (a long line comes in many chunks)
+    chunks = stream.iter_any().__aiter__()
+    while not ended:
+        try:
+            buffer += await chunks.__anext__()
+        except StopAsyncIteration:
+            ended = True
         start = 0
-        while (end := buffer.find(b"\n", start)) >= 0:
+        while (end := _line_end(buffer, max(start, searched))) >= 0:
+            if buffer[end] == 0x0D and end + 1 == len(buffer) and not ended:
+                break  # a CR the chunk ends on: the LF of a CRLF may be in the next one
             line = buffer[start:end].decode("utf-8")
-            start = end + 1
-            if line.endswith("\r"):
-                line = line[:-1]
+            start = end + 2 if buffer[end : end + 2] == b"\r\n" else end + 1
             if not line:
                 if data or event != "message":
                     yield event, "\n".join(data)
@@ -299,6 +306,13 @@ async def _sse_events(stream: aiohttp.StreamReader) -> AsyncIterator[tuple[str, 
             elif name == "data":
                 data.append(value)
         del buffer[:start]
+        searched = max(len(buffer) - 1, 0)  # all but a CR the chunk may have ended on
+
+
+def _line_end(buffer: bytearray, start: int) -> int:
+    """Where the first line from ``start`` ends (its CR or LF), or -1."""
+    lf, cr = buffer.find(b"\n", start), buffer.find(b"\r", start)
+    return lf if cr < 0 else cr if lf < 0 else min(lf, cr)
 
 
 def _sse_items(data: str, json_mode: bool, base64_data: bool) -> list[Any]:
