@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
+    import ssl
+
     from stations.api.auth import Token
 
 DEFAULT_HOST = "127.0.0.1"
@@ -145,6 +147,17 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument(
         "--insecure", action="store_true", help="serve a non-loopback host without tokens"
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM, followed by its chain; SIGHUP reads it "
+        "again, for a renewed one); without it, plain HTTP (put a TLS proxy in front)",
+    )
+    p.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        help="the certificate's private key (PEM; default: in the --tls-cert file)",
     )
     p.add_argument(
         "--durability",
@@ -358,6 +371,8 @@ def serve(args: argparse.Namespace) -> None:
     ):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             _fail(f"--{option.replace('_', '-')} must be at least 1")
+    if args.tls_key and not args.tls_cert:
+        _fail("--tls-key needs --tls-cert")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
         _fail(
             f"refusing to serve {args.host} without --tokens; "
@@ -474,6 +489,14 @@ async def _serve(args: argparse.Namespace) -> None:
         if exc.errno == errno.EADDRINUSE:
             _fail(f"port {args.port} on {args.host} is already in use", EXIT_CANNOT_START)
         _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", EXIT_CANNOT_START)
+    tls = None
+    if args.tls_cert:
+        from stations.api.tls import TlsFilesError, server_context
+
+        try:
+            tls = server_context(args.tls_cert, args.tls_key)
+        except TlsFilesError as exc:
+            _fail(str(exc))
     tokens = None
     if args.tokens:
         from stations.api.auth import TokensFileError, load_tokens
@@ -537,10 +560,17 @@ async def _serve(args: argparse.Namespace) -> None:
         shutdown_timeout=READER_GRACE_S,
         **args.access_logging,
     )
-    reload = None
+    reloads: list[Callable[[], None]] = []
     if tokens is not None:
-        reload = _token_reloader(args.tokens, tokens, app[READERS].revoke)
-    stop = _on_signals(reload)
+        reloads.append(_token_reloader(args.tokens, tokens, app[READERS].revoke))
+    if tls is not None:
+        reloads.append(_tls_reloader(tls, args.tls_cert, args.tls_key))
+
+    def hangup() -> None:
+        for reload in reloads:
+            reload()
+
+    stop = _on_signals(hangup)
     try:
         # A signal while the database does not answer yet stops the start (it waited forever).
         setup: asyncio.Future[None] = asyncio.ensure_future(runner.setup())
@@ -565,10 +595,11 @@ async def _serve(args: argparse.Namespace) -> None:
         # will never work, and a crash's recovery failing once kept a service down for good.
         orig = getattr(exc, "orig", None) or exc
         _fail(f"cannot start: {type(orig).__name__}: {first_line(exc)}", EXIT_CANNOT_START)
-    site = CappedSite(runner, sock, limits, app[METRICS].closed, backlog=1024)
+    site = CappedSite(runner, sock, limits, app[METRICS].closed, backlog=1024, ssl_context=tls)
     await site.start()
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
-    _say(f"stations: serving http://{host}:{args.port} ({describe(service.url)})")
+    scheme = "http" if tls is None else "https"
+    _say(f"stations: serving {scheme}://{host}:{args.port} ({describe(service.url)})")
     try:
         name = await stop
         _say(f"stations: {name}: stopping; finishing the requests in progress")
@@ -623,10 +654,28 @@ def _token_reloader(
     return reload
 
 
+def _tls_reloader(context: ssl.SSLContext, cert: str, key: str | None) -> Callable[[], None]:
+    """SIGHUP reads the certificate and key again (a renewed certificate): connections made
+    from then on get it. Files that do not load leave the ones in use, and say why."""
+    from stations.api.tls import TlsFilesError, reload
+
+    log = logging.getLogger("stations.tls")
+
+    def reload_files() -> None:
+        try:
+            reload(context, cert, key)
+        except TlsFilesError as exc:
+            log.error("SIGHUP: the certificate in use is kept: %s", exc)
+            return
+        log.info("SIGHUP: certificate read from %s", cert)
+
+    return reload_files
+
+
 def _on_signals(hangup: Callable[[], None] | None = None) -> asyncio.Future[str]:
     """A future set to the name of the first SIGTERM or SIGINT. A second one takes the
     default action and ends the process at once (acknowledged writes are on disk already).
-    ``hangup``: what SIGHUP does (with --tokens, read the tokens file again)."""
+    ``hangup``: what SIGHUP does (read the tokens file and the TLS files again)."""
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[str] = loop.create_future()
 

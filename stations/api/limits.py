@@ -357,7 +357,12 @@ class CappedSite(web.SockSite):
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol, sock=self._sock, backlog=self._backlog
+            self._protocol,
+            sock=self._sock,
+            backlog=self._backlog,
+            ssl=self._ssl_context,
+            # A handshake not done in time holds a connection as a slow head would.
+            ssl_handshake_timeout=self.limits.head_timeout_s if self._ssl_context else None,
         )
 
 
