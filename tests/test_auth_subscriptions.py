@@ -111,3 +111,17 @@ def test_names_covered_by_a_literal_prefix_pattern() -> None:
     assert not covers_pattern(["team/*"], "tea*")
     assert not covers_pattern(["team"], "team/*")
     assert covers_pattern(["team"], "team")
+
+
+def test_a_webhooks_address_is_shown_to_admin_tokens_only(server: Server) -> None:
+    """A webhook's URL may be its secret (a chat service's incoming-webhook address posts to a
+    channel for whoever holds it); a consumer token that may read the subscription saw it."""
+    admin, consumer = _client(server, ADMIN), _client(server, SHOP_CONSUMER)
+    url = "https://hooks.example.test/services/T000/B000/not-for-consumers"
+    spec = {"type": "webhook", "streams": ["shop"], "webhook": {"url": url}}
+    assert admin.put(f"{SUBS}/hook-secret", json=spec).status_code == 201
+    seen = consumer.get(f"{SUBS}/hook-secret")
+    assert seen.status_code == 200, seen.text
+    assert "not-for-consumers" not in seen.text
+    assert seen.json()["webhook"]["signing"]["alg"] == "ed25519"
+    assert admin.get(f"{SUBS}/hook-secret").json()["webhook"]["url"] == url

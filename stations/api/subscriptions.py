@@ -145,7 +145,13 @@ async def put_subscription(request: web.Request) -> web.Response:
 
 async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
     row, followed = await request.app[keys.SERVICE].read_db(links.read_view, sub_id)
-    return links.view(row, followed, _engine(request).signer, request.app[keys.PUBLIC_URL])
+    view = links.view(row, followed, _engine(request).signer, request.app[keys.PUBLIC_URL])
+    token = request.get("token")
+    if view["webhook"] is not None and token is not None and token.role != "admin":
+        # A webhook's address may be its secret (a chat service's incoming webhook is): only
+        # the role that sets it sees it.
+        del view["webhook"]["url"]
+    return view
 
 
 @needs("read")
