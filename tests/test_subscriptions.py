@@ -790,3 +790,18 @@ async def test_a_restart_after_a_crash_before_the_wake_started_delivers_it(
         assert receiver.received[1][0]["subscription_id"] == "s1"
     finally:
         await receiver.stop()
+
+
+async def test_removing_a_stream_decodes_its_path_once(make_server: Any, tmp_path: Any) -> None:
+    """``.../streams/a%2541`` names the stream ``a%41``; it was decoded a second time, into
+    ``aA``, and that other stream left the subscription."""
+    server: Server = make_server(f"sqlite:///{tmp_path / 'd.db'}")
+    base = "/v1/stream/__ds/subscriptions/decode"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for path in ("wk", "aA", "b"):
+            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+        spec = {"type": "pull-wake", "streams": ["aA", "b"], "wake_stream": "wk"}
+        assert (await client.put(base, json=spec)).status_code == 201
+        await client.delete(f"{base}/streams/a%2541")
+        view = (await client.get(base)).json()
+        assert sorted(s["path"] for s in view["streams"]) == ["aA", "b"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -193,7 +192,7 @@ async def add_streams(request: web.Request) -> web.Response:
 @_handler
 async def remove_stream(request: web.Request) -> web.Response:
     sub_id = _id(request)
-    path = spec.normalize_path(unquote(request.match_info["path"]))
+    path = spec.normalize_path(request.match_info["path"])  # decoded once already, by aiohttp
     await _scope_of(request, sub_id)
     await request.app[keys.SERVICE].write(links.remove_stream, sub_id, path)
     await _engine(request).refresh({sub_id})
