@@ -659,6 +659,78 @@ print(json.dumps([achieved, latencies]))
 """
 
 
+@pytest.mark.parametrize("read", ["browse", "fetch", "dls"])
+async def test_management_reads_that_are_not_read_keep_to_the_read_budget(
+    spawn: Callable[..., Server], tmp_path: Path, read: str
+) -> None:
+    """60 clients ask for a page of 256 kB messages through the management API (browse, a
+    group fetch, the DLS list) and read nothing. Only stream reads counted in the read budget:
+    each of these answers (up to 8 MB) was held, uncounted, until the send timeout (a review
+    saw 1.5 GB of RSS for 60, with an 8 MB budget). Now they are counted, and the pages of
+    the next ones shrink or wait (and the stalled connections are closed) while it is spent."""
+    _raise_own_nofile(1024)
+    server = spawn(sqlite_url(tmp_path), "--read-budget-mb", "8")
+    assert server.proc is not None
+    pid = server.proc.pid
+    value = "x" * (256 * 1024)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.post("/api/stations", json={"name": "big"}).status_code == 201
+        for _ in range(40):  # 10 MB in all: more than one page of any of the three
+            message = {"data": value}
+            produced = client.post("/api/stations/big/messages", json={"messages": [message]})
+            assert produced.status_code in (200, 201), produced.text
+        if read == "dls":
+            assert client.put("/api/stations/big/groups/g", json={}).status_code == 201
+            offsets: list[str] = []
+            while len(offsets) < 40:  # a fetch carries up to 8 MB
+                got = client.post("/api/stations/big/groups/g/fetch", json={"max": 40}).json()
+                assert got["messages"], offsets
+                offsets += [m["offset"] for m in got["messages"]]
+            dead = client.post("/api/stations/big/groups/g/dead-letter", json={"offsets": offsets})
+            assert dead.status_code == 200, dead.text
+        if read == "fetch":  # a group each: every fetch finds the whole station waiting
+            for k in range(60):
+                assert client.put(f"/api/stations/big/groups/f{k}", json={}).status_code == 201
+    baseline = rss_mb(pid)
+
+    def request(k: int) -> bytes:
+        host = b"Host: 127.0.0.1\r\n"
+        if read == "browse":
+            return b"GET /api/stations/big/messages?offset=-1&limit=1000 HTTP/1.1\r\n%s\r\n" % host
+        if read == "dls":
+            return b"GET /api/stations/big/dls?limit=1000 HTTP/1.1\r\n%s\r\n" % host
+        body = b'{"max": 1000}'
+        head = f"POST /api/stations/big/groups/f{k}/fetch HTTP/1.1\r\n".encode() + host
+        head += b"Content-Type: application/json\r\n"
+        return head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    socks = []
+    loop = asyncio.get_running_loop()
+    held = 0.0
+    try:
+        for k in range(60):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that never reads
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", server.port))
+            await loop.sock_sendall(sock, request(k))
+            socks.append(sock)
+        peak = baseline
+        for _ in range(24):  # 6 s
+            await asyncio.sleep(0.25)
+            peak = max(peak, rss_mb(pid))
+            held = max(held, metric(server.url, "stations_read_budget_used_bytes"))
+        peak = max(peak, rss_mb(pid, "VmHWM"))
+        async with httpx.AsyncClient(timeout=15) as client:
+            assert (await client.get(f"{server.url}/healthz")).status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+    print(f"{read}: RSS baseline {baseline:.0f} MB, peak {peak:.0f} MB, budget held {held:.0f}")
+    assert held > 0, "the answers were not counted in the read budget"
+    assert peak - baseline < 150, f"RSS grew {peak - baseline:.0f} MB (baseline {baseline:.0f})"
+
+
 async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_s(
     spawn: Callable[..., Server], pg_url: str
 ) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from stations.api import reading
 from stations.api.auth import needs, require_station
 from stations.api.stations import (
     _int_param,
@@ -104,7 +105,7 @@ async def delete_group(request: web.Request) -> web.Response:
 
 
 @needs("consume")
-async def fetch(request: web.Request) -> web.Response:
+async def fetch(request: web.Request) -> web.StreamResponse:
     # Every field has a default, so an empty body is a fetch with the defaults.
     raw = await json_body(request) if request.can_read_body else {}
     body = body_of(raw, {"max", "waitMs", "consumer"})
@@ -118,7 +119,14 @@ async def fetch(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {"messages": _views(out.is_json, out.messages)}
     if out.closed:  # the station is closed and the group has nothing left: stop fetching
         answer["closed"] = True
-    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+    encoded = orjson.dumps(answer)
+    del answer
+    # Counted in the read budget until sent (``out`` lives as long as this frame), and the
+    # next fetches' answers shrink to what it has free (``Service._reserve_answer``).
+    svc.budget.charge(out, len(encoded))
+    return await reading.send_built(
+        request, web.Response(body=encoded, content_type="application/json")
+    )
 
 
 def _views(is_json: bool, delivered: list[Delivered]) -> list[dict[str, Any]]:
@@ -219,7 +227,7 @@ async def seek(request: web.Request) -> web.Response:
 
 
 @needs("consume")
-async def list_dls(request: web.Request) -> web.Response:
+async def list_dls(request: web.Request) -> web.StreamResponse:
     group = query_once(request, "group")
     if group is not None:  # empty, or not a group's name: PostgreSQL could not compare a NUL
         validate_name(group)
@@ -231,8 +239,17 @@ async def list_dls(request: web.Request) -> web.Response:
         if after is None:
             raise BadRequest("after must be a DLS entry id", "after")
         after = min(after, dls.MAX_ENTRY_ID)  # past every entry: an empty page
-    entries, nxt = await service(request).dls_entries(station_name(request), group, limit, after)
-    return web.json_response({"entries": entries, "next": nxt})
+    svc = service(request)
+    # The page and its answer are counted in the read budget until sent, as a stream read's.
+    async with svc.budget.room(dls.MAX_PAGE_BYTES, lambda: reading.connected(request)) as room:
+        entries, nxt = await svc.dls_entries(
+            station_name(request), group, limit, after, room.granted
+        )
+        response = web.json_response({"entries": entries, "next": nxt})
+        del entries
+        assert isinstance(response.body, bytes)
+        room.resize(len(response.body))
+        return await reading.send_built(request, response)
 
 
 @needs("admin")

@@ -143,6 +143,30 @@ async def send(response: web.StreamResponse, data: bytes) -> None:
         await response.write(view[start : start + CHUNK])
 
 
+async def send_built(request: web.Request, response: web.Response) -> web.StreamResponse:
+    """Send an answer built whole (a page of the management API, a fetch), a large one in
+    drained chunks: the caller, which counted its bytes in the read budget, holds them until
+    the client has taken them (aiohttp would hold the body, uncounted, for as long as a client
+    that stopped reading lets it)."""
+    body = response.body
+    assert isinstance(body, bytes)
+    if len(body) <= CHUNK:
+        return response
+    stream = web.StreamResponse(status=response.status, headers=response.headers)
+    stream.content_length = len(body)
+    try:
+        await stream.prepare(request)
+        await send(stream, body)
+        await stream.write_eof()
+    except ConnectionError as exc:
+        forget(exc)
+        access.left(request)
+        del body, response  # this frame outlives the call in the exception's cycle
+        if request.transport is not None:
+            request.transport.close()
+    return stream
+
+
 def _pieces(result: ReadResult) -> list[bytes]:
     """The body of a page as pieces to write, without joining them (no copy of the page)."""
     if not result.state.is_json:

@@ -10,12 +10,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from stations.api import keys
+from stations.api import keys, reading
 from stations.api.auth import needs, require_station
 from stations.api.limits import LIMITS
 from stations.domain import instants, messages
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
 from stations.domain.pages import BY_NAME, Page
+from stations.domain.service import BROWSE_BYTES
 from stations.domain.station import validate_name
 from stations.errors import BadRequest
 
@@ -234,7 +235,7 @@ async def produce(request: web.Request) -> web.Response:
 
 
 @needs("consume")
-async def browse(request: web.Request) -> web.Response:
+async def browse(request: web.Request) -> web.StreamResponse:
     tokens = request.query.getall("offset", ["-1"])
     token = tokens[0]
     if len(tokens) > 1:
@@ -249,14 +250,21 @@ async def browse(request: web.Request) -> web.Response:
     except BadOffset:
         raise BadRequest(f"malformed offset {token[:80]!r}", "offset") from None
     limit = _int_param(request, "limit", 100, 1, 1000)
-    result = await service(request).browse(station_name(request), position, limit)
-    return web.json_response(
-        {
-            "messages": [messages.to_view(result.state, m) for m in result.messages],
-            "nextOffset": encode(result.next),
-            "upToDate": result.up_to_date,
-        }
-    )
+    svc = service(request)
+    # The page and its answer are counted in the read budget until sent, as a stream read's.
+    async with svc.budget.room(BROWSE_BYTES, lambda: reading.connected(request)) as room:
+        result = await svc.browse(station_name(request), position, limit, room.granted)
+        response = web.json_response(
+            {
+                "messages": [messages.to_view(result.state, m) for m in result.messages],
+                "nextOffset": encode(result.next),
+                "upToDate": result.up_to_date,
+            }
+        )
+        del result
+        assert isinstance(response.body, bytes)
+        room.resize(len(response.body))
+        return await reading.send_built(request, response)
 
 
 @needs("read")

@@ -9,9 +9,10 @@ the page object is freed: a page shared by many waiters is counted once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 MIN_GRANT = 64 * 1024  # a read waits for at least this much room rather than run tiny pages
 # How long a read waits for room before ``on_starved`` is told (and again while it waits): the
@@ -97,12 +98,30 @@ class ByteBudget:
             self.used -= nbytes
             self._wake()
 
+    def reserve(self, nbytes: int) -> int:
+        """Count ``nbytes`` at once, without waiting (beyond the limit if need be); given back
+        with ``give``, or turned into what a page holds with ``hold``."""
+        self.used += nbytes
+        return nbytes
+
     def hold(self, owner: object, granted: int, size: int) -> None:
         """Turn a grant into ``size`` bytes kept until ``owner`` is garbage."""
         self.used += size - granted
         if size:
             weakref.finalize(owner, self.give, size)
         self._wake()
+
+    @contextlib.asynccontextmanager
+    async def room(
+        self, want: int, alive: Callable[[], bool] = lambda: True
+    ) -> AsyncIterator[Room]:
+        """A grant (as ``take``) held until the block ends: for an answer built from the
+        page and sent inside the block (``Room.resize`` to what it really holds)."""
+        room = Room(self, await self.take(want, alive))
+        try:
+            yield room
+        finally:
+            room.resize(0)
 
     def charge(self, owner: object, size: int) -> None:
         """Count ``size`` more bytes (a copy built from ``owner``) for ``owner``'s lifetime."""
@@ -128,3 +147,19 @@ class ByteBudget:
                 future.set_exception(ConnectionResetError("the client left while waiting"))
                 continue
             future.set_result(self._grant(want, whole))
+
+
+class Room:
+    """Bytes of the budget held by one answer while it is built and sent (``ByteBudget.room``)."""
+
+    def __init__(self, budget: ByteBudget, granted: int) -> None:
+        self.budget = budget
+        self.granted = granted  # what the read may fetch
+        self.size = granted  # what is counted now
+
+    def resize(self, size: int) -> None:
+        """Count ``size`` bytes from now on (more than granted: a page holds one message at
+        least, and an answer encodes its page)."""
+        self.budget.used += size - self.size
+        self.size = size
+        self.budget._wake()

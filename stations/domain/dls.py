@@ -302,7 +302,13 @@ PAGE_ROWS = 16  # rows read at a time, so the rows past the byte bound are never
 
 
 def entries(
-    conn: Connection, station: str, now: int, group: str | None, limit: int, after: int | None
+    conn: Connection,
+    station: str,
+    now: int,
+    group: str | None,
+    limit: int,
+    after: int | None,
+    max_bytes: int = MAX_PAGE_BYTES,
 ) -> tuple[list[dict[str, Any]], str | None]:
     state = live_stream(load(conn, station), station, now)
     out: list[dict[str, Any]] = []
@@ -311,7 +317,7 @@ def entries(
         batch = min(limit - len(out), PAGE_ROWS)
         rows = store.page(conn, state.id, group, after, batch + 1)  # one more: is there more?
         for row in rows[:batch]:
-            if out and size + len(row.data) > MAX_PAGE_BYTES:
+            if out and size + len(row.data) > max_bytes:
                 return out, out[-1]["id"]
             size += len(row.data)
             out.append(_entry(state, row))

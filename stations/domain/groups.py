@@ -293,7 +293,14 @@ def _forward_out_of_order(batch: Batch, state: StreamState) -> bool:
     return isinstance(target, str) and target < state.name and target not in batch.streams
 
 
-def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) -> Fetched:
+def fetch(
+    batch: Batch,
+    station: str,
+    name: str,
+    max_count: int,
+    consumer: str,
+    max_bytes: int = MAX_FETCH_BYTES,
+) -> Fetched:
     batch.flush()  # appends earlier in this batch must be readable
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
@@ -313,13 +320,13 @@ def fetch(batch: Batch, station: str, name: str, max_count: int, consumer: str) 
     start = max(group.cursor, state.head)
     last = min(state.tail, start + max_count - len(picked))
     wanted = sorted([*picked, *range(start + 1, last + 1)])
-    # The answer holds at most MAX_FETCH_BYTES of data (always one message): what does not
-    # fit is not leased, and waits for the next fetch.
-    pieces = reads.pieces_at(batch.conn, state, wanted, MAX_FETCH_BYTES)
+    # The answer holds at most ``max_bytes`` of data (always one message): what does not fit
+    # is not leased, and waits for the next fetch.
+    pieces = reads.pieces_at(batch.conn, state, wanted, max_bytes)
     size = 0
     for k, piece in enumerate(pieces):
         size += len(piece[1])
-        if size > MAX_FETCH_BYTES:  # where pieces_at stopped reading, by the same measure
+        if size > max_bytes:  # where pieces_at stopped reading, by the same measure
             # Only what is delivered is leased and passed by the cursor: a position the read
             # did not reach waits for the next fetch (below, a missing one is forgotten).
             del pieces[max(k, 1) :]

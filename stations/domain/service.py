@@ -105,6 +105,7 @@ def _unavailable(exc: Exception, outage: Repeats | None = None) -> Exception:
 # this many messages.
 SMALL_APPEND_BYTES = 64 * 1024
 SMALL_FETCH = 100
+BROWSE_BYTES = 8 << 20  # a management page of messages carries at most about this much data
 SMALL_ACK = 1000
 
 # How long a pipelined producer request that arrived ahead of its turn waits for the missing
@@ -133,7 +134,9 @@ def _lease_in_turn(batch: Batch, station: str, group: str, waiting: list[_Parked
         if parked.answer.done():
             continue
         try:
-            out = groups.fetch(batch, station, group, parked.max_count, parked.consumer)
+            out = groups.fetch(
+                batch, station, group, parked.max_count, parked.consumer, parked.grant
+            )
         except StationsError:
             if not served:
                 raise  # refused before it wrote anything: every waiting fetch hears why
@@ -158,6 +161,7 @@ class _Parked:
     answer: asyncio.Future[Fetched | None]
     served: bool = False  # a transaction that may lease to it is under way: it answers
     expired: bool = False  # its time ran out meanwhile
+    grant: int = 0  # read budget reserved for the answer of the lease under way
 
     def give_up(self, *_: object) -> None:
         if self.served:
@@ -544,9 +548,12 @@ class Service:
         result, state = await _committed(produced)
         return result, state
 
-    async def browse(self, name: str, position: Start, limit: int) -> ReadResult:
+    async def browse(
+        self, name: str, position: Start, limit: int, max_bytes: int = BROWSE_BYTES
+    ) -> ReadResult:
+        """Up to ``limit`` messages, about ``max_bytes`` of data (one message at least)."""
         result: ReadResult = await self.read_db(
-            reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=8 << 20
+            reads.read_messages, name, position, now=now_ms(), limit=limit, max_bytes=max_bytes
         )
         await self.touch(result.state)  # a read, as on the Durable Streams path
         return result
@@ -626,6 +633,8 @@ class Service:
                     # fetch queued behind an append that has not run yet, so it leases
                     # nothing nobody will get.
                     served = await _committed(parked.answer)
+                    self._hold_answer(served, parked.grant)
+                    parked.grant = 0
                 except Unavailable:
                     # Its lease rode on another request's transaction (an append's), which
                     # the database refused (a full disk): that request hears it, and this
@@ -635,6 +644,8 @@ class Service:
                     served = out
                 finally:
                     timer.cancel()
+                    self.budget.give(parked.grant)  # not served: what it reserved goes back
+                    parked.grant = 0
                     waiting = self._parked.get(station)
                     if waiting is not None and parked in waiting:
                         waiting.remove(parked)
@@ -651,17 +662,40 @@ class Service:
         # A lease lost to a power cut costs one more delivery of a message nobody acked, never
         # an acked one (an ack waits for the disk, and so for every lease before it): fetches
         # alone need not wait for an fsync (README, Durability).
-        return await self.write(
-            groups.fetch,
-            station,
-            group,
-            max_count,
-            consumer,
-            relaxed=True,
-            small=max_count <= SMALL_FETCH,
-            then=self._delivered(station, group),
-            locks=(station,),
-        )
+        grant = self._reserve_answer()
+        try:
+            out: Fetched = await self.write(
+                groups.fetch,
+                station,
+                group,
+                max_count,
+                consumer,
+                grant,
+                relaxed=True,
+                small=max_count <= SMALL_FETCH,
+                then=self._delivered(station, group),
+                locks=(station,),
+            )
+        except BaseException:
+            self.budget.give(grant)
+            raise
+        self._hold_answer(out, grant)
+        return out
+
+    def _reserve_answer(self) -> int:
+        """Read budget for one fetch's answer, reserved as its lease is queued: the most data
+        the answer may carry (one message at least), what the budget has free, up to
+        ``groups.MAX_FETCH_BYTES``. Answers stay counted until sent (``_hold_answer``), so
+        answers that clients do not read cannot pin more memory than the budget, one
+        message each beyond it. (A fetch does not wait for room: its leases would run on.)"""
+        return self.budget.reserve(max(1, min(groups.MAX_FETCH_BYTES, self.budget.free)))
+
+    def _hold_answer(self, out: Fetched | None, grant: int) -> None:
+        """A reserved grant becomes what ``out`` holds, for as long as it lives."""
+        if out is None or not out.messages:
+            self.budget.give(grant)
+        else:
+            self.budget.hold(out, grant, sum(len(d.data) for d in out.messages))
 
     def _delivered(self, station: str, group: str) -> Callable[[Fetched], None]:
         def then(out: Fetched) -> None:
@@ -704,6 +738,7 @@ class Service:
             # settles the commit, even when empty.
             parked = waiting[0]
             parked.served = True
+            parked.grant = self._reserve_answer()
             op = _then(
                 functools.partial(
                     groups.fetch,
@@ -711,6 +746,7 @@ class Service:
                     name=group,
                     max_count=parked.max_count,
                     consumer=parked.consumer,
+                    max_bytes=parked.grant,
                 ),
                 self._delivered(station, group),
             )
@@ -726,6 +762,7 @@ class Service:
         self._rounds.add(key)
         for parked in waiting:  # its timer must not answer it while the round may lease to it
             parked.served = True
+            parked.grant = self._reserve_answer()
         done = self.db.enqueue(
             functools.partial(_lease_in_turn, station=station, group=group, waiting=waiting),
             relaxed=True,
@@ -751,6 +788,11 @@ class Service:
         delivered = self._delivered(station, group)
         for parked in waiting:
             parked.served = False
+            if id(parked) not in served or parked.answer.done():
+                # Nothing for it (or its client left): its reserved budget goes back; a
+                # served one's becomes its answer's (``fetch``).
+                self.budget.give(parked.grant)
+                parked.grant = 0
             if parked.answer.done():  # its client left: what it was leased comes again later
                 if id(parked) in served:
                     delivered(served[id(parked)])
@@ -862,9 +904,14 @@ class Service:
         )
 
     async def dls_entries(
-        self, station: str, group: str | None, limit: int, after: int | None
+        self,
+        station: str,
+        group: str | None,
+        limit: int,
+        after: int | None,
+        max_bytes: int = dls.MAX_PAGE_BYTES,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        return await self.read_db(dls.entries, station, now_ms(), group, limit, after)
+        return await self.read_db(dls.entries, station, now_ms(), group, limit, after, max_bytes)
 
     async def replay(self, station: str, raw: Any) -> int:
         delay = raw.get("delayMs") if isinstance(raw, dict) else None
