@@ -288,6 +288,67 @@ def test_an_expect_that_is_not_text_is_a_417_not_a_500(srv: Server, path: str) -
     assert "Traceback" not in srv.log()
 
 
+def _answer_to_head(srv: Server, head: bytes) -> bytes:
+    """The first answer to ``head`` sent alone (no body follows), whole. (The server then
+    reads and drops what else comes for a while before it closes: aiohttp's lingering close.)"""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=8) as sock:  # < body timeout
+        sock.sendall(head)
+        got = b""
+        while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < _length(got):
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+    return got
+
+
+def _length(got: bytes) -> int:
+    for line in got.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+@pytest.mark.parametrize("expect", [False, True])
+@pytest.mark.parametrize("path", ["/v1/stream/declared-big", "/api/stations"])
+def test_a_body_declared_over_the_limit_is_refused_before_it_is_sent(
+    srv: Server, http: httpx.Client, path: str, expect: bool
+) -> None:
+    """``Content-Length: 100000000`` (over 64 MiB): a 413 at once, naming the body. It was read
+    up to the limit first, or a client that waited to send it got a 408 after the body
+    timeout; with ``Expect: 100-continue`` the server asked for the 100 MB (100 Continue)."""
+    http.put("/v1/stream/declared-big", headers={"Content-Type": "application/json"})
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+    head += b"Content-Type: application/json\r\nContent-Length: 100000000\r\n"
+    head += b"Expect: 100-continue\r\n" if expect else b""
+    got = _answer_to_head(srv, head + b"\r\n")
+    assert not got.startswith(b"HTTP/1.1 100"), got[:200]
+    status_line, _, rest = got.partition(b"\r\n")
+    assert status_line.split()[1] == b"413", got[:300]
+    error = httpx.Response(200, content=rest.partition(b"\r\n\r\n")[2]).json()["error"]
+    assert error["field"] == "body"
+
+
+def test_a_body_within_the_limit_is_still_asked_for_with_100_continue(
+    srv: Server, http: httpx.Client
+) -> None:
+    name = f"continue-{uuid.uuid4().hex[:8]}"
+    assert http.put(f"/v1/stream/{name}", headers={"Content-Type": "application/json"}).is_success
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/stream/{name} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nContent-Length: 7\r\n"
+            "Expect: 100-continue\r\nConnection: close\r\n\r\n".encode()
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(b'{"a":1}')
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert got.split()[1] == b"204", got[:300]
+    assert http.get(f"/v1/stream/{name}?offset=-1").json() == [{"a": 1}]
+
+
 # -- pages of the dead-letter store ---------------------------------------------------------------
 
 

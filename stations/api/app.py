@@ -26,7 +26,15 @@ from stations.api.drain import DRAIN, Drain
 from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
 from stations.api.headers import CORS, CorsPolicy, on_prepare
-from stations.api.limits import LIMITS, READERS, SLOW_CLIENTS, Limits, ReaderSlots, SlowClients
+from stations.api.limits import (
+    LIMITS,
+    READERS,
+    SLOW_CLIENTS,
+    Limits,
+    ReaderSlots,
+    SlowClients,
+    with_expect_continue,
+)
 from stations.api.metrics import (
     DEFAULT_MAX_STATIONS,
     METRICS,
@@ -208,11 +216,11 @@ def make_app(
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
     # Before the stream routes: /v1/stream/__ds/... is never a stream (PROTOCOL.md §6).
     subscriptions.setup(app, allow_loopback=webhooks_allow_loopback)
-    app.router.add_routes(streams.routes())
-    app.router.add_routes(groups.routes())
-    app.router.add_routes(transactions.routes())
-    app.router.add_routes(cursors.routes())
-    app.router.add_routes(stations.routes())
+    app.router.add_routes(with_expect_continue(streams.routes()))
+    app.router.add_routes(with_expect_continue(groups.routes()))
+    app.router.add_routes(with_expect_continue(transactions.routes()))
+    app.router.add_routes(with_expect_continue(cursors.routes()))
+    app.router.add_routes(with_expect_continue(stations.routes()))
     # The query parameters each route takes, read from openapi.yaml now rather than by the
     # first request with a query (tens of ms on the event loop).
     params.table()

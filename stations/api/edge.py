@@ -87,7 +87,10 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     if request.method == "OPTIONS":
         return headers.preflight(request)
     refusal = (
-        limits.refused_encoding(request) or headers.refused_origin(request) or auth.refused(request)
+        limits.refused_length(request)
+        or limits.refused_encoding(request)
+        or headers.refused_origin(request)
+        or auth.refused(request)
     )
     if refusal is not None:
         return refusal

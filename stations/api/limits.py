@@ -28,11 +28,12 @@ import logging
 import re
 import resource
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -461,6 +462,50 @@ def waits(request: web.Request) -> bool:
 
 
 # -- request bodies ---------------------------------------------------------------------------
+
+
+def refused_length(request: web.BaseRequest) -> web.Response | None:
+    """A body whose declared length is over the limit gets ``413`` before it is read: it was
+    read up to the limit first, or a client that sent its head alone waited out the body
+    timeout for a 408."""
+    length = request.content_length
+    if length is None or length <= request.client_max_size:
+        return None
+    response = error_response(
+        413,
+        "request_entity_too_large",
+        f"the request body is larger than {request.client_max_size} bytes",
+        "body",
+    )
+    response.force_close()  # the body is not read
+    return response
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """Every route's ``Expect`` handler (aiohttp runs it before any middleware): a body
+    declared too large is refused (``refused_length``) instead of asked for with ``100
+    Continue``; otherwise aiohttp's own behaviour, 100 Continue or 417."""
+    refusal = refused_length(request)
+    if refusal is not None:
+        return refusal
+    if request.version == HttpVersion11 and (
+        request.headers.get("Expect", "").lower() == "100-continue"
+    ):
+        assert request.writer is not None
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer proper has not begun
+        return None
+    raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
+
+
+def with_expect_continue(defs: Iterable[web.AbstractRouteDef]) -> list[web.AbstractRouteDef]:
+    """``defs`` with ``expect_continue`` as their ``Expect`` handler."""
+    return [
+        web.RouteDef(d.method, d.path, d.handler, {**d.kwargs, "expect_handler": expect_continue})
+        if isinstance(d, web.RouteDef)
+        else d
+        for d in defs
+    ]
 
 
 def refused_encoding(request: web.Request) -> web.Response | None:

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from stations.api import keys, public
 from stations.api.auth import covers_pattern, needs
+from stations.api.limits import with_expect_continue
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
 from stations.domain.subscriptions import links, spec, wakes
@@ -281,7 +282,7 @@ def routes() -> list[web.RouteDef]:
 def setup(app: web.Application, *, allow_loopback: bool = False) -> None:
     """The routes; call before the stream routes are added (after ``keys.PUBLIC_URL``)."""
     app[keys.WEBHOOKS_ALLOW_LOOPBACK] = allow_loopback
-    app.router.add_routes(routes())
+    app.router.add_routes(with_expect_continue(routes()))
     if links.purge_stream not in lifecycle.purge_hooks:
         lifecycle.purge_hooks.append(links.purge_stream)
 
