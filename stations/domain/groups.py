@@ -235,6 +235,20 @@ def views(
         found = collect(page, read, lambda row: str(row["name"]))
     lookahead = found[page.limit :] if page is not None else []
     rows = [Group(**row) for row in found[: len(found) - len(lookahead)]]
+    return _views_of(conn, state, head, rows) + [{"name": row["name"]} for row in lookahead]
+
+
+def view(conn: Connection, station: str, now: int, name: str) -> dict[str, Any]:
+    """One group with its figures, as ``views`` has it (creating a group answered with it
+    read every group of the station: 70-220 ms each with 3,000 groups)."""
+    state = live_stream(load(conn, station), station, now)
+    (out,) = _views_of(conn, state, dropped_through(conn, state), [_load(conn, state, name, False)])
+    return out
+
+
+def _views_of(
+    conn: Connection, state: StreamState, head: int, rows: list[Group]
+) -> list[dict[str, Any]]:
     queues = store.queue_figures(conn, [group.id for group in rows])  # one statement for all
     out: list[dict[str, Any]] = []
     for group in rows:
@@ -252,7 +266,7 @@ def views(
                 "cursor": encode(group.cursor),
             }
         )
-    return out + [{"name": row["name"]} for row in lookahead]
+    return out
 
 
 # -- delivery ---------------------------------------------------------------------------------

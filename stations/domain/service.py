@@ -587,8 +587,7 @@ class Service:
         group, created = await self.write(
             groups.ensure, station, name, raw, exists, locks=(station,)
         )
-        views = await self.read_db(groups.views, station, now_ms())
-        return next(v for v in views if v["name"] == group.name), created
+        return await self.read_db(groups.view, station, now_ms(), group.name), created
 
     async def delete_group(self, station: str, name: str) -> None:
         forget = functools.partial(self.tally.forget, station, name)
