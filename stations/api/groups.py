@@ -122,7 +122,7 @@ async def fetch(request: web.Request) -> web.StreamResponse:
     encoded = orjson.dumps(answer)
     del answer
     # Counted in the read budget until sent (``out`` lives as long as this frame), and the
-    # next fetches' answers shrink to what it has free (``Service._reserve_answer``).
+    # next fetches' answers shrink to what it has free (``Service._fetch_within_budget``).
     svc.budget.charge(out, len(encoded))
     return await reading.send_built(
         request, web.Response(body=encoded, content_type="application/json")

@@ -98,12 +98,6 @@ class ByteBudget:
             self.used -= nbytes
             self._wake()
 
-    def reserve(self, nbytes: int) -> int:
-        """Count ``nbytes`` at once, without waiting (beyond the limit if need be); given back
-        with ``give``, or turned into what a page holds with ``hold``."""
-        self.used += nbytes
-        return nbytes
-
     def hold(self, owner: object, granted: int, size: int) -> None:
         """Turn a grant into ``size`` bytes kept until ``owner`` is garbage."""
         self.used += size - granted

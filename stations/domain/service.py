@@ -121,11 +121,25 @@ def _tail_state(result: ReadResult) -> StreamState | None:
     return result.state if result.next >= result.state.tail else None
 
 
+# What the fetches of one writer batch leased, in bytes of data (``_fetch_within_budget``).
+_FETCHED_BYTES = "fetched bytes"
+
+
+def _data_bytes(out: Fetched) -> int:
+    return sum(len(d.data) for d in out.messages)
+
+
 # What a round leased: each fetch served with its messages, and the first empty answer.
 _Round = tuple[list[tuple["_Parked", Fetched]], Fetched | None]
 
 
-def _lease_in_turn(batch: Batch, station: str, group: str, waiting: list[_Parked]) -> _Round:
+def _lease_in_turn(
+    batch: Batch,
+    station: str,
+    group: str,
+    waiting: list[_Parked],
+    fetch: Callable[..., Fetched] = groups.fetch,
+) -> _Round:
     """A writer op: lease to ``waiting`` fetches of one group in turn, until one gets nothing
     (the group has nothing more for any of them). A fetch whose client left or whose time ran
     out is passed over."""
@@ -134,9 +148,7 @@ def _lease_in_turn(batch: Batch, station: str, group: str, waiting: list[_Parked
         if parked.answer.done():
             continue
         try:
-            out = groups.fetch(
-                batch, station, group, parked.max_count, parked.consumer, parked.grant
-            )
+            out = fetch(batch, station, group, parked.max_count, parked.consumer)
         except StationsError:
             if not served:
                 raise  # refused before it wrote anything: every waiting fetch hears why
@@ -161,7 +173,6 @@ class _Parked:
     answer: asyncio.Future[Fetched | None]
     served: bool = False  # a transaction that may lease to it is under way: it answers
     expired: bool = False  # its time ran out meanwhile
-    grant: int = 0  # read budget reserved for the answer of the lease under way
 
     def give_up(self, *_: object) -> None:
         if self.served:
@@ -632,8 +643,6 @@ class Service:
                     # fetch queued behind an append that has not run yet, so it leases
                     # nothing nobody will get.
                     served = await _committed(parked.answer)
-                    self._hold_answer(served, parked.grant)
-                    parked.grant = 0
                 except Unavailable:
                     # Its lease rode on another request's transaction (an append's), which
                     # the database refused (a full disk): that request hears it, and this
@@ -643,8 +652,6 @@ class Service:
                     served = out
                 finally:
                     timer.cancel()
-                    self.budget.give(parked.grant)  # not served: what it reserved goes back
-                    parked.grant = 0
                     waiting = self._parked.get(station)
                     if waiting is not None and parked in waiting:
                         waiting.remove(parked)
@@ -653,6 +660,8 @@ class Service:
                 if served is None:  # its time ran out
                     break
                 out = served  # empty: an append's transaction had nothing for this group
+            if out.messages:  # in the read budget until the answer (which holds ``out``) is sent
+                self.budget.charge(out, _data_bytes(out))
             return out
         finally:
             self.notifier.unsubscribe(station, woken)
@@ -661,40 +670,32 @@ class Service:
         # A lease lost to a power cut costs one more delivery of a message nobody acked, never
         # an acked one (an ack waits for the disk, and so for every lease before it): fetches
         # alone need not wait for an fsync (README, Durability).
-        grant = self._reserve_answer()
-        try:
-            out: Fetched = await self.write(
-                groups.fetch,
-                station,
-                group,
-                max_count,
-                consumer,
-                grant,
-                relaxed=True,
-                small=max_count <= SMALL_FETCH,
-                then=self._delivered(station, group),
-                locks=(station,),
-            )
-        except BaseException:
-            self.budget.give(grant)
-            raise
-        self._hold_answer(out, grant)
+        return await self.write(
+            self._fetch_within_budget,
+            station,
+            group,
+            max_count,
+            consumer,
+            relaxed=True,
+            small=max_count <= SMALL_FETCH,
+            then=self._delivered(station, group),
+            locks=(station,),
+        )
+
+    def _fetch_within_budget(
+        self, batch: Batch, station: str, group: str, max_count: int, consumer: str
+    ) -> Fetched:
+        """``groups.fetch`` (a writer op) whose answer carries at most what the read budget
+        has free, less what the batch's earlier fetches leased, up to
+        ``groups.MAX_FETCH_BYTES`` (one message at least). Answers are counted in the budget
+        until sent (``fetch``), so answers that clients do not read cannot pin much more
+        memory than it (one batch's, one message each beyond it). A fetch does not wait for
+        room, as a read does: its leases would run on while it waited."""
+        leased = batch.shared.get(_FETCHED_BYTES, 0)
+        room = max(1, min(groups.MAX_FETCH_BYTES, self.budget.free - leased))
+        out = groups.fetch(batch, station, group, max_count, consumer, room)
+        batch.shared[_FETCHED_BYTES] = leased + _data_bytes(out)
         return out
-
-    def _reserve_answer(self) -> int:
-        """Read budget for one fetch's answer, reserved as its lease is queued: the most data
-        the answer may carry (one message at least), what the budget has free, up to
-        ``groups.MAX_FETCH_BYTES``. Answers stay counted until sent (``_hold_answer``), so
-        answers that clients do not read cannot pin more memory than the budget, one
-        message each beyond it. (A fetch does not wait for room: its leases would run on.)"""
-        return self.budget.reserve(max(1, min(groups.MAX_FETCH_BYTES, self.budget.free)))
-
-    def _hold_answer(self, out: Fetched | None, grant: int) -> None:
-        """A reserved grant becomes what ``out`` holds, for as long as it lives."""
-        if out is None or not out.messages:
-            self.budget.give(grant)
-        else:
-            self.budget.hold(out, grant, sum(len(d.data) for d in out.messages))
 
     def _delivered(self, station: str, group: str) -> Callable[[Fetched], None]:
         def then(out: Fetched) -> None:
@@ -737,15 +738,13 @@ class Service:
             # settles the commit, even when empty.
             parked = waiting[0]
             parked.served = True
-            parked.grant = self._reserve_answer()
             op = _then(
                 functools.partial(
-                    groups.fetch,
+                    self._fetch_within_budget,
                     station=station,
-                    name=group,
+                    group=group,
                     max_count=parked.max_count,
                     consumer=parked.consumer,
-                    max_bytes=parked.grant,
                 ),
                 self._delivered(station, group),
             )
@@ -761,9 +760,14 @@ class Service:
         self._rounds.add(key)
         for parked in waiting:  # its timer must not answer it while the round may lease to it
             parked.served = True
-            parked.grant = self._reserve_answer()
         done = self.db.enqueue(
-            functools.partial(_lease_in_turn, station=station, group=group, waiting=waiting),
+            functools.partial(
+                _lease_in_turn,
+                station=station,
+                group=group,
+                waiting=waiting,
+                fetch=self._fetch_within_budget,
+            ),
             relaxed=True,
             small=small,
             first=first,
@@ -787,11 +791,6 @@ class Service:
         delivered = self._delivered(station, group)
         for parked in waiting:
             parked.served = False
-            if id(parked) not in served or parked.answer.done():
-                # Nothing for it (or its client left): its reserved budget goes back; a
-                # served one's becomes its answer's (``fetch``).
-                self.budget.give(parked.grant)
-                parked.grant = 0
             if parked.answer.done():  # its client left: what it was leased comes again later
                 if id(parked) in served:
                     delivered(served[id(parked)])

@@ -124,6 +124,8 @@ class Batch:
     before_commit: dict[Any, Callable[[Batch], None]] = field(default_factory=dict)
     # A deadlock or serialization failure met inside a savepoint (see ``savepoint``).
     aborted: Exception | None = None
+    # What the domain's ops of this batch tell each other (the bytes its fetches leased).
+    shared: dict[str, Any] = field(default_factory=dict)
 
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
