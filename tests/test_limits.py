@@ -731,6 +731,29 @@ async def test_management_reads_that_are_not_read_keep_to_the_read_budget(
     assert peak - baseline < 150, f"RSS grew {peak - baseline:.0f} MB (baseline {baseline:.0f})"
 
 
+async def test_a_burst_of_fetches_within_the_read_budget_each_get_their_whole_page(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """20 consumers fetch at once, 2 MB each, with 64 MB of budget: every answer is whole.
+    (Reserving the most an answer may take, 8 MB, as each lease was queued left the later
+    fetches of such a burst one message each, the budget far from used.)"""
+    server = spawn(sqlite_url(tmp_path), "--read-budget-mb", "64")
+    value = "x" * (100 * 1024)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        assert (await client.post("/api/stations", json={"name": "burst"})).status_code == 201
+        messages = [{"data": value} for _ in range(20)]
+        produced = await client.post("/api/stations/burst/messages", json={"messages": messages})
+        assert produced.status_code in (200, 201), produced.text
+        for k in range(20):
+            assert (await client.put(f"/api/stations/burst/groups/b{k}", json={})).is_success
+
+        async def fetch(k: int) -> int:
+            answer = await client.post(f"/api/stations/burst/groups/b{k}/fetch", json={"max": 20})
+            return len(answer.json()["messages"])
+
+        assert await asyncio.gather(*(fetch(k) for k in range(20))) == [20] * 20
+
+
 async def test_1000_long_poll_readers_on_postgresql_see_every_message_at_50_per_s(
     spawn: Callable[..., Server], pg_url: str
 ) -> None:
