@@ -371,6 +371,9 @@ def serve(args: argparse.Namespace) -> None:
     ):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             _fail(f"--{option.replace('_', '-')} must be at least 1")
+    for option in ("tls_cert", "tls_key"):  # an unset variable in --tls-cert "$CERT": no TLS
+        if getattr(args, option) == "":
+            _fail(f"--{option.replace('_', '-')} is empty")
     if args.tls_key and not args.tls_cert:
         _fail("--tls-key needs --tls-cert")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):

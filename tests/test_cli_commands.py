@@ -734,3 +734,34 @@ def test_a_url_that_is_not_a_stations_server_is_one_clear_error(tmp_path: Path) 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_stdin_read_on_after_the_command_ended_prints_nothing() -> None:
+    """produce ended on an error (line 1 not UTF-8 on a JSON station) while its stdin thread
+    still read: waking the closed event loop raised in the thread, and its traceback followed
+    the command's own error (seen once in a loaded CI run)."""
+    import asyncio
+    import threading
+
+    from stations.commands.produce import _StdinLines
+
+    read, write = os.pipe()
+
+    async def start() -> _StdinLines:
+        return _StdinLines(read, 1)
+
+    loop = asyncio.new_event_loop()
+    lines = loop.run_until_complete(start())
+    loop.close()  # the command is over
+    raised: list[BaseException | None] = []
+    before = threading.excepthook
+    threading.excepthook = lambda args: raised.append(args.exc_value)
+    try:
+        os.write(write, b"one\ntwo\n")
+        os.close(write)
+        lines.thread.join(10)
+    finally:
+        threading.excepthook = before
+        os.close(read)
+    assert not lines.thread.is_alive()
+    assert raised == []

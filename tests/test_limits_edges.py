@@ -349,6 +349,37 @@ def test_a_body_within_the_limit_is_still_asked_for_with_100_continue(
     assert http.get(f"/v1/stream/{name}?offset=-1").json() == [{"a": 1}]
 
 
+def test_expect_before_http_1_1_is_ignored(srv: Server) -> None:
+    """Expect means nothing to an HTTP/1.0 request (RFC 9110): aiohttp ignores it, and the
+    routes' own Expect handler answered 417."""
+    head = b"GET /api/stations HTTP/1.0\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n\r\n"
+    got = _answer_to_head(srv, head)
+    assert got.split()[1] == b"200", got[:300]
+
+
+def test_a_head_of_a_large_page_sends_no_body(srv: Server, http: httpx.Client) -> None:
+    """A page over 64 KiB is sent in chunks; a HEAD of it sent the body too, and the next
+    answer on the connection was read from inside it."""
+    name = f"head-{uuid.uuid4().hex[:8]}"
+    assert http.post("/api/stations", json={"name": name}).status_code == 201
+    messages = [{"data": "x" * 1000} for _ in range(200)]
+    assert http.post(f"/api/stations/{name}/messages", json={"messages": messages}).is_success
+    path = f"/api/stations/{name}/messages?limit=200"
+    assert len(http.get(path).content) > 64 * 1024
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += sock.recv(65536)
+        sock.sendall(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        while chunk := sock.recv(65536):
+            got += chunk
+    head, _, after = got.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"200", head
+    # Right after the HEAD's header block comes the next answer, not the page.
+    assert after.startswith(b"HTTP/1.1 200"), after[:100]
+
+
 # -- pages of the dead-letter store ---------------------------------------------------------------
 
 

@@ -254,7 +254,16 @@ def test_a_handshake_never_begun_is_closed_like_a_slow_request_head(srv: Server)
 
 
 @pytest.mark.parametrize(
-    "case", ["no cert file", "no key file", "key without cert", "not a certificate", "wrong key"]
+    "case",
+    [
+        "no cert file",
+        "no key file",
+        "key without cert",
+        "not a certificate",
+        "wrong key",
+        "encrypted key",
+        "empty cert",
+    ],
 )
 def test_unusable_tls_files_stop_the_start_naming_the_option(
     tmp_path: Path, tls: Tls, case: str
@@ -266,13 +275,22 @@ def test_unusable_tls_files_stop_the_start_naming_the_option(
         "no key file": ["--tls-cert", str(tls.cert_file), "--tls-key", missing],
         "key without cert": ["--tls-key", str(tls.key_file)],
         "not a certificate": ["--tls-cert", str(tls.key_file)],
+        "encrypted key": ["--tls-cert", str(tls.cert_file), "--tls-key", str(tmp_path / "enc.pem")],
+        "empty cert": ["--tls-cert", ""],
         "wrong key": ["--tls-cert", str(tls.cert_file), "--tls-key", str(tmp_path / "other.pem")],
     }[case]
     (tmp_path / "other.pem").write_bytes(other.key)
+    # The test's own key, encrypted: OpenSSL asked for its passphrase on the terminal.
+    key = serialization.load_pem_private_key(tls.first.key, None)
+    encrypted = serialization.BestAvailableEncryption(b"passphrase")
+    (tmp_path / "enc.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encrypted)
+    )
     command = [sys.executable, "-m", "stations", "serve", "--port", str(free_port())]
     command += ["--db", f"sqlite:///{tmp_path / 'db.sqlite'}", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    option = "--tls-key" if case in ("no key file", "key without cert") else "--tls-cert"
+    keyed = ("no key file", "key without cert", "encrypted key")
+    option = "--tls-key" if case in keyed else "--tls-cert"
     assert option in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

@@ -488,7 +488,9 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     refusal = refused_length(request)
     if refusal is not None:
         return refusal
-    if request.version == HttpVersion11 and (
+    if request.version != HttpVersion11:
+        return None  # Expect means nothing before HTTP/1.1 (RFC 9110 10.1.1)
+    if (
         request.headers.get("Expect", "").lower() == "100-continue"
     ):
         assert request.writer is not None

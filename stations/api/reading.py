@@ -150,7 +150,7 @@ async def send_built(request: web.Request, response: web.Response) -> web.Stream
     that stopped reading lets it)."""
     body = response.body
     assert isinstance(body, bytes)
-    if len(body) <= CHUNK:
+    if len(body) <= CHUNK or request.method == "HEAD":  # a HEAD answer leaves the body out
         return response
     stream = web.StreamResponse(status=response.status, headers=response.headers)
     stream.content_length = len(body)

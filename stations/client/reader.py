@@ -278,19 +278,19 @@ async def _sse_events(stream: aiohttp.StreamReader) -> AsyncIterator[tuple[str, 
     buffer = bytearray()
     event, data = "message", list[str]()
     ended = False
-    searched = 0  # the buffer holds no line end before this (a long line comes in many chunks)
+    searched = 0  # the buffer holds no line end before this (a line longer than a chunk)
     chunks = stream.iter_any().__aiter__()
     while not ended:
         try:
             buffer += await chunks.__anext__()
         except StopAsyncIteration:
             ended = True
-        start = 0
-        while (end := _line_end(buffer, max(start, searched))) >= 0:
+        lines = _Lines(buffer, searched)
+        while (end := lines.next_end()) >= 0:
             if buffer[end] == 0x0D and end + 1 == len(buffer) and not ended:
                 break  # a CR the chunk ends on: the LF of a CRLF may be in the next one
-            line = buffer[start:end].decode("utf-8")
-            start = end + 2 if buffer[end : end + 2] == b"\r\n" else end + 1
+            line = buffer[lines.start : end].decode("utf-8")
+            lines.start = end + 2 if buffer[end : end + 2] == b"\r\n" else end + 1
             if not line:
                 if data or event != "message":
                     yield event, "\n".join(data)
@@ -305,14 +305,31 @@ async def _sse_events(stream: aiohttp.StreamReader) -> AsyncIterator[tuple[str, 
                 event = value
             elif name == "data":
                 data.append(value)
-        del buffer[:start]
+        del buffer[: lines.start]
         searched = max(len(buffer) - 1, 0)  # all but a CR the chunk may have ended on
 
 
-def _line_end(buffer: bytearray, start: int) -> int:
-    """Where the first line from ``start`` ends (its CR or LF), or -1."""
-    lf, cr = buffer.find(b"\n", start), buffer.find(b"\r", start)
-    return lf if cr < 0 else cr if lf < 0 else min(lf, cr)
+class _Lines:
+    """Where the lines of ``buffer`` end, from ``start`` on. The next CR and the next LF are
+    each found once and kept until passed: a chunk of many LF-ended lines was searched for a
+    CR to its end once per line. ``searched``: no line ends before it (the part of a long line
+    the last chunks brought)."""
+
+    def __init__(self, buffer: bytearray, searched: int) -> None:
+        self.buffer = buffer
+        self.start = 0
+        self._floor = searched
+        self._cr = self._lf = -2  # -2: not searched yet; -1: none in the buffer
+
+    def next_end(self) -> int:
+        """Where the line from ``start`` ends (its CR or LF), or -1."""
+        start = max(self.start, self._floor)
+        if -1 < self._cr < self.start or self._cr == -2:
+            self._cr = self.buffer.find(b"\r", start)
+        if -1 < self._lf < self.start or self._lf == -2:
+            self._lf = self.buffer.find(b"\n", start)
+        cr, lf = self._cr, self._lf
+        return lf if cr < 0 else cr if lf < 0 else min(cr, lf)
 
 
 def _sse_items(data: str, json_mode: bool, base64_data: bool) -> list[Any]:

@@ -133,6 +133,10 @@ def _read_lines(fd: int) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
+class _CommandEnded(Exception):
+    pass
+
+
 class _StdinLines:
     """Stdin's messages as they come, read by a thread of their own: read on the event loop,
     nothing was sent until ``--batch`` lines had come (``tail -f log | stations produce``
@@ -147,16 +151,19 @@ class _StdinLines:
         self._lines: queue.Queue[tuple[int, str | bytes] | None] = queue.Queue(bound)
         self._ready = asyncio.Event()
         self.failed: OSError | None = None  # why reading stdin stopped before its end
-        threading.Thread(target=self._run, args=(fd,), daemon=True).start()
+        self.thread = threading.Thread(target=self._run, args=(fd,), daemon=True)
+        self.thread.start()
 
     def _run(self, fd: int) -> None:
         try:
-            for item in _payloads(_read_lines(fd)):
-                self._put(item)
-        except OSError as exc:  # EIO, a non-blocking stdin's EAGAIN: not its end
-            self.failed = exc
-        finally:
+            try:
+                for item in _payloads(_read_lines(fd)):
+                    self._put(item)
+            except OSError as exc:  # EIO, a non-blocking stdin's EAGAIN: not its end
+                self.failed = exc
             self._put(None)
+        except _CommandEnded:
+            pass
 
     @property
     def waiting(self) -> int:
@@ -166,7 +173,12 @@ class _StdinLines:
     def _put(self, item: tuple[int, str | bytes] | None) -> None:
         self._lines.put(item)  # waits while the requests are behind
         if self._lines.qsize() <= 1 or item is None:  # the loop may be waiting: wake it
-            self._loop.call_soon_threadsafe(self._ready.set)
+            try:
+                self._loop.call_soon_threadsafe(self._ready.set)
+            except RuntimeError:  # its event loop is closed: the command ended (an error)
+                # Stdin read on is no one's: the thread stops without a word (it printed a
+                # traceback after the command's own error).
+                raise _CommandEnded from None
 
     async def chunks(self, size: int) -> AsyncIterator[list[tuple[int, str | bytes]]]:
         while True:
