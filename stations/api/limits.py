@@ -490,9 +490,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         return refusal
     if request.version != HttpVersion11:
         return None  # Expect means nothing before HTTP/1.1 (RFC 9110 10.1.1)
-    if (
-        request.headers.get("Expect", "").lower() == "100-continue"
-    ):
+    if request.headers.get("Expect", "").lower() == "100-continue":
         assert request.writer is not None
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer proper has not begun
