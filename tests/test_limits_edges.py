@@ -329,6 +329,19 @@ def test_a_body_declared_over_the_limit_is_refused_before_it_is_sent(
     assert error["field"] == "body"
 
 
+@pytest.mark.parametrize("expect", [False, True])
+def test_a_body_declared_too_large_from_a_foreign_host_gets_the_host_refusal(
+    srv: Server, expect: bool
+) -> None:
+    """The Expect variant was refused 413 before any middleware ran (no Host check, no count):
+    the Host refusal comes first with or without it."""
+    head = b"POST /api/stations HTTP/1.1\r\nHost: evil.example\r\n"
+    head += b"Content-Type: application/json\r\nContent-Length: 100000000\r\n"
+    head += b"Expect: 100-continue\r\n" if expect else b""
+    got = _answer_to_head(srv, head + b"\r\n")
+    assert got.split()[1] == b"403", got[:300]
+
+
 def test_a_body_within_the_limit_is_still_asked_for_with_100_continue(
     srv: Server, http: httpx.Client
 ) -> None:

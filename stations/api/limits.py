@@ -483,13 +483,11 @@ def refused_length(request: web.BaseRequest) -> web.Response | None:
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """Every route's ``Expect`` handler (aiohttp runs it before any middleware): a body
-    declared too large is refused (``refused_length``) instead of asked for with ``100
-    Continue``; otherwise aiohttp's own behaviour, 100 Continue or 417."""
-    refusal = refused_length(request)
-    if refusal is not None:
-        return refusal
-    if request.version != HttpVersion11:
-        return None  # Expect means nothing before HTTP/1.1 (RFC 9110 10.1.1)
+    declared too large is not asked for with ``100 Continue`` (the middleware answers 413,
+    ``refused_length``, after the Host check and counted as every answer is); otherwise
+    aiohttp's own behaviour, 100 Continue or 417."""
+    if refused_length(request) is not None or request.version != HttpVersion11:
+        return None  # (Expect means nothing before HTTP/1.1: RFC 9110 10.1.1)
     if request.headers.get("Expect", "").lower() == "100-continue":
         assert request.writer is not None
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
