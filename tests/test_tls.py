@@ -294,3 +294,38 @@ def test_unusable_tls_files_stop_the_start_naming_the_option(
     option = "--tls-key" if case in keyed else "--tls-cert"
     assert option in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_connections_in_their_handshake_count_against_max_connections(
+    tmp_path: Path, tls: Tls
+) -> None:
+    """Served by ``create_server(ssl=...)``, a connection joined the count only once its
+    handshake was done: 60 connections that never began one held 60 descriptors past a cap
+    of 4 (plain HTTP held 4), each up to the handshake timeout."""
+    args = ["--tls-cert", str(tls.cert_file), "--tls-key", str(tls.key_file)]
+    args += ["--max-connections", "4"]
+    server = Server(f"sqlite:///{tmp_path / 'cap.sqlite'}", tmp_path, args)
+    server.start()
+    assert server.proc is not None
+    fds = Path(f"/proc/{server.proc.pid}/fd")
+    try:
+        before = len(list(fds.iterdir()))
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]
+        time.sleep(1)
+        held = len(list(fds.iterdir())) - before
+        assert held <= 8, f"{held} descriptors held for 60 idle connections, cap 4"
+        # Over the cap a client is dropped; once the idle ones leave, it is served again.
+        with pytest.raises(OSError):  # ssl.SSLError and ConnectionError are OSErrors
+            _served_certificate(server, tls.context())
+        for sock in idle:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert _served_certificate(server, tls.context()) == tls.first.der
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "not served after the idle ones left"
+                time.sleep(0.1)
+    finally:
+        server.stop()

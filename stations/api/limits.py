@@ -25,8 +25,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import resource
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -334,17 +336,27 @@ class CappedSite(web.SockSite):
         super().__init__(runner, sock, **kwargs)
         self.limits = limits
         self.refusing = 0
+        self.handshakes = 0  # HTTPS connections accepted, their TLS handshake not done yet
+        self._handshaking: set[asyncio.Task[None]] = set()  # (the loop keeps weak references)
         self.slow: SlowClients | None = runner.app.get(SLOW_CLIENTS)
         self.closed = closed
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
         assert server is not None
-        if len(server._connections) >= self.limits.max_connections:
-            if self.refusing >= REFUSERS:
+        if len(server._connections) + self.handshakes >= self.limits.max_connections:
+            if self.refusing >= REFUSERS or self._ssl_context is not None:
+                # (A 503 in the clear means nothing to a client that speaks TLS.)
                 self.closed("max_connections")
                 return _Dropper()
             return _Refuser(self)
+        if self._ssl_context is not None:
+            return _TlsStart(self)
+        return self._handler()
+
+    def _handler(self) -> GuardedHandler:
+        server = self._runner.server
+        assert server is not None
         return GuardedHandler(
             self.limits,
             self.slow,
@@ -357,14 +369,58 @@ class CappedSite(web.SockSite):
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
+        # TLS, if any, is started per connection once it is counted (``_TlsStart``).
         self._server = await loop.create_server(
-            self._protocol,
-            sock=self._sock,
-            backlog=self._backlog,
-            ssl=self._ssl_context,
-            # A handshake not done in time holds a connection as a slow head would.
-            ssl_handshake_timeout=self.limits.head_timeout_s if self._ssl_context else None,
+            self._protocol, sock=self._sock, backlog=self._backlog
         )
+
+    def start_tls(self, fd: int) -> None:
+        self.handshakes += 1
+        task = asyncio.ensure_future(self._serve_tls(fd))
+        self._handshaking.add(task)
+        task.add_done_callback(self._handshaking.discard)
+
+    async def _serve_tls(self, fd: int) -> None:
+        """Serve the accepted connection ``fd`` with TLS, its handshake within
+        --head-timeout-s (a slow one holds a connection as a slow head would)."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(fileno=fd)
+        try:
+            await loop.connect_accepted_socket(
+                self._handler,
+                sock,
+                ssl=self._ssl_context,
+                ssl_handshake_timeout=self.limits.head_timeout_s,
+            )
+        except Exception as exc:  # a failed, abandoned or timed-out handshake
+            logger.debug("TLS handshake failed: %r", exc)
+            sock.close()
+        finally:
+            self.handshakes -= 1
+
+
+class _TlsStart(asyncio.Protocol):
+    """An HTTPS connection, accepted in the clear so that it counts against --max-connections
+    from its accept, as a plain one does (``CappedSite.handshakes``); served by
+    ``create_server(ssl=...)``, it counted only once its handshake was done, and clients that
+    never began one held descriptors past the cap. Its socket is taken from the plain
+    transport before that reads anything (a duplicate of its descriptor) and served anew with
+    TLS (``CappedSite.start_tls``): handed to ``loop.start_tls`` instead, under uvloop the
+    plain transport had read the ClientHello first (half of 1,000 handshakes failed)."""
+
+    def __init__(self, site: CappedSite) -> None:
+        self._site = site
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        plain = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        try:
+            fd = os.dup(plain.get_extra_info("socket").fileno())
+        except OSError as exc:  # out of descriptors
+            logger.warning("cannot take over a connection for TLS: %s", exc.strerror)
+            plain.abort()
+            return
+        plain.abort()  # closes its descriptor; the connection lives on in ``fd``
+        self._site.start_tls(fd)
 
 
 class _Dropper(asyncio.Protocol):
