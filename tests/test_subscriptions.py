@@ -580,6 +580,14 @@ async def webhook(handler: Any) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+async def _pull_wake(client: httpx.AsyncClient, url: str, streams: list[str]) -> None:
+    """A pull-wake subscription at ``url`` over new ``streams``, waking stream ``wk``."""
+    for path in ("wk", *streams):
+        assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
+    spec = {"type": "pull-wake", "streams": streams, "wake_stream": "wk"}
+    assert (await client.put(url, json=spec)).status_code == 201
+
+
 async def test_a_pull_wake_whose_work_went_away_ends_when_claimed(
     make_server: Any, tmp_path: Any
 ) -> None:
@@ -589,10 +597,7 @@ async def test_a_pull_wake_whose_work_went_away_ends_when_claimed(
     server: Server = make_server(f"sqlite:///{tmp_path / 'w.db'}")
     base = "/v1/stream/__ds/subscriptions/gone"
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        for path in ("wk", "a", "b"):
-            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
-        spec = {"type": "pull-wake", "streams": ["a", "b"], "wake_stream": "wk"}
-        assert (await client.put(base, json=spec)).status_code == 201
+        await _pull_wake(client, base, ["a", "b"])
         await append(client, "a", {"n": 1})
         first = await wait_for(lambda: _events(client, "wk"), what="the first wake event")
         assert [e["generation"] for e in first] == [1]
@@ -798,10 +803,7 @@ async def test_removing_a_stream_decodes_its_path_once(make_server: Any, tmp_pat
     server: Server = make_server(f"sqlite:///{tmp_path / 'd.db'}")
     base = "/v1/stream/__ds/subscriptions/decode"
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        for path in ("wk", "aA", "b"):
-            assert (await client.put(f"/v1/stream/{path}", json=[])).status_code == 201
-        spec = {"type": "pull-wake", "streams": ["aA", "b"], "wake_stream": "wk"}
-        assert (await client.put(base, json=spec)).status_code == 201
+        await _pull_wake(client, base, ["aA", "b"])
         await client.delete(f"{base}/streams/a%2541")
         view = (await client.get(base)).json()
         assert sorted(s["path"] for s in view["streams"]) == ["aA", "b"]

@@ -40,6 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from stations.api import errors
 from stations.api.errors import error_response
 from stations.domain.budget import Overloaded
 
@@ -520,19 +521,16 @@ def waits(request: web.Request) -> bool:
 # -- request bodies ---------------------------------------------------------------------------
 
 
-def refused_length(request: web.BaseRequest) -> web.Response | None:
+def refused_length(request: web.Request) -> web.Response | None:
     """A body whose declared length is over the limit gets ``413`` before it is read: it was
     read up to the limit first, or a client that sent its head alone waited out the body
     timeout for a 408."""
     length = request.content_length
     if length is None or length <= request.client_max_size:
         return None
-    response = error_response(
-        413,
-        "request_entity_too_large",
-        f"the request body is larger than {request.client_max_size} bytes",
-        "body",
-    )
+    # The answer aiohttp's own refusal, once it has read past the limit, is given.
+    too_large = web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=length)
+    response = errors.answer(request, too_large)
     response.force_close()  # the body is not read
     return response
 

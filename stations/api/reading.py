@@ -159,12 +159,18 @@ async def send_built(request: web.Request, response: web.Response) -> web.Stream
         await send(stream, body)
         await stream.write_eof()
     except ConnectionError as exc:
-        forget(exc)
-        access.left(request)
         del body, response  # this frame outlives the call in the exception's cycle
-        if request.transport is not None:
-            request.transport.close()
+        _left(request, exc)
     return stream
+
+
+def _left(request: web.Request, exc: ConnectionError) -> None:
+    """The client left while an answer was sent: said in the access log, the connection
+    closed, the page freed at once (no traceback keeps it)."""
+    forget(exc)
+    access.left(request)
+    if request.transport is not None:
+        request.transport.close()
 
 
 def _pieces(result: ReadResult) -> list[bytes]:
@@ -211,9 +217,6 @@ async def respond(
             await stream.write(b"".join(batch))
         await stream.write_eof()
     except ConnectionError as exc:
-        forget(exc)
-        access.left(request)
         del pieces, batch, result  # this frame outlives the call in the exception's cycle
-        if request.transport is not None:
-            request.transport.close()
+        _left(request, exc)
     return stream

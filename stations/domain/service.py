@@ -138,7 +138,7 @@ def _lease_in_turn(
     station: str,
     group: str,
     waiting: list[_Parked],
-    fetch: Callable[..., Fetched] = groups.fetch,
+    fetch: Callable[..., Fetched],
 ) -> _Round:
     """A writer op: lease to ``waiting`` fetches of one group in turn, until one gets nothing
     (the group has nothing more for any of them). A fetch whose client left or whose time ran
