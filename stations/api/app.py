@@ -216,11 +216,8 @@ def make_app(
         app.router.add_static("/ui/", WEB_DIR, follow_symlinks=False)
     # Before the stream routes: /v1/stream/__ds/... is never a stream (PROTOCOL.md §6).
     subscriptions.setup(app, allow_loopback=webhooks_allow_loopback)
-    app.router.add_routes(with_expect_continue(streams.routes()))
-    app.router.add_routes(with_expect_continue(groups.routes()))
-    app.router.add_routes(with_expect_continue(transactions.routes()))
-    app.router.add_routes(with_expect_continue(cursors.routes()))
-    app.router.add_routes(with_expect_continue(stations.routes()))
+    for api in (streams, groups, transactions, cursors, stations):
+        app.router.add_routes(with_expect_continue(api.routes()))
     # The query parameters each route takes, read from openapi.yaml now rather than by the
     # first request with a query (tens of ms on the event loop).
     params.table()
