@@ -10,9 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stations.domain import groups, messages
 from stations.domain.offsets import encode
 from stations.domain.service import Service
+from stations.errors import Forbidden
 
 
 async def _wait_parked(svc: Service, station: str, count: int) -> None:
@@ -238,3 +241,44 @@ def test_small_writes_of_an_idle_server_run_on_the_event_loop_thread(
                 await svc.close()
 
     asyncio.run(main())
+
+
+def test_a_waiting_fetch_is_refused_once_its_scope_misses_the_forward_target(db_url: str) -> None:
+    """Two fetches wait; meanwhile the station's dead letters are pointed at a station one of
+    them may not write to (its token's scope). A lease settles expired leases first, which
+    may dead-letter and so forward them: that fetch is refused by the next lease, made under
+    the station's lock, and the other is served as before. Both were allowed when they came."""
+
+    async def scenario(svc: Service) -> None:
+        for name in ("s", "t"):
+            await svc.create_station({"name": name})
+        await svc.ensure_group("s", "g", {})
+
+        def only_s(name: str) -> bool:
+            return name == "s"
+
+        scoped = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "a", only_s))
+        free = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "b"))
+        await _wait_parked(svc, "s", 2)
+        await svc.patch_station("s", {"dls": {"forwardTo": "t"}})
+        await svc.produce("s", {"messages": [{"data": 0}]})
+        got = await asyncio.wait_for(free, 10)
+        assert [d.data for d in got.messages] == [b"0"]
+        with pytest.raises(Forbidden) as refused:
+            await asyncio.wait_for(scoped, 10)
+        assert refused.value.field == "dls.forwardTo"
+        # A fetch alone, answered by an append's commit, is refused the same way.
+        alone = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "a"))
+        await _wait_parked(svc, "s", 1)
+        await svc.patch_station("s", {"dls": {"forwardTo": None}})
+        scoped = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "c", only_s))
+        await _wait_parked(svc, "s", 2)
+        await svc.patch_station("s", {"dls": {"forwardTo": "t"}})
+        await svc.produce("s", {"messages": [{"data": 1}]})
+        got = await asyncio.wait_for(alone, 10)
+        assert [d.data for d in got.messages] == [b"1"]
+        with pytest.raises(Forbidden):
+            await asyncio.wait_for(scoped, 10)
+        assert (await svc.station("t"))["stats"]["messages"] == 0
+
+    _run(db_url, scenario)

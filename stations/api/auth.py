@@ -212,6 +212,14 @@ def require_station(request: web.Request, name: object, field: str | None) -> No
         raise Forbidden(f"this token does not cover station {name[:200]!r}", field)
 
 
+def reach(request: web.Request) -> Callable[[str], bool] | None:
+    """The stations the request's token may write to, for the writes a request makes beyond
+    its path's station (a dead letter's copy in ``dls.forwardTo``), which the domain checks
+    under the station's lock; None: every station."""
+    token: Token | None = request.get("token")
+    return token.covers if token is not None and token.stations else None
+
+
 def _is_open(request: web.Request) -> bool:
     """Health probes, the console's own files (it is what asks for a token), and a method no
     route of the path takes: the 405 names the methods the API publishes anyway, where a 401

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from stations.api import reading
-from stations.api.auth import needs, require_station
+from stations.api.auth import needs, reach
 from stations.api.stations import (
     _int_param,
     json_body,
@@ -47,24 +47,15 @@ def _body_int(body: dict[str, Any], key: str, default: int, lo: int, hi: int) ->
     return integer(body.get(key, default), key, lo, hi)
 
 
-async def _require_forward_scope(request: web.Request, station: str) -> None:
-    """Fetch (settling expired leases), nack and dead-letter may put a message into the DLS,
-    which copies it into the station's ``dls.forwardTo``: a request that may write there needs a
-    token covering that station too (CONTRACT.md §5: every station a request touches)."""
-    token = request.get("token")
-    if token is None or not token.stations:
-        return
-    config = (await service(request).stream(station)).config
-    require_station(request, (config.get("dls") or {}).get("forwardTo"), "dls.forwardTo")
-
-
 @needs("consume")
 async def put_group(request: web.Request) -> web.Response:
     body = await settings_body(request) if request.can_read_body else {}
-    # A group's limits decide when the lease timer dead-letters (and so forwards) a message.
-    await _require_forward_scope(request, station_name(request))
+    # Fetch (settling expired leases), nack and dead-letter may put a message into the DLS,
+    # which copies it into the station's dls.forwardTo, as may the lease timer under a group's
+    # limits: the token must cover that station too (CONTRACT.md §5: every station a request
+    # touches), which the op checks (``reach``).
     view, created = await service(request).ensure_group(
-        station_name(request), _group(request), body, _exists(request)
+        station_name(request), _group(request), body, _exists(request), reach(request)
     )
     return web.json_response(view, status=201 if created else 200)
 
@@ -114,8 +105,9 @@ async def fetch(request: web.Request) -> web.StreamResponse:
     consumer = text.check(body.get("consumer", "default"), "consumer", text.NAME)
     svc = service(request)
     name = station_name(request)
-    await _require_forward_scope(request, name)
-    out = await svc.fetch(name, _group(request), max_count, wait_ms / 1000, consumer)
+    out = await svc.fetch(
+        name, _group(request), max_count, wait_ms / 1000, consumer, reach(request)
+    )
     answer: dict[str, Any] = {"messages": _views(out.is_json, out.messages)}
     if out.closed:  # the station is closed and the group has nothing left: stop fetching
         answer["closed"] = True
@@ -197,9 +189,8 @@ async def extend(request: web.Request) -> web.Response:
 async def nack(request: web.Request) -> web.Response:
     body, seqs, named = await _settle(request, {"delayMs"}, by_lease=True)
     delay = _body_int(body, "delayMs", 0, 0, 86_400_000)
-    await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).nack(
-        station_name(request), _group(request), seqs, delay, named
+        station_name(request), _group(request), seqs, delay, named, reach(request)
     )
     return web.json_response({"nacked": n, "unknown": unknown})
 
@@ -210,9 +201,8 @@ async def dead_letter(request: web.Request) -> web.Response:
     reason = body.get("reason")
     if reason is not None:
         text.check(reason, "reason", text.LONG, least=0)
-    await _require_forward_scope(request, station_name(request))
     n, unknown = await service(request).dead_letter(
-        station_name(request), _group(request), seqs, reason, named
+        station_name(request), _group(request), seqs, reason, named, reach(request)
     )
     return web.json_response({"deadLettered": n, "unknown": unknown})
 

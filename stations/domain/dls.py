@@ -26,7 +26,7 @@ import math
 import re
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from stations.domain import retention, text
@@ -36,7 +36,7 @@ from stations.domain.instants import format_ms as iso
 from stations.domain.log import AppendRequest, append, in_use, live_stream, unpack
 from stations.domain.messages import to_view
 from stations.domain.reads import SEP, Message, Piece
-from stations.errors import BadRequest, StationsError
+from stations.errors import BadRequest, Forbidden, StationsError
 from stations.records import StreamState
 from stations.store import dls as store
 from stations.store import groups as group_store
@@ -182,6 +182,26 @@ def _pieces_of(
                     for p in inside
                 )
     return out
+
+
+# Whether a request may write to a station (its token's scope); None: to any station.
+Reach = Callable[[str], bool]
+
+
+def check_reach(state: StreamState, reach: Reach | None, field: str = "dls.forwardTo") -> None:
+    """Refuse a request that may dead-letter (and so copy into ``dls.forwardTo``) when it may
+    not write to that station. Checked by the op itself, on the station it has locked: checked
+    before, an admin's change of ``forwardTo`` in between let a scoped token's dead letters
+    into a station its scope does not name."""
+    if reach is None:
+        return
+    target = (state.config.get("dls") or {}).get("forwardTo")
+    if isinstance(target, str) and not reach(target):
+        raise Forbidden(
+            f"this token does not cover station {target!r}, where {state.name} forwards dead "
+            "letters",
+            field,
+        )
 
 
 def stream_and_forward(batch: Batch, name: str) -> StreamState | None:

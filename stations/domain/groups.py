@@ -118,10 +118,18 @@ def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock
 
 
 def ensure(
-    batch: Batch, station: str, name: str, raw: Any, exists: bool | None = None
+    batch: Batch,
+    station: str,
+    name: str,
+    raw: Any,
+    exists: bool | None = None,
+    *,
+    reach: dls.Reach | None = None,
 ) -> tuple[Group, bool]:
     """PUT a group: create it, or update the limits of a standing one. ``exists`` True: only
-    update one (``If-Match: *``); False: only create one (``If-None-Match: *``)."""
+    update one (``If-Match: *``); False: only create one (``If-None-Match: *``). ``reach``:
+    the stations the request may write to (its limits decide when the lease timer
+    dead-letters, and so forwards, a message)."""
     validate_name(name)
     # A JSON null is refused too: no body at all is the API's {}.
     raw = body_of(raw, {"maxAckTimeMs", "maxMsgDeliveries", "startFrom"})
@@ -130,6 +138,7 @@ def ensure(
     start = raw.get("startFrom", "earliest")
     # A lower maxMsgDeliveries may dead-letter (below): lock as a dead letter does.
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
+    dls.check_reach(state, reach)
     if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
         cursor = dropped_through(batch.conn, state)
     elif start == "latest":
@@ -314,9 +323,14 @@ def fetch(
     max_count: int,
     consumer: str,
     max_bytes: int = MAX_FETCH_BYTES,
+    *,
+    reach: dls.Reach | None = None,
 ) -> Fetched:
+    """Lease up to ``max_count`` due messages. Expired leases are settled first, which may
+    dead-letter (and forward) them: ``reach`` is where the request may write."""
     batch.flush()  # appends earlier in this batch must be readable
     state = in_use(batch.stream(station), station, batch)
+    dls.check_reach(state, reach)  # before anything is written: a refused fetch leases nothing
     group = _load(batch, state, name, lock=True)
     due, expired = store.due_and_expired(batch.conn, group.id, batch.now, max_count)
     # Expired leases wait again, due at once: they join the due ones, in offset order.
@@ -533,8 +547,11 @@ def nack(
     seqs: list[int],
     delay_ms: int,
     named: Named | None = None,
+    *,
+    reach: dls.Reach | None = None,
 ) -> tuple[int, list[str]]:
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
+    dls.check_reach(state, reach)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
     known = _named_open(batch, group, known, named)
@@ -554,8 +571,11 @@ def dead_letter(
     seqs: list[int],
     reason: str | None,
     named: Named | None = None,
+    *,
+    reach: dls.Reach | None = None,
 ) -> tuple[int, list[str]]:
     state = in_use(dls.stream_and_forward(batch, station), station, batch)
+    dls.check_reach(state, reach)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
     known = _named_open(batch, group, known, named)

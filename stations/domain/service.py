@@ -39,7 +39,7 @@ from stations.domain.offsets import EARLIEST, Start
 from stations.domain.pages import Page
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
-from stations.errors import Gone, StationsError, Unavailable
+from stations.errors import Forbidden, Gone, StationsError, Unavailable
 from stations.records import StreamState
 from stations.repeats import Repeats, first_line
 from stations.store.checkpoints import WalFigures
@@ -129,8 +129,11 @@ def _data_bytes(out: Fetched) -> int:
     return sum(len(d.data) for d in out.messages)
 
 
-# What a round leased: each fetch served with its messages, and the first empty answer.
-_Round = tuple[list[tuple["_Parked", Fetched]], Fetched | None]
+# What a round leased: each fetch served with its messages, the first empty answer, and the
+# fetches refused on their own (a scope that does not reach the station's dls.forwardTo).
+_Round = tuple[
+    list[tuple["_Parked", Fetched]], Fetched | None, list[tuple["_Parked", StationsError]]
+]
 
 
 def _lease_in_turn(
@@ -144,19 +147,24 @@ def _lease_in_turn(
     (the group has nothing more for any of them). A fetch whose client left or whose time ran
     out is passed over."""
     served: list[tuple[_Parked, Fetched]] = []
+    refused: list[tuple[_Parked, StationsError]] = []
     for parked in waiting:
         if parked.answer.done():
             continue
         try:
-            out = fetch(batch, station, group, parked.max_count, parked.consumer)
+            out = fetch(batch, station, group, parked.max_count, parked.consumer, parked.reach)
+        except Forbidden as exc:
+            # This fetch's own scope, checked before it wrote anything: the others lease on.
+            refused.append((parked, exc))
+            continue
         except StationsError:
             if not served:
                 raise  # refused before it wrote anything: every waiting fetch hears why
             break  # what was leased stands; the others hear it when they look again
         if not out.messages:
-            return served, out
+            return served, out, refused
         served.append((parked, out))
-    return served, None
+    return served, None, refused
 
 
 @dataclass
@@ -170,6 +178,7 @@ class _Parked:
     group: str
     max_count: int
     consumer: str
+    reach: dls.Reach | None
     answer: asyncio.Future[Fetched | None]
     served: bool = False  # a transaction that may lease to it is under way: it answers
     expired: bool = False  # its time ran out meanwhile
@@ -593,10 +602,20 @@ class Service:
     # -- consumer groups and the DLS ------------------------------------------------------------
 
     async def ensure_group(
-        self, station: str, name: str, raw: Any, exists: bool | None = None
+        self,
+        station: str,
+        name: str,
+        raw: Any,
+        exists: bool | None = None,
+        reach: dls.Reach | None = None,
     ) -> tuple[dict[str, Any], bool]:
         group, created = await self.write(
-            groups.ensure, station, name, raw, exists, locks=(station,)
+            functools.partial(groups.ensure, reach=reach),
+            station,
+            name,
+            raw,
+            exists,
+            locks=(station,),
         )
         return await self.read_db(groups.view, station, now_ms(), group.name), created
 
@@ -610,9 +629,17 @@ class Service:
         return await self.read_db(groups.views, station, now_ms(), page)
 
     async def fetch(
-        self, station: str, group: str, max_count: int, wait_s: float, consumer: str
+        self,
+        station: str,
+        group: str,
+        max_count: int,
+        wait_s: float,
+        consumer: str,
+        reach: dls.Reach | None = None,
     ) -> Fetched:
-        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first.
+        """Lease up to ``max_count`` messages, waiting up to ``wait_s`` for the first;
+        ``reach``: the stations the request may write to (see ``groups.fetch``), checked by
+        every lease, a waiting fetch's included.
 
         A waiting fetch is parked: an append to its station in this process queues a lease
         for it right behind itself, so both run in one transaction and the fetch is answered
@@ -625,7 +652,7 @@ class Service:
         deadline = loop.time() + wait_s
         woken = self.notifier.subscribe(station)
         try:
-            out = await self._lease(station, group, max_count, consumer)
+            out = await self._lease(station, group, max_count, consumer, reach)
             while not out.messages and not out.closed:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -633,9 +660,9 @@ class Service:
                 if woken.done():  # a change no round has run for this fetch: look again
                     self.notifier.unsubscribe(station, woken)
                     woken = self.notifier.subscribe(station)
-                    out = await self._lease(station, group, max_count, consumer)
+                    out = await self._lease(station, group, max_count, consumer, reach)
                     continue
-                parked = _Parked(group, max_count, consumer, loop.create_future())
+                parked = _Parked(group, max_count, consumer, reach, loop.create_future())
                 self._parked.setdefault(station, []).append(parked)
                 timer = loop.call_later(remaining, parked.give_up)
                 try:
@@ -666,7 +693,9 @@ class Service:
         finally:
             self.notifier.unsubscribe(station, woken)
 
-    async def _lease(self, station: str, group: str, max_count: int, consumer: str) -> Fetched:
+    async def _lease(
+        self, station: str, group: str, max_count: int, consumer: str, reach: dls.Reach | None
+    ) -> Fetched:
         # A lease lost to a power cut costs one more delivery of a message nobody acked, never
         # an acked one (an ack waits for the disk, and so for every lease before it): fetches
         # alone need not wait for an fsync (README, Durability).
@@ -676,6 +705,7 @@ class Service:
             group,
             max_count,
             consumer,
+            reach,
             relaxed=True,
             small=max_count <= SMALL_FETCH,
             then=self._delivered(station, group),
@@ -683,7 +713,13 @@ class Service:
         )
 
     def _fetch_within_budget(
-        self, batch: Batch, station: str, group: str, max_count: int, consumer: str
+        self,
+        batch: Batch,
+        station: str,
+        group: str,
+        max_count: int,
+        consumer: str,
+        reach: dls.Reach | None,
     ) -> Fetched:
         """``groups.fetch`` (a writer op) whose answer carries at most what the read budget
         has free, less what the batch's earlier fetches leased, up to
@@ -693,7 +729,7 @@ class Service:
         room, as a read does: its leases would run on while it waited."""
         leased = batch.shared.get(_FETCHED_BYTES, 0)
         room = max(1, min(groups.MAX_FETCH_BYTES, self.budget.free - leased))
-        out = groups.fetch(batch, station, group, max_count, consumer, room)
+        out = groups.fetch(batch, station, group, max_count, consumer, room, reach=reach)
         batch.shared[_FETCHED_BYTES] = leased + _data_bytes(out)
         return out
 
@@ -745,6 +781,7 @@ class Service:
                     group=group,
                     max_count=parked.max_count,
                     consumer=parked.consumer,
+                    reach=parked.reach,
                 ),
                 self._delivered(station, group),
             )
@@ -785,9 +822,11 @@ class Service:
         failure = None if done.cancelled() else done.exception()
         served: dict[int, Fetched] = {}
         empty: Fetched | None = None
+        refused: dict[int, StationsError] = {}
         if failure is None and not done.cancelled():
-            pairs, empty = done.result()
+            pairs, empty, refusals = done.result()
             served = {id(parked): out for parked, out in pairs}
+            refused = {id(parked): exc for parked, exc in refusals}
         delivered = self._delivered(station, group)
         for parked in waiting:
             parked.served = False
@@ -797,6 +836,8 @@ class Service:
                 continue
             if failure is not None:  # the group or station is gone, the database failed
                 parked.answer.set_exception(failure)
+            elif id(parked) in refused:
+                parked.answer.set_exception(refused[id(parked)])
             elif id(parked) in served:
                 delivered(served[id(parked)])
                 parked.answer.set_result(served[id(parked)])
@@ -810,8 +851,11 @@ class Service:
             # A change meanwhile, or every fetch served with more perhaps left: look again.
             self._round(station, group, first=False)
 
-    async def transact(self, req: transactions.TxRequest) -> transactions.TxResult:
-        """Settle and produce across stations in one transaction (see domain.transactions)."""
+    async def transact(
+        self, req: transactions.TxRequest, reach: dls.Reach | None = None
+    ) -> transactions.TxResult:
+        """Settle and produce across stations in one transaction (see domain.transactions);
+        ``reach``: the stations the request may write to."""
 
         def then(result: transactions.TxResult) -> None:
             # Produced messages count like any produce's (duplicates by id, per station).
@@ -825,7 +869,7 @@ class Service:
 
         locks = tuple(sorted(req.stations("settle").keys() | req.stations("produce").keys()))
         done: transactions.TxResult = await self.write(
-            transactions.run, self.ids, req, then=then, locks=locks
+            transactions.run, self.ids, req, reach, then=then, locks=locks
         )
         return done
 
@@ -872,13 +916,21 @@ class Service:
         seqs: list[int],
         delay_ms: int,
         named: Named | None = None,
+        reach: dls.Reach | None = None,
     ) -> tuple[int, list[str]]:
         # A last delivery nacked goes to the DLS, where a redrive policy may time it.
         def arm(_: object) -> None:
             self.leases.arm(now_ms() + delay_ms if delay_ms else now_ms())
 
         return await self.write(
-            groups.nack, station, group, seqs, delay_ms, named, then=arm, locks=(station,)
+            functools.partial(groups.nack, reach=reach),
+            station,
+            group,
+            seqs,
+            delay_ms,
+            named,
+            then=arm,
+            locks=(station,),
         )
 
     async def dead_letter(
@@ -888,10 +940,11 @@ class Service:
         seqs: list[int],
         reason: str | None,
         named: Named | None = None,
+        reach: dls.Reach | None = None,
     ) -> tuple[int, list[str]]:
         # The tick arms itself for a redrive the entry may await.
         return await self.write(
-            groups.dead_letter,
+            functools.partial(groups.dead_letter, reach=reach),
             station,
             group,
             seqs,

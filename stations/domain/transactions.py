@@ -293,7 +293,9 @@ def _renamed(exc: BadRequest, items: list[tuple[int, Produce]]) -> BadRequest:
     return BadRequest(exc.message, "produce")
 
 
-def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
+def run(batch: Batch, window: IdWindow, req: TxRequest, reach: dls.Reach | None = None) -> TxResult:
+    """The transaction's op; ``reach``: the stations the request may write to, which must
+    include where its nacks and dead letters may be forwarded."""
     # Lock every station in one order (by name), so two transactions crossing the same
     # stations in opposite directions cannot deadlock on PostgreSQL.
     named = req.stations("settle") | req.stations("produce")
@@ -309,6 +311,13 @@ def run(batch: Batch, window: IdWindow, req: TxRequest) -> TxResult:
             states[name] = _station(batch, name, named[name])
         else:
             batch.stream(name)
+    if reach is not None:
+        risky: dict[str, str] = {}
+        for s in req.settles:
+            if s.verb != "ack":
+                risky.setdefault(s.station, f"{s.field}.station")
+        for name, field_name in sorted(risky.items()):
+            dls.check_reach(states[name], reach, field_name)
     group_ids = _check_leases(batch, req, states)
     appends = _appends(req, states)
     # Decided: from here on nothing fails.
