@@ -5,17 +5,23 @@ should when several consumers share one commit. Runs the service in-process on b
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from stations.domain import groups, messages
+from stations.domain.lifecycle import CreateRequest
 from stations.domain.offsets import encode
 from stations.domain.service import Service
+from stations.domain.station import default_config
 from stations.errors import Forbidden
+from stations.store.streams import load
+from stations.store.writer import Batch
 
 
 async def _wait_parked(svc: Service, station: str, count: int) -> None:
@@ -267,18 +273,79 @@ def test_a_waiting_fetch_is_refused_once_its_scope_misses_the_forward_target(db_
         with pytest.raises(Forbidden) as refused:
             await asyncio.wait_for(scoped, 10)
         assert refused.value.field == "dls.forwardTo"
-        # A fetch alone, answered by an append's commit, is refused the same way.
-        alone = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "a"))
+        assert (await svc.station("t"))["stats"]["messages"] == 0
+
+    _run(db_url, scenario)
+
+
+def _point_dead_letters_quietly(batch: Batch, station: str, target: str | None) -> None:
+    """Change ``dls.forwardTo`` as another process would: no commit of this one tells the
+    waiting fetches to look again (``patch_station`` does, and their round refuses them)."""
+    state = batch.stream(station)
+    assert state is not None
+    config = {**state.config, "dls": {**state.config["dls"], "forwardTo": target}}
+    batch.conn.execute(
+        text("UPDATE streams SET config = :config WHERE name = :name"),
+        {"config": json.dumps(config), "name": station},
+    )
+
+
+def test_a_lone_waiting_fetch_answered_by_an_append_checks_its_scope(db_url: str) -> None:
+    """One fetch waits; an append's commit serves it directly (no round). Its lease checks
+    the scope on the row the append locked."""
+
+    async def scenario(svc: Service) -> None:
+        for name in ("s", "t"):
+            await svc.create_station({"name": name})
+        await svc.ensure_group("s", "g", {})
+        scoped = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "a", lambda n: n == "s"))
         await _wait_parked(svc, "s", 1)
-        await svc.patch_station("s", {"dls": {"forwardTo": None}})
-        scoped = asyncio.create_task(svc.fetch("s", "g", 10, 10.0, "c", only_s))
-        await _wait_parked(svc, "s", 2)
-        await svc.patch_station("s", {"dls": {"forwardTo": "t"}})
-        await svc.produce("s", {"messages": [{"data": 1}]})
-        got = await asyncio.wait_for(alone, 10)
-        assert [d.data for d in got.messages] == [b"1"]
+        await svc.write(_point_dead_letters_quietly, "s", "t")
+        await svc.produce("s", {"messages": [{"data": 0}]})
         with pytest.raises(Forbidden):
             await asyncio.wait_for(scoped, 10)
-        assert (await svc.station("t"))["stats"]["messages"] == 0
+        # Nothing was leased to it: the message is there for the next fetch.
+        got = await svc.fetch("s", "g", 10, 0, "b")
+        assert [(d.data, d.delivery_count) for d in got.messages] == [(b"0", 1)]
+
+    _run(db_url, scenario)
+
+
+def test_a_refused_request_does_not_renew_a_ttl_station(db_url: str) -> None:
+    """A request refused for its scope writes nothing: not even the idle countdown of a
+    Stream-TTL station, which its use renews (a scoped token kept a station alive by being
+    refused over and over)."""
+
+    async def scenario(svc: Service) -> None:
+        await svc.create_station({"name": "t"})
+        config = default_config("s", "application/json")
+        await svc.create(CreateRequest("s", "application/json", config, ttl_seconds=60))
+        await svc.patch_station("s", {"dls": {"forwardTo": "t"}})
+        await svc.ensure_group("s", "g", {})
+        await svc.produce("s", {"messages": [{"data": 0}]})
+        (leased,) = (await svc.fetch("s", "g", 1, 0, "a")).messages
+
+        async def accessed() -> int:
+            state = await svc.read_db(load, "s")
+            assert state is not None
+            return state.accessed_at
+
+        def only_s(name: str) -> bool:
+            return name == "s"
+
+        before = await accessed()
+        await asyncio.sleep(0.05)  # a renewal would write a later time
+        refused = [
+            svc.fetch("s", "g", 1, 0, "b", only_s),
+            svc.nack("s", "g", [leased.seq], 0, None, only_s),
+            svc.dead_letter("s", "g", [leased.seq], None, None, only_s),
+            svc.ensure_group("s", "g", {}, None, only_s),
+        ]
+        for call in refused:
+            with pytest.raises(Forbidden):
+                await call
+        assert await accessed() == before
+        await svc.fetch("s", "g", 1, 0, "b")  # the same fetch, allowed: renews it
+        assert await accessed() > before
 
     _run(db_url, scenario)

@@ -50,10 +50,10 @@ def _body_int(body: dict[str, Any], key: str, default: int, lo: int, hi: int) ->
 @needs("consume")
 async def put_group(request: web.Request) -> web.Response:
     body = await settings_body(request) if request.can_read_body else {}
-    # Fetch (settling expired leases), nack and dead-letter may put a message into the DLS,
-    # which copies it into the station's dls.forwardTo, as may the lease timer under a group's
-    # limits: the token must cover that station too (CONTRACT.md §5: every station a request
-    # touches), which the op checks (``reach``).
+    # A group's limits decide when the lease timer dead-letters a message, and so copies it
+    # into the station's dls.forwardTo: the token must cover that station too (CONTRACT.md
+    # §5), which the write checks under the station's lock (``reach``), as fetch, nack and
+    # dead-letter do.
     view, created = await service(request).ensure_group(
         station_name(request), _group(request), body, _exists(request), reach(request)
     )
@@ -105,6 +105,7 @@ async def fetch(request: web.Request) -> web.StreamResponse:
     consumer = text.check(body.get("consumer", "default"), "consumer", text.NAME)
     svc = service(request)
     name = station_name(request)
+    # A fetch settles expired leases first, which may dead-letter: ``reach`` (as for nack).
     out = await svc.fetch(
         name, _group(request), max_count, wait_ms / 1000, consumer, reach(request)
     )

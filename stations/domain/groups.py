@@ -117,6 +117,15 @@ def _load(batch_or_conn: Batch | Connection, state: StreamState, name: str, lock
     return group
 
 
+def _in_reach(
+    batch: Batch, state: StreamState | None, station: str, reach: dls.Reach | None
+) -> StreamState:
+    """``in_use`` for an op that may dead-letter, once ``reach`` is checked: a refused request
+    writes nothing, not even a TTL station's renewed countdown."""
+    dls.check_reach(live_stream(state, station, batch.now), reach)
+    return in_use(state, station, batch)
+
+
 def ensure(
     batch: Batch,
     station: str,
@@ -137,8 +146,7 @@ def ensure(
     max_deliveries = _int(raw, "maxMsgDeliveries", 1, MAX_DELIVERIES)
     start = raw.get("startFrom", "earliest")
     # A lower maxMsgDeliveries may dead-letter (below): lock as a dead letter does.
-    state = in_use(dls.stream_and_forward(batch, station), station, batch)
-    dls.check_reach(state, reach)
+    state = _in_reach(batch, dls.stream_and_forward(batch, station), station, reach)
     if start in ("earliest", BEGINNING):  # "-1": the Durable Streams word for the start
         cursor = dropped_through(batch.conn, state)
     elif start == "latest":
@@ -329,8 +337,7 @@ def fetch(
     """Lease up to ``max_count`` due messages. Expired leases are settled first, which may
     dead-letter (and forward) them: ``reach`` is where the request may write."""
     batch.flush()  # appends earlier in this batch must be readable
-    state = in_use(batch.stream(station), station, batch)
-    dls.check_reach(state, reach)  # before anything is written: a refused fetch leases nothing
+    state = _in_reach(batch, batch.stream(station), station, reach)
     group = _load(batch, state, name, lock=True)
     due, expired = store.due_and_expired(batch.conn, group.id, batch.now, max_count)
     # Expired leases wait again, due at once: they join the due ones, in offset order.
@@ -550,8 +557,7 @@ def nack(
     *,
     reach: dls.Reach | None = None,
 ) -> tuple[int, list[str]]:
-    state = in_use(dls.stream_and_forward(batch, station), station, batch)
-    dls.check_reach(state, reach)
+    state = _in_reach(batch, dls.stream_and_forward(batch, station), station, reach)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
     known = _named_open(batch, group, known, named)
@@ -574,8 +580,7 @@ def dead_letter(
     *,
     reach: dls.Reach | None = None,
 ) -> tuple[int, list[str]]:
-    state = in_use(dls.stream_and_forward(batch, station), station, batch)
-    dls.check_reach(state, reach)
+    state = _in_reach(batch, dls.stream_and_forward(batch, station), station, reach)
     group = _load(batch, state, name, lock=True)
     known = _without_dropped(batch, state, group, _settleable(batch, group, seqs))
     known = _named_open(batch, group, known, named)

@@ -131,9 +131,7 @@ def _data_bytes(out: Fetched) -> int:
 
 # What a round leased: each fetch served with its messages, the first empty answer, and the
 # fetches refused on their own (a scope that does not reach the station's dls.forwardTo).
-_Round = tuple[
-    list[tuple["_Parked", Fetched]], Fetched | None, list[tuple["_Parked", StationsError]]
-]
+_Round = tuple[list[tuple["_Parked", Fetched]], Fetched | None, list[tuple["_Parked", Forbidden]]]
 
 
 def _lease_in_turn(
@@ -145,9 +143,10 @@ def _lease_in_turn(
 ) -> _Round:
     """A writer op: lease to ``waiting`` fetches of one group in turn, until one gets nothing
     (the group has nothing more for any of them). A fetch whose client left or whose time ran
-    out is passed over."""
+    out is passed over; one its own scope refuses (``reach``) is answered so, and the others
+    lease on. What was served, the empty answer if one was, and the refusals."""
     served: list[tuple[_Parked, Fetched]] = []
-    refused: list[tuple[_Parked, StationsError]] = []
+    refused: list[tuple[_Parked, Forbidden]] = []
     for parked in waiting:
         if parked.answer.done():
             continue
@@ -822,7 +821,7 @@ class Service:
         failure = None if done.cancelled() else done.exception()
         served: dict[int, Fetched] = {}
         empty: Fetched | None = None
-        refused: dict[int, StationsError] = {}
+        refused: dict[int, Forbidden] = {}
         if failure is None and not done.cancelled():
             pairs, empty, refusals = done.result()
             served = {id(parked): out for parked, out in pairs}

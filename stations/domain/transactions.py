@@ -300,11 +300,14 @@ def run(batch: Batch, window: IdWindow, req: TxRequest, reach: dls.Reach | None 
     # stations in opposite directions cannot deadlock on PostgreSQL.
     named = req.stations("settle") | req.stations("produce")
     # ... the stations dead letters are forwarded to included: a nack or a dead letter writes
-    # there too.
+    # there too. (station -> the field of its first such item, to name it in a refusal)
+    risky: dict[str, str] = {}
+    for s in req.settles:
+        if s.verb != "ack":
+            risky.setdefault(s.station, f"{s.field}.station")
     forwards: set[str] = set()
     if batch.row_locks:
-        settled = {s.station for s in req.settles if s.verb != "ack"}
-        forwards = dls.with_forward_targets(batch, settled) - named.keys()
+        forwards = dls.with_forward_targets(batch, risky) - named.keys()
     states: dict[str, StreamState] = {}
     for name in sorted(named.keys() | forwards):
         if name in named:
@@ -312,10 +315,6 @@ def run(batch: Batch, window: IdWindow, req: TxRequest, reach: dls.Reach | None 
         else:
             batch.stream(name)
     if reach is not None:
-        risky: dict[str, str] = {}
-        for s in req.settles:
-            if s.verb != "ack":
-                risky.setdefault(s.station, f"{s.field}.station")
         for name, field_name in sorted(risky.items()):
             dls.check_reach(states[name], reach, field_name)
     group_ids = _check_leases(batch, req, states)
