@@ -449,6 +449,8 @@ async def _serve(args: argparse.Namespace) -> None:
         OperationalError,
         Unusable,
         claim_file,
+        database_file,
+        default_url,
         describe,
         refuse_foreign,
     )
@@ -587,8 +589,11 @@ async def _serve(args: argparse.Namespace) -> None:
         # Exit 1, not 2: installing the newer version (or granting writes) and restarting cures it.
         _fail(str(exc), EXIT_CANNOT_START)
     except OperationalError as exc:
+        # A server one reaches; a file one opens ("unable to open database file" is not a
+        # network's fault).
+        verb = "open" if database_file(args.db or default_url()) else "reach"
         _fail(
-            f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}",
+            f"cannot {verb} the database: {str(exc.orig).strip().splitlines()[0]}",
             EXIT_CANNOT_START,
         )
     except (ArgumentError, ImportError) as exc:  # an unusable --db URL (a driver missing)

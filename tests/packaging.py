@@ -24,18 +24,34 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def copy_checkout(dest: Path) -> Path:
-    """The files git knows of (tracked, or new and not ignored): what a fresh clone holds."""
+# What an unpacked sdist may hold beside its files once it was used: never copied.
+_NOT_SOURCE = {".venv", "__pycache__", "node_modules", "stations-data", "build", "dist"}
+
+
+def _files() -> list[str]:
+    """The checkout's files: those git knows of (tracked, or new and not ignored), what a
+    fresh clone holds; in an unpacked sdist, which is not a git checkout, all of its files
+    but what using it made."""
+    if not (ROOT / ".git").exists():
+        rels = (p.relative_to(ROOT) for p in sorted(ROOT.rglob("*")))
+        return [
+            str(rel)
+            for rel in rels
+            if not _NOT_SOURCE.intersection(rel.parts)
+            and not any(part.endswith(".egg-info") for part in rel.parts)
+        ]
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
         capture_output=True,
         check=True,
     ).stdout.split(b"\0")
-    for raw in listed:
-        if not raw:
-            continue
-        rel = raw.decode()
+    return [raw.decode() for raw in listed if raw]
+
+
+def copy_checkout(dest: Path) -> Path:
+    """A copy of the checkout's files (``_files``)."""
+    for rel in _files():
         src = ROOT / rel
         if src.is_symlink() or not src.is_file():
             continue  # deleted in the work tree, or a link into node_modules

@@ -241,12 +241,16 @@ def test_a_db_url_whose_port_is_no_number_is_a_bad_command_line(tmp_path: Path, 
 
 
 def test_a_file_that_is_no_database_is_one_line(tmp_path: Path) -> None:
-    """SQLAlchemy's "(Background on this error at: ...)" made it two, against the rule."""
+    """SQLAlchemy's "(Background on this error at: ...)" made it two, against the rule; and
+    it was "cannot start: DatabaseError: file is not a database", with a ``.lock`` file left
+    beside it."""
     path = tmp_path / "not-a-db"
     path.write_bytes(b"garbage " * 200)
     proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{path}"], tmp_path)
-    assert_one_line_error(proc, "file is not a database")
+    assert_one_line_error(proc, str(path), "is not an SQLite database")
     assert proc.returncode == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["not-a-db"]
+    assert path.read_bytes() == b"garbage " * 200
 
 
 def test_a_data_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
@@ -420,6 +424,34 @@ def test_another_applications_sqlite_file_is_refused_untouched(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("invoices")) == [
         "invoices.db"
     ]  # no lock file, WAL or shared memory file left beside it
+
+
+def test_a_folder_as_db_is_refused_untouched(tmp_path: Path) -> None:
+    """``--db`` naming a folder said "cannot reach the database: unable to open database
+    file" (words of a network outage) and left a ``.lock`` file beside it."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{folder}"], tmp_path)
+    assert_one_line_error(proc, str(folder), "is a folder")
+    assert proc.returncode == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]
+    assert list(folder.iterdir()) == []
+
+
+def test_backup_to_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
+    """DEST in a folder that does not exist was told "no database at <the database>", of a
+    database that was there."""
+    database = tmp_path / "stations.db"
+    server = Server(f"sqlite:///{database}", tmp_path).start()
+    server.kill()
+    dest = tmp_path / "missing" / "copy.db"
+    proc = run_cli(["backup", str(dest), "--db", f"sqlite:///{database}"], tmp_path)
+    assert_one_line_error(proc, f"cannot create {dest}: no folder {dest.parent}")
+    assert proc.returncode == 1
+    gone = run_cli(
+        ["backup", str(tmp_path / "c.db"), "--db", f"sqlite:///{tmp_path / 'x.db'}"], tmp_path
+    )
+    assert_one_line_error(gone, f"no database at {tmp_path / 'x.db'}")
 
 
 def _read_only(url: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -421,9 +422,20 @@ def backup(url: str, dest: str) -> int:
     path = database_file(url)
     if path is None:
         raise ValueError("only an embedded (SQLite) database is copied this way")
-    if not os.path.isfile(path):
+    # os.stat, not isfile: a data directory this user may not enter is a PermissionError
+    # (an OSError, "the backup failed: ... Permission denied"), not "no database".
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "no database file", path) from None
+    if not stat.S_ISREG(found.st_mode):
         raise FileNotFoundError(errno.ENOENT, "no database file", path)
-    _new_private_file(dest)
+    try:
+        _new_private_file(dest)
+    except FileNotFoundError:  # the database is there: it is DEST's folder that is not
+        raise BackupFailed(
+            f"cannot create {dest}: no folder {os.path.dirname(os.path.abspath(dest))}"
+        ) from None
     try:
         source = sqlite3.connect(path, timeout=30)
         try:
@@ -546,14 +558,31 @@ def _disk_full(exc: Any) -> bool:
 
 
 def refuse_foreign(url: str | None) -> None:
-    """Raise ``Unusable`` for another application's SQLite file (see ``_foreign_tables``):
-    before anything, the lock file beside it included, is done to it."""
+    """Raise ``Unusable`` for a path that is no SQLite database (a folder, another kind of
+    file) or is another application's SQLite file (see ``_foreign_tables``): before
+    anything, the lock file beside it included, is done to it."""
+    path = database_file(url or default_url())
+    if path is not None and os.path.isdir(path):
+        raise Unusable(f"{path} is a folder: give --db a database file (a new one is made)")
+    if path is not None and not _sqlite_or_empty(path):
+        raise Unusable(f"{path} is not an SQLite database: give --db a new file")
     found = _foreign_tables(url)
     if found:
         raise Unusable(
             f"the file holds tables ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}) "
             "but no Stations schema: it is another application's database; give --db a new file"
         )
+
+
+def _sqlite_or_empty(path: str) -> bool:
+    """Whether ``path`` is an SQLite database file (by its header), an empty file or none;
+    one that cannot be read counts as one (the engine's start says why)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(16)
+    except OSError:
+        return True
+    return not head or head == b"SQLite format 3\x00"
 
 
 def _foreign_tables(url: str | None) -> list[str]:
