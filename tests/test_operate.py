@@ -762,6 +762,54 @@ def test_a_reader_of_stdout_that_went_away_does_not_stop_the_drain(tmp_path: Pat
             proc.wait()
 
 
+def test_a_shutdown_answers_waiting_reads_as_at_their_timeout(tmp_path: Path) -> None:
+    """SIGTERM cut a waiting long-poll and a waiting group fetch off unanswered: a planned
+    restart was an error to their clients (the CLI's ``group fetch --wait`` said "cannot
+    reach"). They now answer at once as at their timeout: 204 up to date, an empty page."""
+    server = Server(_sqlite(tmp_path), tmp_path).start()
+    assert server.proc is not None
+    try:
+        assert httpx.put(f"{server.url}/v1/stream/s", content=b"hello").status_code == 201
+        assert httpx.put(f"{server.url}/api/stations/s/groups/g", json={}).status_code == 201
+        fetch = {"max": 1, "waitMs": 60_000}
+        got = httpx.post(f"{server.url}/api/stations/s/groups/g/fetch", json=fetch).json()
+        assert len(got["messages"]) == 1  # the group is at the tail now
+        tail = httpx.head(f"{server.url}/v1/stream/s").headers["Stream-Next-Offset"]
+        answers: dict[str, Any] = {}
+
+        def ask(what: str, method: str, path: str, body: Any = None) -> None:
+            try:
+                answers[what] = httpx.request(method, server.url + path, json=body, timeout=60)
+            except httpx.HTTPError as exc:
+                answers[what] = exc
+
+        threads = [
+            threading.Thread(target=ask, args=a, daemon=True)
+            for a in (
+                ("poll", "GET", f"/v1/stream/s?offset={tail}&live=long-poll"),
+                ("fetch", "POST", "/api/stations/s/groups/g/fetch", fetch),
+            )
+        ]
+        for thread in threads:
+            thread.start()
+        wait_for_waiting_readers(server.url, 2)
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(15)
+        poll, fetched = answers["poll"], answers["fetch"]
+        assert isinstance(poll, httpx.Response), poll
+        assert poll.status_code == 204, poll.text
+        assert poll.headers["Stream-Up-To-Date"] == "true"
+        assert poll.headers["Stream-Next-Offset"] == tail
+        assert isinstance(fetched, httpx.Response), fetched
+        assert (fetched.status_code, fetched.json()) == (200, {"messages": []})
+        assert server.proc.wait(10) == 0, server.log()
+        assert time.monotonic() - started < 5  # not their 60 s
+    finally:
+        server.kill()
+
+
 def test_a_shutdown_ends_an_sse_response_whole(tmp_path: Path) -> None:
     """The drain ends an SSE response as a whole (its client reads again from the last
     event's offset), logged 200: a change for the 499 of clients that leave cut it off

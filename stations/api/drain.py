@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -21,15 +22,17 @@ class Drain:
     it stops reading the connections first, so a body still arriving never completes.)
 
     Waiting reads (long-poll, SSE, group fetches: ``app[READERS]``) are not waited for,
-    which would hold a restart for up to their timeouts: once only they are left, they end as
-    when their client leaves (an SSE response ends, a long-poll or fetch closes; a parked
-    fetch leases nothing), and their clients read again from where they were.
+    which would hold a restart for up to their timeouts: they answer at once as at their
+    timeout (``end_waits``: a long-poll's 204, a fetch's empty page, an SSE response ends), and
+    their clients read again from where they were. Whatever is still in progress once the
+    others are done and a moment's grace has passed ends as when its client leaves.
 
     The edge middleware (``stations.api.edge``) calls ``enter`` and ``leave`` around every
     request."""
 
-    def __init__(self, readers: ReaderSlots) -> None:
+    def __init__(self, readers: ReaderSlots, end_waits: Callable[[], None]) -> None:
         self.readers = readers  # ``used``: waiting reads in progress
+        self.end_waits = end_waits
         self.handlers: set[asyncio.Task[Any]] = set()
         self.draining = False
         # Set whenever a handler ends or a waiting read starts or ends: the drain waits on it.
@@ -52,21 +55,32 @@ class Drain:
         and whatever did not finish in time, whose number this returns. Connections stay open
         meanwhile: a request on a kept-alive one is answered too, and closes it."""
         self.draining = True
+        self.end_waits()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while len(self.handlers) > self.readers.used:
-            self.moved.clear()
-            try:
-                await asyncio.wait_for(self.moved.wait(), deadline - loop.time())
-            except TimeoutError:
+            if not await self._moved_by(deadline):
                 break
         cut = max(0, len(self.handlers) - self.readers.used)
+        # The waiting reads were told to answer: a moment for them to write it.
+        grace = loop.time() + READER_GRACE_S
+        while not cut and self.handlers and await self._moved_by(grace):
+            pass
         left = list(self.handlers)
         for task in left:
             task.cancel()
         if left:
             await asyncio.wait(left, timeout=READER_GRACE_S)
         return cut
+
+    async def _moved_by(self, deadline: float) -> bool:
+        """Whether a handler ended or a waiting read began or ended before ``deadline``."""
+        self.moved.clear()
+        try:
+            await asyncio.wait_for(self.moved.wait(), deadline - asyncio.get_running_loop().time())
+        except TimeoutError:
+            return False
+        return True
 
 
 # Its object in the application (see stations.api.keys).

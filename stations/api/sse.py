@@ -140,7 +140,7 @@ async def serve_sse(request: web.Request, name: str, position: Start | None) -> 
             # (and counted in the read budget) all that time.
             del result
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or svc.ending:  # a shutdown ends the response whole
                 break
             try:
                 result = await svc.read_or_wait(

@@ -122,6 +122,13 @@ class Notifier:
         for listener in self.listeners:
             listener(keys)
 
+    def wake_all(self) -> None:
+        """Wake every waiter, for nothing new (a shutdown ends the waits): no listener hears
+        of it, so no parked fetch leases again."""
+        waiters, self._waiters = self._waiters, {}
+        for futures in waiters.values():
+            _wake(list(futures))
+
     def fire_all(self) -> None:
         """Something may have changed anywhere (a lost LISTEN connection came back)."""
         self.fire(set(self._waiters) | set(self._generations))

@@ -213,6 +213,7 @@ class Service:
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
         self._parked: dict[str, list[_Parked]] = {}  # station → fetches waiting for messages
+        self.ending = False  # a shutdown: waits end now (``end_waits``)
         # When each TTL stream was last touched here (loop time); entries leave after an hour,
         # which costs at most one extra touch.
         self._touched: TTLCache[str, float] = TTLCache(100_000, 3600)
@@ -478,7 +479,7 @@ class Service:
                     if position is None:
                         position = result.start
                     if result.count or result.closed:
-                        if paced or result.closed or not result.up_to_date:
+                        if paced or result.closed or not result.up_to_date or self.ending:
                             return result
                         paced = True
                         release = self.notifier.pace(name)
@@ -488,6 +489,8 @@ class Service:
                         await release
                         continue  # read again: the answer takes what came meanwhile
                     wait_s = deadline - loop.time()
+                    if self.ending:  # a shutdown: answered as at its timeout
+                        return result
                     ttl = result.state.ttl_seconds
                     if ttl is not None and wait_s > 0:
                         # A stream with a live reader does not expire (PROTOCOL.md §5.1): its
@@ -654,7 +657,7 @@ class Service:
             out = await self._lease(station, group, max_count, consumer, reach)
             while not out.messages and not out.closed:
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if remaining <= 0 or self.ending:
                     break
                 if woken.done():  # a change no round has run for this fetch: look again
                     self.notifier.unsubscribe(station, woken)
@@ -691,6 +694,17 @@ class Service:
             return out
         finally:
             self.notifier.unsubscribe(station, woken)
+
+    def end_waits(self) -> None:
+        """A shutdown's drain: waiting reads and fetches answer now with what they have, as at
+        their timeout (a long-poll's 204, a fetch's empty page), and later ones do not wait.
+        Cut off unanswered instead, their clients saw an error (the CLI's ``group fetch
+        --wait``: "cannot reach") for a planned restart."""
+        self.ending = True
+        for waiting in list(self._parked.values()):
+            for parked in list(waiting):
+                parked.give_up()  # one a transaction is leasing to gets what it leases
+        self.notifier.wake_all()
 
     async def _lease(
         self, station: str, group: str, max_count: int, consumer: str, reach: dls.Reach | None
