@@ -9,6 +9,7 @@ import contextlib
 import errno
 import faulthandler
 import ipaddress
+import json
 import logging
 import math
 import os
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     import ssl
 
-    from stations.api.auth import Token
+    from stations.tokens import Token
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437
@@ -504,7 +505,7 @@ async def _serve(args: argparse.Namespace) -> None:
             _fail(str(exc))
     tokens = None
     if args.tokens:
-        from stations.api.auth import TokensFileError, load_tokens
+        from stations.tokens import TokensFileError, load_tokens
 
         try:
             tokens = load_tokens(args.tokens)
@@ -640,7 +641,7 @@ def _token_reloader(
     restart (with several processes, each is sent its SIGHUP). A file that does not load
     leaves the tokens as they were, and says why. The waits (long-poll, SSE, group fetch) of
     a token no longer in the file as it was end at once (``end_waits``)."""
-    from stations.api.auth import TokensFileError, load_tokens
+    from stations.tokens import TokensFileError, load_tokens
 
     log = logging.getLogger("stations.tokens")
 
@@ -740,6 +741,67 @@ def backup(args: argparse.Namespace) -> None:
     print(f"copied {db.database_file(url)} to {args.dest} ({size / 1e6:,.1f} MB)")
 
 
+def token_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from stations.tokens import ROLES
+
+    p = sub.add_parser(
+        "token",
+        help="make a token for a --tokens file",
+        description="Tokens of a server's --tokens file (see the README, Security).",
+    )
+    verbs = p.add_subparsers(dest="verb", required=True)
+    new = verbs.add_parser(
+        "new",
+        help="a new random token and its tokens file entry",
+        description="Print a new random token (256 bits) and its tokens file entry, which "
+        "holds only the token's SHA-256: the token is shown once, for its client, and kept "
+        "nowhere. With --add the entry goes into the tokens file; send SIGHUP to each server "
+        "reading it to take it without a restart.",
+    )
+    new.add_argument("--role", required=True, choices=ROLES, help="what the token may do")
+    new.add_argument(
+        "--stations",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a station name pattern it reaches (shop-*, orders/*); repeat for more; "
+        "without it the token reaches every station",
+    )
+    new.add_argument(
+        "--add", metavar="FILE", help="add the entry to this tokens file (made 0600 if new)"
+    )
+    new.add_argument("--json", action="store_true", help="print {token, entry, added} as JSON")
+
+
+def token(args: argparse.Namespace) -> None:
+    from stations.tokens import TokensFileError, add_entry, entry_for, new_secret
+
+    for pattern in args.stations:
+        if not pattern or pattern != pattern.strip():
+            _fail(f"--stations {pattern!r}: give a station name pattern")
+    secret = new_secret()
+    entry = entry_for(secret, args.role, args.stations)
+    if args.add is not None:
+        try:
+            add_entry(args.add, entry)
+        except TokensFileError as exc:
+            _fail(str(exc), 1)
+        except OSError as exc:
+            _fail(f"cannot write {args.add}: {exc.strerror}", 1)
+    if args.json:
+        print(json.dumps({"token": secret, "entry": entry, "added": args.add}))
+        return
+    print(f"token: {secret}")
+    print(f"entry: {json.dumps(entry)}")
+    if args.add is not None:
+        print(f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)")
+    _say(
+        "stations: the token is shown this once and kept nowhere (the entry holds its "
+        "SHA-256): give it to its client now",
+        err=True,
+    )
+
+
 def _require_server(command: str) -> None:
     """The server is the extra ``server`` (a base install is the SDK and the management
     commands): without it, ``serve`` and ``backup`` say so in one line, not a traceback."""
@@ -777,6 +839,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     backup_parser(sub)
+    token_parser(sub)
     from stations.spark import pipeline  # light: PySpark is imported only when a job runs
 
     pipeline.add_parser(sub)
@@ -792,6 +855,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "backup":
         _require_server("backup")
         backup(args)
+    elif args.command == "token":
+        token(args)
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))
 

@@ -7,6 +7,7 @@ wheel is typed, so mypy in a user's project checks calls into the SDK."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -172,6 +173,9 @@ def test_base_install_is_the_sdk_and_the_commands_without_the_server(
         assert line.startswith(f"stations: error: stations {argv[0]} needs the server's packages")
         assert line.endswith("install them with: pip install 'stations-streams[server]'"), line
     assert not (elsewhere / "stations-data").exists()
+    # Tokens are made without the server too (the standard library only).
+    made = run([venv / "bin" / "stations", "token", "new", "--role", "admin", "--json"])
+    assert json.loads(made.stdout)["entry"]["role"] == "admin"
 
     # The SDK and the management commands of that install, against a server of this checkout.
     served = tmp_path / "served"

@@ -21,7 +21,7 @@ from stations.api import (
     subscriptions,
     transactions,
 )
-from stations.api.auth import TOKENS, Token, needs
+from stations.api.auth import TOKENS, needs
 from stations.api.drain import DRAIN, Drain
 from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
@@ -43,6 +43,7 @@ from stations.api.metrics import (
     metrics_handler,
 )
 from stations.domain.service import Service
+from stations.tokens import Token
 
 MAX_BODY = 64 * 1024 * 1024
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"

@@ -10,32 +10,20 @@ A token's patterns cover every station a request touches: the one its route name
 elsewhere, which the handlers check with ``require_station`` (a create body's ``name``, a fork's
 ``Stream-Forked-From``, a ``dls.forwardTo`` target).
 
-Tokens file (JSON)::
-
-    {"tokens": [{"token": "s3cret", "role": "admin"},
-                {"token": "p1", "role": "producer", "stations": ["orders", "orders/*"]}]}
-
-An entry holds these three keys only; a secret appears once; ``stations``, when given, lists at
-least one pattern (so no slip in the file can leave a token reaching every station).
+The tokens file is read by ``stations.tokens``.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hmac
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from stations.api.errors import error_response
 from stations.errors import Forbidden
-
-ROLES = ("admin", "producer", "consumer")
-FIELDS = ("token", "role", "stations")  # of a tokens file entry
+from stations.tokens import ROLES, Token, find
 
 # What each role may do; the route classes are decided by ``route_class``.
 ALLOWED = {
@@ -43,22 +31,6 @@ ALLOWED = {
     "producer": {"produce", "read"},
     "consumer": {"consume", "read"},
 }
-
-
-class TokensFileError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Token:
-    secret: bytes
-    role: str
-    stations: tuple[str, ...] = field(default_factory=tuple)  # empty: every station
-
-    def covers(self, station: str | None) -> bool:
-        if station is None or not self.stations:
-            return True
-        return any(fnmatch.fnmatchcase(station, pattern) for pattern in self.stations)
 
 
 _WILDCARDS = "*?["
@@ -81,72 +53,6 @@ def covers_pattern(stations: list[str], pattern: str) -> bool:
         p.endswith("*") and not any(c in p[:-1] for c in _WILDCARDS) and prefix.startswith(p[:-1])
         for p in stations
     )
-
-
-def load_tokens(path: str) -> list[Token]:
-    try:
-        raw = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise TokensFileError(f"cannot read tokens file {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise TokensFileError(f"tokens file {path} is not JSON: {exc}") from None
-    entries = raw.get("tokens") if isinstance(raw, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise TokensFileError(f'tokens file {path} needs {{"tokens": [...]}} with at least one')
-    tokens = []
-    first_of: dict[bytes, int] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
-            raise TokensFileError(f"tokens[{i}] needs a string token")
-        # Without "stations" a token reaches every station, so an entry must not lose its
-        # patterns to a misspelt key ("station", "scope"): anything unknown is refused.
-        unknown = sorted(set(entry) - set(FIELDS))
-        if unknown:
-            raise TokensFileError(
-                f"tokens[{i}].{unknown[0][:40]} is not a field ({', '.join(FIELDS)})"
-            )
-        if len(entry["token"]) < 8:
-            raise TokensFileError(f"tokens[{i}].token must be at least 8 characters")
-        secret_text = entry["token"]
-        if secret_text != secret_text.strip() or not secret_text.isprintable():
-            # It never matched: a presented token is stripped, and no header carries a
-            # control character. (Tokens with inner spaces or beyond ASCII work with curl, if
-            # not with the CLI and the SDK: they load, as they did.)
-            raise TokensFileError(
-                f"tokens[{i}].token must not begin or end with spaces nor hold control "
-                "characters: no Authorization header carries it as written"
-            )
-        if entry.get("role") not in ROLES:
-            raise TokensFileError(f"tokens[{i}].role must be one of {', '.join(ROLES)}")
-        patterns = entry.get("stations", [])
-        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-            raise TokensFileError(f"tokens[{i}].stations must be a list of name patterns")
-        if "stations" in entry and not patterns:
-            # An empty list would read as "no patterns", i.e. every station.
-            raise TokensFileError(
-                f"tokens[{i}].stations is empty: list at least one pattern, or leave it out "
-                "for a token that reaches every station"
-            )
-        secret = entry["token"].encode()
-        if secret in first_of:
-            # ``find`` takes the last match: the earlier entry's role and scope would be lost.
-            raise TokensFileError(
-                f"tokens[{i}].token is the same secret as tokens[{first_of[secret]}].token"
-            )
-        first_of[secret] = i
-        tokens.append(Token(secret, entry["role"], tuple(patterns)))
-    return tokens
-
-
-def find(tokens: list[Token], presented: str) -> Token | None:
-    """Compare against every token, always all of them, in constant time per comparison."""
-    # A header that is not UTF-8 comes decoded with surrogate escapes: it matches no token.
-    given = presented.encode("utf-8", "surrogateescape")
-    match = None
-    for token in tokens:
-        if hmac.compare_digest(token.secret, given):
-            match = token
-    return match
 
 
 # The route class of each handler, set where the handler is defined (``needs``). A request is

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from stations.api.auth import ALLOWED, Token, needs, reach
+from stations.api.auth import ALLOWED, needs, reach
 from stations.api.limits import LIMITS
 from stations.api.stations import json_body, service
 from stations.domain import transactions
 from stations.domain.offsets import encode
 from stations.errors import Forbidden
+from stations.tokens import Token
 
 
 async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:

@@ -1,0 +1,140 @@
+"""Tokens files that hold no secret: entries by SHA-256, and ``stations token new``, which
+makes a token, prints it once and adds only its hash to the file. A plain tokens file granted
+everything to whoever read it (a backup, a deployment's configuration repository)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import Server
+from tests.test_cli import assert_one_line_error, run_cli
+
+ADMIN = "admin-secret-tokens-file"
+
+
+def _sha(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _new(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """``stations token new ... --json``: {token, entry, added}."""
+    proc = run_cli(["token", "new", *args, "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    answer: dict[str, Any] = json.loads(proc.stdout)
+    return answer
+
+
+def _status(server: Server, token: str, method: str, path: str, body: Any = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"}
+    return httpx.request(method, server.url + path, json=body, headers=headers).status_code
+
+
+def test_made_tokens_work_from_a_file_that_holds_none_of_them(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{"sha256": _sha(ADMIN), "role": "admin"}]}))
+    made = _new(tmp_path, "--role", "producer", "--stations", "shop-*", "--add", str(tokens))
+    secret = made["token"]
+    assert len(secret) >= 43  # 256 bits, URL-safe base64
+    assert made["entry"] == {"sha256": _sha(secret), "role": "producer", "stations": ["shop-*"]}
+    assert made["added"] == str(tokens)
+    assert secret not in tokens.read_text() and ADMIN not in tokens.read_text()
+    server = Server(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path, ["--tokens", str(tokens)])
+    server.start()
+    assert server.proc is not None
+    try:
+        for name in ("shop-1", "other"):
+            assert _status(server, ADMIN, "POST", "/api/stations", {"name": name}) == 201
+        produce = {"messages": [{"data": 1}]}
+        assert _status(server, secret, "POST", "/api/stations/shop-1/messages", produce) == 200
+        assert _status(server, secret, "POST", "/api/stations/other/messages", produce) == 403
+        assert _status(server, secret, "DELETE", "/api/stations/shop-1") == 403  # not admin
+        assert _status(server, _sha(secret), "GET", "/api/stations") == 401  # the hash is no key
+        # One more, added while the server runs: taken at the SIGHUP.
+        later = _new(tmp_path, "--role", "consumer", "--add", str(tokens))["token"]
+        assert _status(server, later, "GET", "/api/stations") == 401
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while _status(server, later, "GET", "/api/stations") != 200:
+            assert time.monotonic() < deadline, "the added token was not taken on SIGHUP"
+            time.sleep(0.05)
+        assert _status(server, secret, "POST", "/api/stations/shop-1/messages", produce) == 200
+    finally:
+        server.kill()
+
+
+def test_a_new_tokens_file_is_private_and_an_existing_one_keeps_its_mode(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh.json"
+    _new(tmp_path, "--role", "admin", "--add", str(fresh))
+    assert oct(fresh.stat().st_mode & 0o777) == oct(0o600)
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps({"tokens": [{"sha256": _sha(ADMIN), "role": "admin"}]}))
+    shared.chmod(0o640)
+    _new(
+        tmp_path,
+        "--role",
+        "consumer",
+        "--stations",
+        "a*",
+        "--stations",
+        "b/*",
+        "--add",
+        str(shared),
+    )
+    assert oct(shared.stat().st_mode & 0o777) == oct(0o640)
+    entries = json.loads(shared.read_text())["tokens"]
+    assert [e["role"] for e in entries] == ["admin", "consumer"]
+    assert entries[1]["stations"] == ["a*", "b/*"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.json", "shared.json"]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("not json", "is not JSON"),
+        (json.dumps({"tokens": [{"token": "short", "role": "admin"}]}), "at least 8 characters"),
+        (json.dumps({"tokens": [{"sha256": "ab" * 31, "role": "admin"}]}), "64 hexadecimal"),
+    ],
+    ids=["not-json", "short-token", "short-hash"],
+)
+def test_a_broken_tokens_file_is_not_added_to(tmp_path: Path, content: str, said: str) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(content)
+    proc = run_cli(["token", "new", "--role", "admin", "--add", str(path)], tmp_path)
+    assert_one_line_error(proc, said)
+    assert proc.returncode == 1
+    assert path.read_text() == content
+    assert proc.stdout == ""  # no token is shown that nothing would accept
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"sha256": "g" * 64, "role": "admin"}, "tokens[1].sha256 must be 64 hexadecimal digits"),
+        ({"sha256": "a" * 63, "role": "admin"}, "tokens[1].sha256 must be 64 hexadecimal digits"),
+        ({"sha256": 7, "role": "admin"}, "tokens[1] needs a string token"),
+        (
+            {"sha256": _sha("x" * 20), "token": "x" * 20, "role": "admin"},
+            "tokens[1] gives token and sha256: give one of them",
+        ),
+        (
+            {"sha256": _sha(ADMIN).upper(), "role": "consumer"},
+            "tokens[1].sha256 is the same secret as tokens[0].token",
+        ),
+    ],
+    ids=["not-hex", "short", "not-a-string", "both", "same-secret-as-a-plain-one"],
+)
+def test_sha256_entries_are_checked(entry: dict[str, Any], said: str) -> None:
+    from stations.tokens import TokensFileError, parse_tokens
+
+    with pytest.raises(TokensFileError) as refused:
+        parse_tokens({"tokens": [{"token": ADMIN, "role": "admin"}, entry]}, "t.json")
+    assert str(refused.value).startswith(said), str(refused.value)
+    assert ADMIN not in str(refused.value)
