@@ -787,14 +787,15 @@ def token(args: argparse.Namespace) -> None:
         except TokensFileError as exc:
             _fail(str(exc), 1)
         except OSError as exc:
-            _fail(f"cannot write {args.add}: {exc.strerror}", 1)
+            # The file is replaced by a new one beside it: its folder must take a new file.
+            _fail(f"cannot write {args.add} (a new file in its folder): {exc.strerror}", 1)
     if args.json:
-        print(json.dumps({"token": secret, "entry": entry, "added": args.add}))
+        _say(json.dumps({"token": secret, "entry": entry, "added": args.add}))
         return
-    print(f"token: {secret}")
-    print(f"entry: {json.dumps(entry)}")
+    _say(f"token: {secret}")
+    _say(f"entry: {json.dumps(entry)}")
     if args.add is not None:
-        print(f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)")
+        _say(f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)")
     _say(
         "stations: the token is shown this once and kept nowhere (the entry holds its "
         "SHA-256): give it to its client now",

@@ -18,6 +18,7 @@ secret appears once; ``stations``, when given, lists at least one pattern.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import fnmatch
 import hashlib
 import hmac
@@ -57,6 +58,8 @@ def digest_of(secret: str) -> bytes:
 
 def find(tokens: list[Token], presented: str) -> Token | None:
     """Compare against every token, always all of them, in constant time per comparison."""
+    if not presented:  # no token at all: nothing may match it
+        return None
     given = digest_of(presented)
     match = None
     for token in tokens:
@@ -119,7 +122,14 @@ def _secret_of(entry: Any, i: int) -> tuple[bytes, str]:
         hexed = entry["sha256"]
         if not isinstance(hexed, str) or len(hexed) != 64 or not _is_hex(hexed):
             raise TokensFileError(f"tokens[{i}].sha256 must be 64 hexadecimal digits")
-        return bytes.fromhex(hexed), f"tokens[{i}].sha256"
+        digest = bytes.fromhex(hexed)
+        if digest in _MISTAKES:
+            # `printf %s "$TOKEN" | sha256sum` with TOKEN unset, or `echo` (its newline): the
+            # first let an empty bearer token in as this entry's role.
+            raise TokensFileError(
+                f"tokens[{i}].sha256 is the hash of {_MISTAKES[digest]}, not of a token"
+            )
+        return digest, f"tokens[{i}].sha256"
     secret = entry["token"]
     if not isinstance(secret, str):
         raise TokensFileError(f"tokens[{i}] needs a string token (or the sha256 of one)")
@@ -134,6 +144,12 @@ def _secret_of(entry: Any, i: int) -> tuple[bytes, str]:
             "characters: no Authorization header carries it as written"
         )
     return digest_of(secret), f"tokens[{i}].token"
+
+
+_MISTAKES = {
+    hashlib.sha256(b"").digest(): "an empty string",
+    hashlib.sha256(b"\n").digest(): "a lone newline",
+}
 
 
 def _is_hex(text: str) -> bool:
@@ -154,35 +170,59 @@ def entry_for(secret: str, role: str, stations: list[str]) -> dict[str, Any]:
 
 
 def add_entry(path: str, entry: dict[str, Any]) -> None:
-    """Add ``entry`` to the tokens file at ``path`` (made, 0600, if there is none). The file
-    must load before and after; it is replaced whole (a server reading it on SIGHUP meanwhile
-    sees the old file or the new one) and keeps its mode."""
-    target = Path(path)
-    if target.exists():
+    """Add ``entry`` to the tokens file at ``path`` (made, 0600, if there is none; through a
+    symbolic link, to the file it names). The file must load before and after; it is replaced
+    whole (a server reading it on SIGHUP meanwhile sees the old file or the new one) and keeps
+    its mode and owner. Two adds at once take turns (a lock on the folder), and a change made
+    by hand meanwhile is not overwritten: the add is refused."""
+    target = Path(os.path.realpath(path))
+    folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        before = _read(target, path)
         try:
-            raw = json.loads(target.read_text())
-        except OSError as exc:
-            raise TokensFileError(f"cannot read tokens file {path}: {exc.strerror}") from None
+            raw = json.loads(before) if before.strip() else {"tokens": []}
         except ValueError as exc:
             raise TokensFileError(f"tokens file {path} is not JSON: {exc}") from None
         if not (isinstance(raw, dict) and raw.get("tokens") == []):  # a file begun by hand
             parse_tokens(raw, path)  # a file the server would refuse is not added to
-        mode = target.stat().st_mode & 0o777
-    else:
-        raw, mode = {"tokens": []}, 0o600
-    raw["tokens"].append(entry)
-    parse_tokens(raw, path)
-    text = json.dumps(raw, indent=2) + "\n"
-    folder = target.parent if str(target.parent) else Path(".")
-    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.")
+        raw["tokens"].append(entry)
+        parse_tokens(raw, path)
+        found = target.stat() if target.exists() else None
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps(raw, indent=2) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            if found is not None:
+                os.chmod(temporary, found.st_mode & 0o777)
+                if (found.st_uid, found.st_gid) != (os.getuid(), os.getgid()):
+                    try:
+                        os.chown(temporary, found.st_uid, found.st_gid)
+                    except PermissionError:
+                        raise TokensFileError(
+                            f"{path} belongs to another user: add to it as that user (or root)"
+                        ) from None
+            else:
+                os.chmod(temporary, 0o600)
+            if _read(target, path) != before:
+                raise TokensFileError(f"{path} changed while the entry was added: add it again")
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+            raise
+        os.fsync(folder)  # the rename too: the token was (or is about to be) shown
+    finally:
+        os.close(folder)
+
+
+def _read(target: Path, path: str) -> str:
+    """The file's text; "" when there is none."""
     try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
+        return target.read_text()
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise TokensFileError(f"cannot read tokens file {path}: {exc.strerror}") from None

@@ -138,3 +138,62 @@ def test_sha256_entries_are_checked(entry: dict[str, Any], said: str) -> None:
         parse_tokens({"tokens": [{"token": ADMIN, "role": "admin"}, entry]}, "t.json")
     assert str(refused.value).startswith(said), str(refused.value)
     assert ADMIN not in str(refused.value)
+
+
+@pytest.mark.parametrize(("made_of", "said"), [(b"", "an empty string"), (b"\n", "a lone newline")])
+def test_the_hash_of_no_token_is_refused(made_of: bytes, said: str) -> None:
+    """``printf %s "$TOKEN" | sha256sum`` with TOKEN unset gives the hash of nothing: such an
+    entry let a request with an empty bearer token in, with the entry's role."""
+    from stations.tokens import Token, TokensFileError, find, parse_tokens
+
+    hexed = hashlib.sha256(made_of).hexdigest()
+    with pytest.raises(TokensFileError) as refused:
+        parse_tokens({"tokens": [{"sha256": hexed, "role": "admin"}]}, "t.json")
+    assert str(refused.value) == f"tokens[0].sha256 is the hash of {said}, not of a token"
+    assert find([Token(bytes.fromhex(hexed), "admin")], "") is None
+
+
+def test_adds_at_once_all_land(tmp_path: Path) -> None:
+    """Each add read the file, then replaced it: of 8 at once, 1 or 2 were kept, and the
+    others' tokens (already shown) never worked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "tokens.json"
+    with ThreadPoolExecutor(8) as pool:
+        made = list(
+            pool.map(lambda _: _new(tmp_path, "--role", "consumer", "--add", str(path)), range(8))
+        )
+    kept = [e["sha256"] for e in json.loads(path.read_text())["tokens"]]
+    assert sorted(kept) == sorted(_sha(m["token"]) for m in made)
+
+
+def test_an_add_goes_through_a_link_and_keeps_the_owner(tmp_path: Path) -> None:
+    """A linked tokens file (configuration kept elsewhere) was replaced by a file of its own,
+    the real one unchanged; and the file became the adding user's, which a server running as
+    its owner could no longer read."""
+    import os
+
+    real = tmp_path / "real"
+    real.mkdir()
+    target = real / "tokens.json"
+    target.write_text(json.dumps({"tokens": [{"sha256": _sha(ADMIN), "role": "admin"}]}))
+    target.chmod(0o640)
+    owner = (65534, 65534) if os.getuid() == 0 else (os.getuid(), os.getgid())
+    if os.getuid() == 0:
+        os.chown(target, *owner)
+    link = tmp_path / "tokens.json"
+    link.symlink_to(target)
+    made = _new(tmp_path, "--role", "producer", "--add", str(link))
+    assert link.is_symlink()
+    entries = json.loads(target.read_text())["tokens"]
+    assert [e["sha256"] for e in entries] == [_sha(ADMIN), _sha(made["token"])]
+    found = target.stat()
+    assert (found.st_uid, found.st_gid) == owner
+    assert oct(found.st_mode & 0o777) == oct(0o640)
+
+
+def test_an_empty_file_is_begun(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    path.touch()
+    made = _new(tmp_path, "--role", "admin", "--add", str(path))
+    assert json.loads(path.read_text()) == {"tokens": [made["entry"]]}
