@@ -727,6 +727,8 @@ def backup(args: argparse.Namespace) -> None:
     from stations.store import db
 
     _refuse_empty_db(args.db)
+    if not args.dest:
+        _fail("DEST is empty: give the new file to write")
     url = args.db or db.default_url()
     try:
         size = db.backup(url, args.dest)

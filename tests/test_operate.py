@@ -438,6 +438,18 @@ def test_a_folder_as_db_is_refused_untouched(tmp_path: Path) -> None:
     assert list(folder.iterdir()) == []
 
 
+def test_a_named_pipe_as_db_is_refused_at_once(tmp_path: Path) -> None:
+    """The check of a file's first bytes opened a named pipe and waited for a writer for
+    ever, before the signal handlers were set: no word, and SIGTERM killed it (143)."""
+    import os
+
+    pipe = tmp_path / "pipe.db"
+    os.mkfifo(pipe)
+    proc = run_cli(["serve", "--port", str(free_port()), "--db", f"sqlite:///{pipe}"], tmp_path)
+    assert_one_line_error(proc, str(pipe), "is not a regular file")
+    assert proc.returncode == 1
+
+
 def test_backup_to_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
     """DEST in a folder that does not exist was told "no database at <the database>", of a
     database that was there."""

@@ -35,7 +35,8 @@ class Drain:
         self.end_waits = end_waits
         self.handlers: set[asyncio.Task[Any]] = set()
         self.draining = False
-        # Set whenever a handler ends or a waiting read starts or ends: the drain waits on it.
+        # Set whenever a handler starts or ends or a waiting read starts or ends: the drain
+        # waits on it.
         self.moved = asyncio.Event()
         readers.changed = self.moved.set
 
@@ -43,6 +44,8 @@ class Drain:
         task = asyncio.current_task()
         assert task is not None
         self.handlers.add(task)
+        if self.draining:  # a request on a kept-alive connection: the drain waits for it too
+            self.moved.set()
         return task
 
     def leave(self, task: asyncio.Task[Any]) -> None:
@@ -58,14 +61,15 @@ class Drain:
         self.end_waits()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while len(self.handlers) > self.readers.used:
-            if not await self._moved_by(deadline):
+        # The waiting reads were told to answer: a moment for them to write it. Any other
+        # request (one begun meanwhile on a kept-alive connection too) has the drain's whole
+        # time: cut at the grace, a write could commit with its client told nothing.
+        grace = loop.time() + READER_GRACE_S
+        while self.handlers:
+            until = deadline if len(self.handlers) > self.readers.used else grace
+            if loop.time() >= until or not await self._moved_by(until):
                 break
         cut = max(0, len(self.handlers) - self.readers.used)
-        # The waiting reads were told to answer: a moment for them to write it.
-        grace = loop.time() + READER_GRACE_S
-        while not cut and self.handlers and await self._moved_by(grace):
-            pass
         left = list(self.handlers)
         for task in left:
             task.cancel()

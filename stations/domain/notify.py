@@ -123,11 +123,18 @@ class Notifier:
             listener(keys)
 
     def wake_all(self) -> None:
-        """Wake every waiter, for nothing new (a shutdown ends the waits): no listener hears
-        of it, so no parked fetch leases again."""
+        """Wake every waiter, for nothing new, and release every held answer (a shutdown
+        ends the waits: a held one waited up to ``LINGER_MAX_S``, past the drain's grace). No
+        listener hears of it, so no parked fetch leases again."""
         waiters, self._waiters = self._waiters, {}
         for futures in waiters.values():
             _wake(list(futures))
+        for gate in self._gates.values():
+            if gate.timer is not None:
+                gate.timer.cancel()
+                gate.timer = None
+            held, gate.held = gate.held, []
+            _wake(held)
 
     def fire_all(self) -> None:
         """Something may have changed anywhere (a lost LISTEN connection came back)."""

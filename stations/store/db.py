@@ -432,10 +432,11 @@ def backup(url: str, dest: str) -> int:
         raise FileNotFoundError(errno.ENOENT, "no database file", path)
     try:
         _new_private_file(dest)
-    except FileNotFoundError:  # the database is there: it is DEST's folder that is not
-        raise BackupFailed(
-            f"cannot create {dest}: no folder {os.path.dirname(os.path.abspath(dest))}"
-        ) from None
+    except FileNotFoundError as exc:  # the database is there: DEST's folder is not
+        folder = os.path.dirname(os.path.abspath(dest))
+        if dest and not os.path.isdir(folder):
+            raise BackupFailed(f"cannot create {dest}: no folder {folder}") from None
+        raise BackupFailed(f"cannot create {dest!r}: {exc.strerror}") from None
     try:
         source = sqlite3.connect(path, timeout=30)
         try:
@@ -562,10 +563,20 @@ def refuse_foreign(url: str | None) -> None:
     file) or is another application's SQLite file (see ``_foreign_tables``): before
     anything, the lock file beside it included, is done to it."""
     path = database_file(url or default_url())
-    if path is not None and os.path.isdir(path):
+    try:
+        mode = os.stat(path).st_mode if path is not None else None
+    except OSError:  # none yet (it is made), or unreadable (the engine's start says why)
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         raise Unusable(f"{path} is a folder: give --db a database file (a new one is made)")
+    if mode is not None and not stat.S_ISREG(mode):
+        # A named pipe would block the start for ever at its first read.
+        raise Unusable(f"{path} is not a regular file: give --db a database file")
     if path is not None and not _sqlite_or_empty(path):
-        raise Unusable(f"{path} is not an SQLite database: give --db a new file")
+        raise Unusable(
+            f"{path} is not an SQLite database (it does not begin as one): give --db a new "
+            "file, or restore this one from a backup"
+        )
     found = _foreign_tables(url)
     if found:
         raise Unusable(
