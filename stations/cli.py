@@ -748,7 +748,7 @@ def token_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
     p = sub.add_parser(
         "token",
-        help="make a token for a --tokens file",
+        help="make, list and revoke the tokens of a --tokens file",
         description="Tokens of a server's --tokens file (see the README, Security).",
     )
     verbs = p.add_subparsers(dest="verb", required=True)
@@ -773,9 +773,86 @@ def token_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--add", metavar="FILE", help="add the entry to this tokens file (made 0600 if new)"
     )
     new.add_argument("--json", action="store_true", help="print {token, entry, added} as JSON")
+    listing = verbs.add_parser(
+        "ls",
+        help="the entries of a tokens file, without their secrets",
+        description="List a tokens file's entries: role, stations and the first hex digits of "
+        "each token's SHA-256 (of a written token too), never a secret.",
+    )
+    listing.add_argument("file", metavar="FILE", help="the tokens file")
+    listing.add_argument("--json", action="store_true", help="print the entries as JSON")
+    revoke = verbs.add_parser(
+        "revoke",
+        help="take a token out of a tokens file",
+        description="Take a token's entries out of a tokens file, the token read from standard "
+        "input (one line) or named by its SHA-256. Then send SIGHUP to each server reading "
+        "the file: its requests are refused from then on, and what it waits for ends at once.",
+    )
+    revoke.add_argument("file", metavar="FILE", help="the tokens file")
+    revoke.add_argument(
+        "--sha256", metavar="HEX", help="the token's SHA-256 (64 hex digits), as ls shows it whole"
+    )
 
 
 def token(args: argparse.Namespace) -> None:
+    if args.verb == "ls":
+        _token_ls(args)
+    elif args.verb == "revoke":
+        _token_revoke(args)
+    else:
+        _token_new(args)
+
+
+def _token_ls(args: argparse.Namespace) -> None:
+    from stations.tokens import TokensFileError, load_tokens
+
+    try:
+        tokens = load_tokens(args.file)
+    except TokensFileError as exc:
+        _fail(str(exc), 1)
+    if args.json:
+        rows = [
+            {"index": i, "role": t.role, "stations": list(t.stations), "sha256": t.digest.hex()}
+            for i, t in enumerate(tokens)
+        ]
+        _say(json.dumps(rows))
+        return
+    _say(f"{'#':>3}  {'ROLE':<9} {'SHA-256':<14} STATIONS")
+    for i, t in enumerate(tokens):
+        stations = ", ".join(t.stations) or "(every station)"
+        _say(f"{i:>3}  {t.role:<9} {t.digest.hex()[:12]}…  {stations}")
+
+
+def _token_revoke(args: argparse.Namespace) -> None:
+    from stations.tokens import TokensFileError, digest_of, remove_entries
+
+    if args.sha256 is not None:
+        try:
+            digest = bytes.fromhex(args.sha256)
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            _fail("--sha256 must be 64 hexadecimal digits")
+    else:
+        if sys.stdin.isatty():
+            _say("stations: the token to revoke (then Enter):", err=True)
+        secret = sys.stdin.readline().strip()
+        if not secret:
+            _fail("no token on standard input (or give --sha256)")
+        digest = digest_of(secret)
+    try:
+        removed = remove_entries(args.file, digest)
+    except TokensFileError as exc:
+        _fail(str(exc), 1)
+    except OSError as exc:
+        _fail(f"cannot write {args.file} (a new file in its folder): {exc.strerror}", 1)
+    for entry in removed:
+        stations = ", ".join(entry.get("stations", [])) or "every station"
+        _say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
+    _say(f"send SIGHUP to each server reading {args.file} (kill -HUP <pid>)")
+
+
+def _token_new(args: argparse.Namespace) -> None:
     from stations.tokens import TokensFileError, add_entry, entry_for, new_secret
 
     for pattern in args.stations:

@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,23 +171,66 @@ def entry_for(secret: str, role: str, stations: list[str]) -> dict[str, Any]:
 
 
 def add_entry(path: str, entry: dict[str, Any]) -> None:
-    """Add ``entry`` to the tokens file at ``path`` (made, 0600, if there is none; through a
-    symbolic link, to the file it names). The file must load before and after; it is replaced
-    whole (a server reading it on SIGHUP meanwhile sees the old file or the new one) and keeps
-    its mode and owner. Two adds at once take turns (a lock on the folder), and a change made
-    by hand meanwhile is not overwritten: the add is refused."""
+    """Add ``entry`` to the tokens file at ``path`` (made, 0600, if there is none), as
+    ``_rewrite`` changes a file."""
+    _rewrite(path, lambda entries: entries.append(entry), "the entry was added")
+
+
+def remove_entries(path: str, digest: bytes) -> list[dict[str, Any]]:
+    """Take the entries of the token whose SHA-256 is ``digest`` out of the tokens file at
+    ``path`` (``_rewrite``); return them. The file's last token is not taken: a server would
+    not start on a file without one."""
+    removed: list[dict[str, Any]] = []
+
+    def change(entries: list[Any]) -> None:
+        kept: list[Any] = []
+        for entry in entries:
+            matches = isinstance(entry, dict) and _digest_of_entry(entry) == digest
+            (removed if matches else kept).append(entry)
+        if not removed:
+            raise TokensFileError(f"{path} holds no entry of this token")
+        if not kept:
+            raise TokensFileError(
+                f"this is the last token of {path}: a server does not start on a file without "
+                "one (add another first)"
+            )
+        entries[:] = kept
+
+    _rewrite(path, change, "the token was revoked", create=False)
+    return removed
+
+
+def _digest_of_entry(entry: dict[str, Any]) -> bytes | None:
+    if isinstance(entry.get("token"), str):
+        return digest_of(entry["token"])
+    if isinstance(entry.get("sha256"), str):
+        return bytes.fromhex(entry["sha256"])
+    return None
+
+
+def _rewrite(
+    path: str, change: Callable[[list[Any]], None], doing: str, *, create: bool = True
+) -> None:
+    """Apply ``change`` to the entries of the tokens file at ``path`` (through a symbolic link,
+    to the file it names; with ``create``, a file that is not there or is empty is begun,
+    0600). The file must load before and after; it is replaced whole (a server reading it on
+    SIGHUP meanwhile sees the old file or the new one) and keeps its mode and owner. Two
+    changes at once take turns (a lock on the folder), and one made by hand meanwhile is not
+    overwritten: the change is refused."""
     target = Path(os.path.realpath(path))
     folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         before = _read(target, path)
+        if not before.strip() and not create:
+            raise TokensFileError(f"there is no tokens file {path}")
         try:
             raw = json.loads(before) if before.strip() else {"tokens": []}
         except ValueError as exc:
             raise TokensFileError(f"tokens file {path} is not JSON: {exc}") from None
         if not (isinstance(raw, dict) and raw.get("tokens") == []):  # a file begun by hand
-            parse_tokens(raw, path)  # a file the server would refuse is not added to
-        raw["tokens"].append(entry)
+            parse_tokens(raw, path)  # a file the server would refuse is not changed
+        change(raw["tokens"])
         parse_tokens(raw, path)
         found = target.stat() if target.exists() else None
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
@@ -202,18 +246,18 @@ def add_entry(path: str, entry: dict[str, Any]) -> None:
                         os.chown(temporary, found.st_uid, found.st_gid)
                     except PermissionError:
                         raise TokensFileError(
-                            f"{path} belongs to another user: add to it as that user (or root)"
+                            f"{path} belongs to another user: change it as that user (or root)"
                         ) from None
             else:
                 os.chmod(temporary, 0o600)
             if _read(target, path) != before:
-                raise TokensFileError(f"{path} changed while the entry was added: add it again")
+                raise TokensFileError(f"{path} changed while {doing}: try again")
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.remove(temporary)
             raise
-        os.fsync(folder)  # the rename too: the token was (or is about to be) shown
+        os.fsync(folder)  # the rename too: a token shown must be in the file, a revoked one not
     finally:
         os.close(folder)
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import clikit
 from tests.harness import Server
 from tests.test_cli import assert_one_line_error, run_cli
 
@@ -66,6 +67,16 @@ def test_made_tokens_work_from_a_file_that_holds_none_of_them(tmp_path: Path) ->
             assert time.monotonic() < deadline, "the added token was not taken on SIGHUP"
             time.sleep(0.05)
         assert _status(server, secret, "POST", "/api/stations/shop-1/messages", produce) == 200
+        # Revoked by the token itself (the file holds only its hash), then SIGHUP.
+        revoked = clikit.run("token", "revoke", str(tokens), cwd=tmp_path, stdin=secret + "\n")
+        assert revoked.returncode == 0, revoked.stderr
+        assert "the producer token of shop-*" in revoked.stdout
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while _status(server, secret, "GET", "/api/stations") != 401:
+            assert time.monotonic() < deadline, "the revoked token still works after SIGHUP"
+            time.sleep(0.05)
+        assert _status(server, later, "GET", "/api/stations") == 200
     finally:
         server.kill()
 
@@ -197,3 +208,40 @@ def test_an_empty_file_is_begun(tmp_path: Path) -> None:
     path.touch()
     made = _new(tmp_path, "--role", "admin", "--add", str(path))
     assert json.loads(path.read_text()) == {"tokens": [made["entry"]]}
+
+
+def test_ls_shows_no_secret_and_revoke_takes_the_named_token_only(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    written = "a-written-consumer-token"
+    path.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"sha256": _sha(ADMIN), "role": "admin"},
+                    {"token": written, "role": "consumer", "stations": ["a*"]},
+                ]
+            }
+        )
+    )
+    listed = run_cli(["token", "ls", str(path), "--json"], tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["role"], r["stations"], r["sha256"]) for r in rows] == [
+        ("admin", [], _sha(ADMIN)),
+        ("consumer", ["a*"], _sha(written)),
+    ]
+    table = run_cli(["token", "ls", str(path)], tmp_path).stdout
+    assert written not in table and _sha(written)[:12] in table
+    # A written token is revoked by its hash too; an unknown one, or the last, is refused.
+    unknown = run_cli(["token", "revoke", str(path), "--sha256", _sha("nobody-has-it")], tmp_path)
+    assert_one_line_error(unknown, "holds no entry of this token")
+    assert unknown.returncode == 1
+    done = run_cli(["token", "revoke", str(path), "--sha256", _sha(written)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(path.read_text())["tokens"] == [{"sha256": _sha(ADMIN), "role": "admin"}]
+    last = clikit.run("token", "revoke", str(path), cwd=tmp_path, stdin=ADMIN + "\n")
+    assert_one_line_error(last, "this is the last token of")
+    assert json.loads(path.read_text())["tokens"] == [{"sha256": _sha(ADMIN), "role": "admin"}]
+    bad = run_cli(["token", "revoke", str(path), "--sha256", "xyz"], tmp_path)
+    assert_one_line_error(bad, "--sha256 must be 64 hexadecimal digits")
+    assert bad.returncode == 2
