@@ -834,9 +834,12 @@ def _token_revoke(args: argparse.Namespace) -> None:
         if len(digest) != 32:
             _fail("--sha256 must be 64 hexadecimal digits")
     else:
-        if sys.stdin.isatty():
-            _say("stations: the token to revoke (then Enter):", err=True)
-        secret = sys.stdin.readline().strip()
+        if sys.stdin.isatty():  # typed or pasted: not shown on the screen
+            import getpass
+
+            secret = getpass.getpass("the token to revoke: ").strip()
+        else:
+            secret = sys.stdin.readline().strip()
         if not secret:
             _fail("no token on standard input (or give --sha256)")
         digest = digest_of(secret)
