@@ -144,7 +144,8 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument(
         "--tokens",
-        help="tokens file (JSON) enabling bearer-token auth; without it only loopback is served",
+        help="tokens file (JSON) enabling bearer-token auth (made and changed with `stations "
+        "token`; SIGHUP reads it again); without it only loopback is served",
     )
     p.add_argument(
         "--insecure", action="store_true", help="serve a non-loopback host without tokens"
