@@ -9,7 +9,6 @@ import contextlib
 import errno
 import faulthandler
 import ipaddress
-import json
 import logging
 import math
 import os
@@ -744,148 +743,6 @@ def backup(args: argparse.Namespace) -> None:
     print(f"copied {db.database_file(url)} to {args.dest} ({size / 1e6:,.1f} MB)")
 
 
-def token_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from stations.tokens import ROLES
-
-    p = sub.add_parser(
-        "token",
-        help="make, list and revoke the tokens of a --tokens file",
-        description="Tokens of a server's --tokens file (see the README, Security).",
-    )
-    verbs = p.add_subparsers(dest="verb", required=True)
-    new = verbs.add_parser(
-        "new",
-        help="a new random token and its tokens file entry",
-        description="Print a new random token (256 bits) and its tokens file entry, which "
-        "holds only the token's SHA-256: the token is shown once, for its client, and kept "
-        "nowhere. With --add the entry goes into the tokens file; send SIGHUP to each server "
-        "reading it to take it without a restart.",
-    )
-    new.add_argument("--role", required=True, choices=ROLES, help="what the token may do")
-    new.add_argument(
-        "--stations",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="a station name pattern it reaches (shop-*, orders/*); repeat for more; "
-        "without it the token reaches every station",
-    )
-    new.add_argument(
-        "--add", metavar="FILE", help="add the entry to this tokens file (made 0600 if new)"
-    )
-    new.add_argument("--json", action="store_true", help="print {token, entry, added} as JSON")
-    listing = verbs.add_parser(
-        "ls",
-        help="the entries of a tokens file, without their secrets",
-        description="List a tokens file's entries: role, stations and the first hex digits of "
-        "each token's SHA-256 (of a written token too), never a secret.",
-    )
-    listing.add_argument("file", metavar="FILE", help="the tokens file")
-    listing.add_argument("--json", action="store_true", help="print the entries as JSON")
-    revoke = verbs.add_parser(
-        "revoke",
-        help="take a token out of a tokens file",
-        description="Take a token's entries out of a tokens file, the token read from standard "
-        "input (one line) or named by its SHA-256. Then send SIGHUP to each server reading "
-        "the file: its requests are refused from then on, and what it waits for ends at once.",
-    )
-    revoke.add_argument("file", metavar="FILE", help="the tokens file")
-    revoke.add_argument(
-        "--sha256", metavar="HEX", help="the token's SHA-256 (64 hex digits), as ls shows it whole"
-    )
-
-
-def token(args: argparse.Namespace) -> None:
-    if args.verb == "ls":
-        _token_ls(args)
-    elif args.verb == "revoke":
-        _token_revoke(args)
-    else:
-        _token_new(args)
-
-
-def _token_ls(args: argparse.Namespace) -> None:
-    from stations.tokens import TokensFileError, load_tokens
-
-    try:
-        tokens = load_tokens(args.file)
-    except TokensFileError as exc:
-        _fail(str(exc), 1)
-    if args.json:
-        rows = [
-            {"index": i, "role": t.role, "stations": list(t.stations), "sha256": t.digest.hex()}
-            for i, t in enumerate(tokens)
-        ]
-        _say(json.dumps(rows))
-        return
-    _say(f"{'#':>3}  {'ROLE':<9} {'SHA-256':<14} STATIONS")
-    for i, t in enumerate(tokens):
-        stations = ", ".join(t.stations) or "(every station)"
-        _say(f"{i:>3}  {t.role:<9} {t.digest.hex()[:12]}…  {stations}")
-
-
-def _token_revoke(args: argparse.Namespace) -> None:
-    from stations.tokens import TokensFileError, digest_of, remove_entries
-
-    if args.sha256 is not None:
-        try:
-            digest = bytes.fromhex(args.sha256)
-        except ValueError:
-            digest = b""
-        if len(digest) != 32:
-            _fail("--sha256 must be 64 hexadecimal digits")
-    else:
-        if sys.stdin.isatty():  # typed or pasted: not shown on the screen
-            import getpass
-
-            secret = getpass.getpass("the token to revoke: ").strip()
-        else:
-            secret = sys.stdin.readline().strip()
-        if not secret:
-            _fail("no token on standard input (or give --sha256)")
-        digest = digest_of(secret)
-    try:
-        removed = remove_entries(args.file, digest)
-    except TokensFileError as exc:
-        _fail(str(exc), 1)
-    except OSError as exc:
-        _fail(f"cannot write {args.file} (a new file in its folder): {exc.strerror}", 1)
-    for entry in removed:
-        stations = ", ".join(entry.get("stations", [])) or "every station"
-        _say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
-    _say(f"send SIGHUP to each server reading {args.file} (kill -HUP <pid>)")
-
-
-def _token_new(args: argparse.Namespace) -> None:
-    from stations.tokens import TokensFileError, add_entry, entry_for, new_secret
-
-    for pattern in args.stations:
-        if not pattern or pattern != pattern.strip():
-            _fail(f"--stations {pattern!r}: give a station name pattern")
-    secret = new_secret()
-    entry = entry_for(secret, args.role, args.stations)
-    if args.add is not None:
-        try:
-            add_entry(args.add, entry)
-        except TokensFileError as exc:
-            _fail(str(exc), 1)
-        except OSError as exc:
-            # The file is replaced by a new one beside it: its folder must take a new file.
-            _fail(f"cannot write {args.add} (a new file in its folder): {exc.strerror}", 1)
-    if args.json:
-        _say(json.dumps({"token": secret, "entry": entry, "added": args.add}))
-        return
-    _say(f"token: {secret}")
-    _say(f"entry: {json.dumps(entry)}")
-    if args.add is not None:
-        _say(f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)")
-    _say(
-        "stations: the token is shown this once and kept nowhere (the entry holds its "
-        "SHA-256): give it to its client now",
-        err=True,
-    )
-
-
 def _require_server(command: str) -> None:
     """The server is the extra ``server`` (a base install is the SDK and the management
     commands): without it, ``serve`` and ``backup`` say so in one line, not a traceback."""
@@ -923,7 +780,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     backup_parser(sub)
-    token_parser(sub)
+    from stations.commands import token  # light: the standard library only
+
+    token.add_parser(sub)
     from stations.spark import pipeline  # light: PySpark is imported only when a job runs
 
     pipeline.add_parser(sub)
@@ -940,7 +799,14 @@ def main(argv: list[str] | None = None) -> None:
         _require_server("backup")
         backup(args)
     elif args.command == "token":
-        token(args)
+        from stations.commands.base import Refused, Usage
+
+        try:
+            token.run(args, _say)
+        except Usage as exc:
+            _fail(str(exc))
+        except Refused as exc:
+            _fail(str(exc), 1)
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))
 

@@ -5,6 +5,7 @@ the conventions of ``nats`` and ``kubectl``: ``stations <noun> <verb>``, ``--url
 
 One module per noun: ``station``, ``produce``, ``read`` (``read`` and ``tail``), ``group``,
 ``cursor``, ``dls``. Each adds its parsers and sets ``handler``: ``async (args, client) -> exit code``.
+(``token`` works on a tokens file, not through a server: ``stations.cli`` runs it.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,165 @@
+"""``stations token``: make, list and revoke the tokens of a server's ``--tokens`` file
+(``stations.tokens``). It works on the file, not through a server, with the standard library
+only: it runs on a base install."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from stations.commands.base import Refused, Usage
+from stations.tokens import (
+    ROLES,
+    TokensFileError,
+    add_entry,
+    digest_of,
+    entry_for,
+    load_tokens,
+    new_secret,
+    remove_entries,
+)
+
+Say = Callable[..., None]  # the CLI's line writer: say(text, err=False)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "token",
+        help="make, list and revoke the tokens of a --tokens file",
+        description="Tokens of a server's --tokens file (see the README, Security).",
+    )
+    verbs = p.add_subparsers(dest="verb", required=True)
+    new = verbs.add_parser(
+        "new",
+        help="a new random token and its tokens file entry",
+        description="Print a new random token (256 bits) and its tokens file entry, which "
+        "holds only the token's SHA-256: the token is shown once, for its client, and kept "
+        "nowhere. With --add the entry goes into the tokens file; send SIGHUP to each server "
+        "reading it to take it without a restart.",
+    )
+    new.add_argument("--role", required=True, choices=ROLES, help="what the token may do")
+    new.add_argument(
+        "--stations",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a station name pattern it reaches (shop-*, orders/*); repeat for more; "
+        "without it the token reaches every station",
+    )
+    new.add_argument(
+        "--add", metavar="FILE", help="add the entry to this tokens file (made 0600 if new)"
+    )
+    new.add_argument("--json", action="store_true", help="print {token, entry, added} as JSON")
+    listing = verbs.add_parser(
+        "ls",
+        help="the entries of a tokens file, without their secrets",
+        description="List a tokens file's entries: role, stations and the first hex digits of "
+        "each token's SHA-256 (of a written token too), never a secret.",
+    )
+    listing.add_argument("file", metavar="FILE", help="the tokens file")
+    listing.add_argument("--json", action="store_true", help="print the entries as JSON")
+    revoke = verbs.add_parser(
+        "revoke",
+        help="take a token out of a tokens file",
+        description="Take a token's entries out of a tokens file, the token read from standard "
+        "input (one line) or named by its SHA-256. Then send SIGHUP to each server reading "
+        "the file: its requests are refused from then on, and what it waits for ends at once.",
+    )
+    revoke.add_argument("file", metavar="FILE", help="the tokens file")
+    revoke.add_argument(
+        "--sha256", metavar="HEX", help="the token's SHA-256 (64 hex digits), as ls shows it whole"
+    )
+
+
+def run(args: argparse.Namespace, say: Say) -> None:
+    """The verb ``args`` names; lines go through ``say`` (the CLI's: a closed standard output
+    is no traceback). Raises ``Usage`` (exit 2) or ``Refused`` (exit 1, a file it could not
+    use or change)."""
+    if args.verb == "ls":
+        _ls(args, say)
+    elif args.verb == "revoke":
+        _revoke(args, say)
+    else:
+        _new(args, say)
+
+
+def _ls(args: argparse.Namespace, say: Say) -> None:
+    try:
+        tokens = load_tokens(args.file)
+    except TokensFileError as exc:
+        raise Refused(str(exc)) from None
+    if args.json:
+        rows = [
+            {"index": i, "role": t.role, "stations": list(t.stations), "sha256": t.digest.hex()}
+            for i, t in enumerate(tokens)
+        ]
+        say(json.dumps(rows))
+        return
+    say(f"{'#':>3}  {'ROLE':<9} {'SHA-256':<14} STATIONS")
+    for i, t in enumerate(tokens):
+        stations = ", ".join(t.stations) or "(every station)"
+        say(f"{i:>3}  {t.role:<9} {t.digest.hex()[:12]}…  {stations}")
+
+
+def _revoke(args: argparse.Namespace, say: Say) -> None:
+    if args.sha256 is not None:
+        try:
+            digest = bytes.fromhex(args.sha256)
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            raise Usage("--sha256 must be 64 hexadecimal digits")
+    else:
+        if sys.stdin.isatty():  # typed or pasted: not shown on the screen
+            import getpass
+
+            secret = getpass.getpass("the token to revoke: ").strip()
+        else:
+            secret = sys.stdin.readline().strip()
+        if not secret:
+            raise Usage("no token on standard input (or give --sha256)")
+        digest = digest_of(secret)
+    try:
+        removed = remove_entries(args.file, digest)
+    except TokensFileError as exc:
+        raise Refused(str(exc)) from None
+    except OSError as exc:
+        raise Refused(
+            f"cannot write {args.file} (a new file in its folder): {exc.strerror}"
+        ) from None
+    for entry in removed:
+        stations = ", ".join(entry.get("stations", [])) or "every station"
+        say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
+    say(f"send SIGHUP to each server reading {args.file} (kill -HUP <pid>)")
+
+
+def _new(args: argparse.Namespace, say: Say) -> None:
+    for pattern in args.stations:
+        if not pattern or pattern != pattern.strip():
+            raise Usage(f"--stations {pattern!r}: give a station name pattern")
+    secret = new_secret()
+    entry = entry_for(secret, args.role, args.stations)
+    if args.add is not None:
+        try:
+            add_entry(args.add, entry)
+        except TokensFileError as exc:
+            raise Refused(str(exc)) from None
+        except OSError as exc:
+            # The file is replaced by a new one beside it: its folder must take a new file.
+            raise Refused(
+                f"cannot write {args.add} (a new file in its folder): {exc.strerror}"
+            ) from None
+    if args.json:
+        say(json.dumps({"token": secret, "entry": entry, "added": args.add}))
+        return
+    say(f"token: {secret}")
+    say(f"entry: {json.dumps(entry)}")
+    if args.add is not None:
+        say(f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)")
+    say(
+        "stations: the token is shown this once and kept nowhere (the entry holds its "
+        "SHA-256): give it to its client now",
+        err=True,
+    )
