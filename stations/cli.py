@@ -807,6 +807,8 @@ def main(argv: list[str] | None = None) -> None:
             _fail(str(exc))
         except Refused as exc:
             _fail(str(exc), 1)
+        except KeyboardInterrupt:  # Ctrl-C at revoke's prompt: nothing was changed
+            sys.exit(130)
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))
 

@@ -176,11 +176,12 @@ def add_entry(path: str, entry: dict[str, Any]) -> None:
     _rewrite(path, lambda entries: entries.append(entry), "the entry was added")
 
 
-def remove_entries(path: str, digest: bytes) -> list[dict[str, Any]]:
+def remove_entries(path: str, digest: bytes) -> tuple[list[dict[str, Any]], int]:
     """Take the entries of the token whose SHA-256 is ``digest`` out of the tokens file at
-    ``path`` (``_rewrite``); return them. The file's last token is not taken: a server would
-    not start on a file without one."""
+    ``path`` (``_rewrite``); return them and how many tokens the file holds now. The file's
+    last token is not taken: a server would not start on a file without one."""
     removed: list[dict[str, Any]] = []
+    left: list[int] = []
 
     def change(entries: list[Any]) -> None:
         kept: list[Any] = []
@@ -195,9 +196,10 @@ def remove_entries(path: str, digest: bytes) -> list[dict[str, Any]]:
                 "one (add another first)"
             )
         entries[:] = kept
+        left.append(len(kept))
 
     _rewrite(path, change, "the token was revoked", create=False)
-    return removed
+    return removed, left[-1]
 
 
 def _digest_of_entry(entry: dict[str, Any]) -> bytes | None:
@@ -222,17 +224,25 @@ def _rewrite(
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         before = _read(target, path)
+        found = target.stat() if target.exists() else None
         if not before.strip() and not create:
-            raise TokensFileError(f"there is no tokens file {path}")
+            raise TokensFileError(f"{path} holds no tokens (there is no such file, or it is empty)")
         try:
             raw = json.loads(before) if before.strip() else {"tokens": []}
         except ValueError as exc:
             raise TokensFileError(f"tokens file {path} is not JSON: {exc}") from None
         if not (isinstance(raw, dict) and raw.get("tokens") == []):  # a file begun by hand
             parse_tokens(raw, path)  # a file the server would refuse is not changed
+        if found is not None and found.st_nlink > 1:
+            # The new file would not be the one the other names read: a revoked token would
+            # still work for a server reading it by another name.
+            raise TokensFileError(
+                f"{path} has {found.st_nlink - 1} other hard link(s): a server reading it by "
+                "another name would not see the change; change it in place by hand, or make "
+                "the other names symbolic links"
+            )
         change(raw["tokens"])
         parse_tokens(raw, path)
-        found = target.stat() if target.exists() else None
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         try:
             with os.fdopen(fd, "w") as out:

@@ -822,6 +822,48 @@ def test_a_shutdown_answers_waiting_reads_as_at_their_timeout(tmp_path: Path) ->
         server.kill()
 
 
+def test_a_stream_begun_during_the_drain_closes_its_connection(tmp_path: Path) -> None:
+    """Responses a handler prepares itself (SSE, large reads) kept their connection alive
+    during a drain: an SSE ends at once there (the waits are over), and a client asked again
+    and again on one connection, thousands of answers a second until the drain's end."""
+    server = Server(_sqlite(tmp_path), tmp_path).start()
+    assert server.proc is not None
+    port = int(server.url.rsplit(":", 1)[1])
+    try:
+        assert httpx.put(f"{server.url}/v1/stream/s", content=b"hello").status_code == 201
+        with (
+            socket.create_connection(("127.0.0.1", port)) as held,
+            socket.create_connection(("127.0.0.1", port)) as kept,
+        ):
+            # A POST whose body has not all come holds the drain open.
+            held.sendall(
+                b"POST /v1/stream/s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/octet-stream\r\nContent-Length: 10\r\n\r\nabc"
+            )
+            kept.sendall(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            kept.settimeout(10)
+            assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the drain has begun
+            kept.sendall(b"GET /v1/stream/s?offset=-1&live=sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = kept.recv(4096)
+                assert chunk, answer
+                answer += chunk
+            head = answer.split(b"\r\n\r\n", 1)[0].lower()
+            assert head.startswith(b"http/1.1 200"), head
+            assert b"connection: close" in head, head
+            while chunk:  # the response ends, and so does the connection
+                chunk = kept.recv(4096)
+            held.sendall(b"defghij")  # the POST completes: the drain ends
+            held.settimeout(10)
+            assert held.recv(200).startswith(b"HTTP/1.1 204")
+        assert server.proc.wait(15) == 0, server.log()
+    finally:
+        server.kill()
+
+
 def test_a_shutdown_ends_an_sse_response_whole(tmp_path: Path) -> None:
     """The drain ends an SSE response as a whole (its client reads again from the last
     event's offset), logged 200: a change for the 499 of clients that leave cut it off

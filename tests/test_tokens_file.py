@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -71,6 +72,7 @@ def test_made_tokens_work_from_a_file_that_holds_none_of_them(tmp_path: Path) ->
         revoked = clikit.run("token", "revoke", str(tokens), cwd=tmp_path, stdin=secret + "\n")
         assert revoked.returncode == 0, revoked.stderr
         assert "the producer token of shop-*" in revoked.stdout
+        assert "holds 2 token(s) now" in revoked.stdout
         server.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
         while _status(server, secret, "GET", "/api/stations") != 401:
@@ -242,6 +244,15 @@ def test_ls_shows_no_secret_and_revoke_takes_the_named_token_only(tmp_path: Path
     last = clikit.run("token", "revoke", str(path), cwd=tmp_path, stdin=ADMIN + "\n")
     assert_one_line_error(last, "this is the last token of")
     assert json.loads(path.read_text())["tokens"] == [{"sha256": _sha(ADMIN), "role": "admin"}]
+    # A file that is also another name's (a hard link) would be replaced by a new file for one
+    # name: revoked there, the token still worked for a server reading the other.
+    other = tmp_path / "other.json"
+    os.link(path, other)
+    before = path.read_text()
+    linked = run_cli(["token", "revoke", str(path), "--sha256", _sha(ADMIN)], tmp_path)
+    assert_one_line_error(linked, "1 other hard link(s)")
+    assert linked.returncode == 1
+    assert path.read_text() == other.read_text() == before
     bad = run_cli(["token", "revoke", str(path), "--sha256", "xyz"], tmp_path)
     assert_one_line_error(bad, "--sha256 must be 64 hexadecimal digits")
     assert bad.returncode == 2

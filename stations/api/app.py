@@ -22,7 +22,7 @@ from stations.api import (
     transactions,
 )
 from stations.api.auth import TOKENS, needs
-from stations.api.drain import DRAIN, Drain
+from stations.api.drain import DRAIN, Drain, close_when_draining
 from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
 from stations.api.headers import CORS, CorsPolicy, on_prepare
@@ -224,6 +224,7 @@ def make_app(
     params.table()
     app.on_response_prepare.append(on_prepare)
     app.on_response_prepare.append(count_file)
+    app.on_response_prepare.append(close_when_draining)  # the client's next request: port closed
 
     async def start(_app: web.Application) -> None:
         await service.start()

@@ -87,5 +87,15 @@ class Drain:
         return True
 
 
+async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response prepared during a drain closes its connection (``on_response_prepare``):
+    a stream (SSE, a large read) too, which the handler prepares itself. Kept alive, an SSE
+    that ends at once (the waits are over) was asked again and again on one connection."""
+    if request.app[DRAIN].draining:
+        response.force_close()
+        # aiohttp wrote its Connection header before this hook: the client is told here.
+        response.headers["Connection"] = "close"
+
+
 # Its object in the application (see stations.api.keys).
 DRAIN: web.AppKey[Drain] = web.AppKey("drain")

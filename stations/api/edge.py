@@ -47,8 +47,6 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             response = await _checked(request, handler)
             if request.path.startswith("/ui"):
                 headers.console(response)
-        if drain.draining and not response.prepared:
-            response.force_close()  # the client's next request finds the port closed
         if isinstance(response, web.FileResponse) and not response.prepared:
             # its status (304, 206, 416) is decided as it is sent: counted then
             request[_FILE_STARTED] = started

@@ -69,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     revoke.add_argument("file", metavar="FILE", help="the tokens file")
     revoke.add_argument(
-        "--sha256", metavar="HEX", help="the token's SHA-256 (64 hex digits), as ls shows it whole"
+        "--sha256", metavar="HEX", help="the token's SHA-256 (64 hex digits), as ls --json shows it"
     )
 
 
@@ -115,14 +115,17 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
         if sys.stdin.isatty():  # typed or pasted: not shown on the screen
             import getpass
 
-            secret = getpass.getpass("the token to revoke: ").strip()
+            try:
+                secret = getpass.getpass("the token to revoke: ").strip()
+            except EOFError:  # Ctrl-D: no token
+                secret = ""
         else:
             secret = sys.stdin.readline().strip()
         if not secret:
             raise Usage("no token on standard input (or give --sha256)")
         digest = digest_of(secret)
     try:
-        removed = remove_entries(args.file, digest)
+        removed, left = remove_entries(args.file, digest)
     except TokensFileError as exc:
         raise Refused(str(exc)) from None
     except OSError as exc:
@@ -132,7 +135,10 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
     for entry in removed:
         stations = ", ".join(entry.get("stations", [])) or "every station"
         say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
-    say(f"send SIGHUP to each server reading {args.file} (kill -HUP <pid>)")
+    say(
+        f"{args.file} holds {left} token(s) now: send SIGHUP to each server reading it "
+        "(kill -HUP <pid>), which logs the number of tokens it read"
+    )
 
 
 def _new(args: argparse.Namespace, say: Say) -> None:
