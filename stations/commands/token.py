@@ -5,9 +5,10 @@ only: it runs on a base install."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from stations.commands.base import Refused, Usage
 from stations.tokens import (
@@ -85,6 +86,18 @@ def run(args: argparse.Namespace, say: Say) -> None:
         _new(args, say)
 
 
+@contextlib.contextmanager
+def _changing(path: str) -> Iterator[None]:
+    """A change of the tokens file at ``path``: what stops it is a ``Refused`` naming it."""
+    try:
+        yield
+    except TokensFileError as exc:
+        raise Refused(str(exc)) from None
+    except OSError as exc:
+        # The file is replaced by a new one beside it: its folder must take a new file.
+        raise Refused(f"cannot write {path} (a new file in its folder): {exc.strerror}") from None
+
+
 def _ls(args: argparse.Namespace, say: Say) -> None:
     try:
         tokens = load_tokens(args.file)
@@ -124,14 +137,8 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
         if not secret:
             raise Usage("no token on standard input (or give --sha256)")
         digest = digest_of(secret)
-    try:
+    with _changing(args.file):
         removed, left = remove_entries(args.file, digest)
-    except TokensFileError as exc:
-        raise Refused(str(exc)) from None
-    except OSError as exc:
-        raise Refused(
-            f"cannot write {args.file} (a new file in its folder): {exc.strerror}"
-        ) from None
     for entry in removed:
         stations = ", ".join(entry.get("stations", [])) or "every station"
         say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
@@ -148,15 +155,8 @@ def _new(args: argparse.Namespace, say: Say) -> None:
     secret = new_secret()
     entry = entry_for(secret, args.role, args.stations)
     if args.add is not None:
-        try:
+        with _changing(args.add):
             add_entry(args.add, entry)
-        except TokensFileError as exc:
-            raise Refused(str(exc)) from None
-        except OSError as exc:
-            # The file is replaced by a new one beside it: its folder must take a new file.
-            raise Refused(
-                f"cannot write {args.add} (a new file in its folder): {exc.strerror}"
-            ) from None
     if args.json:
         say(json.dumps({"token": secret, "entry": entry, "added": args.add}))
         return
