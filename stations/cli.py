@@ -271,8 +271,9 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         type=float,
         default=10,
         help="on SIGTERM or SIGINT, how long requests in progress get to finish and be "
-        "answered; waiting reads (long-poll, SSE, group fetches) are closed after them, and a "
-        "second signal stops at once (default %(default)s)",
+        "answered; waiting reads (long-poll, SSE, group fetches) answer at once as at their "
+        "timeout and are closed if they have not a second later; a second signal stops at once "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--cors-origin",
@@ -780,7 +781,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     backup_parser(sub)
-    from stations.commands import token  # light: the standard library only
+    from stations.commands import token  # light: no server, no SDK until a command runs
 
     token.add_parser(sub)
     from stations.spark import pipeline  # light: PySpark is imported only when a job runs
@@ -799,16 +800,12 @@ def main(argv: list[str] | None = None) -> None:
         _require_server("backup")
         backup(args)
     elif args.command == "token":
-        from stations.commands.base import Refused, Usage
+        from stations.commands.base import Refused, Usage, exit_code
 
         try:
             token.run(args, _say)
-        except Usage as exc:
-            _fail(str(exc))
-        except Refused as exc:
-            _fail(str(exc), 1)
-        except KeyboardInterrupt:  # Ctrl-C at revoke's prompt: nothing was changed
-            sys.exit(130)
+        except (Usage, Refused) as exc:
+            _fail(str(exc), exit_code(exc))
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))
 

@@ -132,7 +132,8 @@ def test_a_broken_tokens_file_is_not_added_to(tmp_path: Path, content: str, said
     [
         ({"sha256": "g" * 64, "role": "admin"}, "tokens[1].sha256 must be 64 hexadecimal digits"),
         ({"sha256": "a" * 63, "role": "admin"}, "tokens[1].sha256 must be 64 hexadecimal digits"),
-        ({"sha256": 7, "role": "admin"}, "tokens[1] needs a string token"),
+        ({"sha256": 7, "role": "admin"}, "tokens[1].sha256 must be 64 hexadecimal digits"),
+        ({"token": 7, "role": "admin"}, "tokens[1].token must be a string"),
         (
             {"sha256": _sha("x" * 20), "token": "x" * 20, "role": "admin"},
             "tokens[1] gives token and sha256: give one of them",
@@ -142,7 +143,14 @@ def test_a_broken_tokens_file_is_not_added_to(tmp_path: Path, content: str, said
             "tokens[1].sha256 is the same secret as tokens[0].token",
         ),
     ],
-    ids=["not-hex", "short", "not-a-string", "both", "same-secret-as-a-plain-one"],
+    ids=[
+        "not-hex",
+        "short",
+        "not-a-string",
+        "token-not-a-string",
+        "both",
+        "same-secret-as-a-plain-one",
+    ],
 )
 def test_sha256_entries_are_checked(entry: dict[str, Any], said: str) -> None:
     from stations.tokens import TokensFileError, parse_tokens
@@ -256,3 +264,45 @@ def test_ls_shows_no_secret_and_revoke_takes_the_named_token_only(tmp_path: Path
     bad = run_cli(["token", "revoke", str(path), "--sha256", "xyz"], tmp_path)
     assert_one_line_error(bad, "--sha256 must be 64 hexadecimal digits")
     assert bad.returncode == 2
+
+
+def test_made_tokens_never_begin_as_an_option() -> None:
+    """1 in 64 began with "-": ``stations station ls --token -AbC...`` then took the token
+    for an option and failed."""
+    from stations.token_edits import new_secret
+
+    made = [new_secret() for _ in range(2000)]
+    assert not [t for t in made if t.startswith("-")]
+    assert len(set(made)) == len(made) and all(len(t) == 43 for t in made)
+
+
+def test_a_change_by_hand_meanwhile_refuses_the_change(tmp_path: Path) -> None:
+    """The file is read again just before it is replaced: an edit seen then is not lost."""
+    from stations.token_edits import _rewrite
+    from stations.tokens import TokensFileError
+
+    path = tmp_path / "tokens.json"
+    first = {"tokens": [{"sha256": _sha(ADMIN), "role": "admin"}]}
+    path.write_text(json.dumps(first))
+    by_hand = {"tokens": [*first["tokens"], {"sha256": _sha("x" * 20), "role": "consumer"}]}
+
+    def edited_meanwhile(entries: list[Any]) -> None:
+        entries.append({"sha256": _sha("y" * 20), "role": "producer"})
+        path.write_text(json.dumps(by_hand))  # another hand, between the read and the replace
+
+    with pytest.raises(TokensFileError) as refused:
+        _rewrite(str(path), edited_meanwhile, "the entry was added")
+    assert "changed while the entry was added" in str(refused.value)
+    assert json.loads(path.read_text()) == by_hand
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.json"]
+
+
+def test_revoke_without_a_token_and_backup_without_dest_are_usage_errors(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"tokens": [{"sha256": _sha(ADMIN), "role": "admin"}]}))
+    nothing = clikit.run("token", "revoke", str(path), cwd=tmp_path, stdin="\n")
+    assert_one_line_error(nothing, "no token on standard input (or give --sha256)")
+    assert nothing.returncode == 2
+    empty = run_cli(["backup", ""], tmp_path)
+    assert_one_line_error(empty, "DEST is empty")
+    assert empty.returncode == 2

@@ -198,7 +198,7 @@ def make_app(
     app[READERS] = ReaderSlots(limits.max_waiting_readers, limits.max_waiting_readers_per_token)
     app[SLOW_CLIENTS] = SlowClients(app[METRICS].closed)
     service.budget.on_starved = app[SLOW_CLIENTS].close_paused
-    app[DRAIN] = Drain(app[READERS], service.end_waits)
+    app[DRAIN] = Drain(app[READERS], service.end_all_waits)
     app[METRICS].registry.register(_ReadCollector(service, app[READERS]))
     lag = cursors.CursorLag(service, app[METRICS].registry)
     app[METRICS_REFRESH] = (lag.refresh,)

@@ -8,7 +8,9 @@ station patterns. Tokens are compared in constant time and never logged.
 A token's patterns cover every station a request touches: the one its route names in the path
 (the router's match, URL-decoded, never guessed from the path's text), and the ones it names
 elsewhere, which the handlers check with ``require_station`` (a create body's ``name``, a fork's
-``Stream-Forked-From``, a ``dls.forwardTo`` target).
+``Stream-Forked-From``, a ``dls.forwardTo`` set on create or PATCH). Where a request's dead
+letters may be copied (the station's ``dls.forwardTo``) is checked by the write itself, under
+the station's lock: the handlers pass the token's ``reach``.
 
 The tokens file is read by ``stations.tokens``.
 """

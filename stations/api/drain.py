@@ -10,8 +10,8 @@ from aiohttp import web
 
 from stations.api.limits import ReaderSlots
 
-# After the drain, how long waiting reads (and answers being written) get before their
-# connections close.
+# How long waiting reads get to write the answer they were told to give at the drain's start
+# (``Service.end_all_waits``), and cancelled handlers to end, before their connections close.
 READER_GRACE_S = 1.0
 
 
@@ -23,9 +23,10 @@ class Drain:
 
     Waiting reads (long-poll, SSE, group fetches: ``app[READERS]``) are not waited for,
     which would hold a restart for up to their timeouts: they answer at once as at their
-    timeout (``end_waits``: a long-poll's 204, a fetch's empty page, an SSE response ends), and
-    their clients read again from where they were. Whatever is still in progress once the
-    others are done and a moment's grace has passed ends as when its client leaves.
+    timeout (``Service.end_all_waits``: a long-poll's 204, a fetch's empty page, an SSE
+    response ends), and their clients read again from where they were. A waiting read still
+    in progress after ``READER_GRACE_S``, and any other request after the drain's timeout, ends
+    as when its client leaves.
 
     The edge middleware (``stations.api.edge``) calls ``enter`` and ``leave`` around every
     request."""
@@ -54,9 +55,11 @@ class Drain:
             self.moved.set()
 
     async def settle(self, timeout: float) -> int:
-        """Wait until only waiting reads are in progress (at most ``timeout``), then end them
-        and whatever did not finish in time, whose number this returns. Connections stay open
-        meanwhile: a request on a kept-alive one is answered too, and closes it."""
+        """End the waits (they answer as at their timeout); give waiting reads
+        ``READER_GRACE_S`` and every other request the whole ``timeout`` to finish; then end
+        what is left, and return how many requests other than waiting reads that was.
+        Connections stay open meanwhile: a request on a kept-alive one is answered too, and
+        closes it."""
         self.draining = True
         self.end_waits()
         loop = asyncio.get_running_loop()
@@ -64,7 +67,7 @@ class Drain:
         # The waiting reads were told to answer: a moment for them to write it. Any other
         # request (one begun meanwhile on a kept-alive connection too) has the drain's whole
         # time: cut at the grace, a write could commit with its client told nothing.
-        grace = loop.time() + READER_GRACE_S
+        grace = min(deadline, loop.time() + READER_GRACE_S)
         while self.handlers:
             until = deadline if len(self.handlers) > self.readers.used else grace
             if loop.time() >= until or not await self._moved_by(until):
@@ -78,7 +81,8 @@ class Drain:
         return cut
 
     async def _moved_by(self, deadline: float) -> bool:
-        """Whether a handler ended or a waiting read began or ended before ``deadline``."""
+        """Whether a handler began or ended or a waiting read began or ended before
+        ``deadline``."""
         self.moved.clear()
         try:
             await asyncio.wait_for(self.moved.wait(), deadline - asyncio.get_running_loop().time())

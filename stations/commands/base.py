@@ -157,8 +157,8 @@ class Usage(Exception):
 
 
 class Refused(Exception):
-    """Input refused after part of it was sent and stored: exit code 1, not 2 (the server
-    did see the command)."""
+    """Input refused after part of it was sent and stored (the server did see the command),
+    or a file the command could not use or change (``stations token``): exit code 1, not 2."""
 
 
 def exit_code(exc: BaseException) -> int:

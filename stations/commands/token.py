@@ -1,6 +1,6 @@
 """``stations token``: make, list and revoke the tokens of a server's ``--tokens`` file
-(``stations.tokens``). It works on the file, not through a server, with the standard library
-only: it runs on a base install."""
+(``stations.tokens``, ``stations.token_edits``). It works on the file, not through a server,
+and needs no package beyond a base install's."""
 
 from __future__ import annotations
 
@@ -8,21 +8,18 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 from stations.commands.base import Refused, Usage
-from stations.tokens import (
-    ROLES,
-    TokensFileError,
-    add_entry,
-    digest_of,
-    entry_for,
-    load_tokens,
-    new_secret,
-    remove_entries,
-)
+from stations.token_edits import add_entry, entry_for, new_secret, remove_entries
+from stations.tokens import ROLES, TokensFileError, digest_of, load_tokens, parse_sha256
 
-Say = Callable[..., None]  # the CLI's line writer: say(text, err=False)
+
+class Say(Protocol):
+    """The CLI's line writer (a closed standard output is no traceback)."""
+
+    def __call__(self, message: str, *, err: bool = False) -> None: ...
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -87,8 +84,8 @@ def run(args: argparse.Namespace, say: Say) -> None:
 
 
 @contextlib.contextmanager
-def _changing(path: str) -> Iterator[None]:
-    """A change of the tokens file at ``path``: what stops it is a ``Refused`` naming it."""
+def _as_refusal(path: str) -> Iterator[None]:
+    """What stops a read or change of the tokens file at ``path`` as a ``Refused``."""
     try:
         yield
     except TokensFileError as exc:
@@ -99,10 +96,8 @@ def _changing(path: str) -> Iterator[None]:
 
 
 def _ls(args: argparse.Namespace, say: Say) -> None:
-    try:
+    with _as_refusal(args.file):
         tokens = load_tokens(args.file)
-    except TokensFileError as exc:
-        raise Refused(str(exc)) from None
     if args.json:
         rows = [
             {"index": i, "role": t.role, "stations": list(t.stations), "sha256": t.digest.hex()}
@@ -118,12 +113,10 @@ def _ls(args: argparse.Namespace, say: Say) -> None:
 
 def _revoke(args: argparse.Namespace, say: Say) -> None:
     if args.sha256 is not None:
-        try:
-            digest = bytes.fromhex(args.sha256)
-        except ValueError:
-            digest = b""
-        if len(digest) != 32:
+        named = parse_sha256(args.sha256)
+        if named is None:
             raise Usage("--sha256 must be 64 hexadecimal digits")
+        digest = named
     else:
         if sys.stdin.isatty():  # typed or pasted: not shown on the screen
             import getpass
@@ -132,12 +125,14 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
                 secret = getpass.getpass("the token to revoke: ").strip()
             except EOFError:  # Ctrl-D: no token
                 secret = ""
+            except KeyboardInterrupt:  # Ctrl-C: nothing changed
+                raise SystemExit(130) from None
         else:
             secret = sys.stdin.readline().strip()
         if not secret:
             raise Usage("no token on standard input (or give --sha256)")
         digest = digest_of(secret)
-    with _changing(args.file):
+    with _as_refusal(args.file):
         removed, left = remove_entries(args.file, digest)
     for entry in removed:
         stations = ", ".join(entry.get("stations", [])) or "every station"
@@ -155,7 +150,7 @@ def _new(args: argparse.Namespace, say: Say) -> None:
     secret = new_secret()
     entry = entry_for(secret, args.role, args.stations)
     if args.add is not None:
-        with _changing(args.add):
+        with _as_refusal(args.add):
             add_entry(args.add, entry)
     if args.json:
         say(json.dumps({"token": secret, "entry": entry, "added": args.add}))

@@ -213,7 +213,7 @@ class Service:
         self._started = False
         self.tally = figures.Tally()  # counters for monitoring (see stations.domain.figures)
         self._parked: dict[str, list[_Parked]] = {}  # station → fetches waiting for messages
-        self.ending = False  # a shutdown: waits end now (``end_waits``)
+        self.ending = False  # a shutdown: waits end now (``end_all_waits``)
         # When each TTL stream was last touched here (loop time); entries leave after an hour,
         # which costs at most one extra touch.
         self._touched: TTLCache[str, float] = TTLCache(100_000, 3600)
@@ -695,7 +695,7 @@ class Service:
         finally:
             self.notifier.unsubscribe(station, woken)
 
-    def end_waits(self) -> None:
+    def end_all_waits(self) -> None:
         """A shutdown's drain: waiting reads and fetches answer now with what they have, as at
         their timeout (a long-poll's 204, a fetch's empty page), and later ones do not wait.
         Cut off unanswered instead, their clients saw an error (the CLI's ``group fetch

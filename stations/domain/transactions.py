@@ -301,13 +301,13 @@ def run(batch: Batch, window: IdWindow, req: TxRequest, reach: dls.Reach | None 
     named = req.stations("settle") | req.stations("produce")
     # ... the stations dead letters are forwarded to included: a nack or a dead letter writes
     # there too. (station -> the field of its first such item, to name it in a refusal)
-    risky: dict[str, str] = {}
+    may_dead_letter: dict[str, str] = {}
     for s in req.settles:
         if s.verb != "ack":
-            risky.setdefault(s.station, f"{s.field}.station")
+            may_dead_letter.setdefault(s.station, f"{s.field}.station")
     forwards: set[str] = set()
     if batch.row_locks:
-        forwards = dls.with_forward_targets(batch, risky) - named.keys()
+        forwards = dls.with_forward_targets(batch, may_dead_letter) - named.keys()
     states: dict[str, StreamState] = {}
     for name in sorted(named.keys() | forwards):
         if name in named:
@@ -315,7 +315,7 @@ def run(batch: Batch, window: IdWindow, req: TxRequest, reach: dls.Reach | None 
         else:
             batch.stream(name)
     if reach is not None:
-        for name, field_name in sorted(risky.items()):
+        for name, field_name in sorted(may_dead_letter.items()):
             dls.check_reach(states[name], reach, field_name)
     group_ids = _check_leases(batch, req, states)
     appends = _appends(req, states)
