@@ -67,6 +67,20 @@ def pg_available() -> bool:
         return False
 
 
+def waiting_for_locks(url: str, besides: int) -> bool:
+    """Whether a backend of the PostgreSQL database at ``url`` other than ``besides`` (the
+    caller's, holding the lock) waits for a lock."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> %s",
+            (besides,),
+        ).fetchall()
+    return bool(rows)
+
+
 def new_pg_database() -> str:
     """A fresh, empty database; returns its URL."""
     import psycopg

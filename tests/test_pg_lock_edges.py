@@ -17,6 +17,7 @@ from stations.domain import groups, transactions
 from stations.domain.service import Service
 from stations.store import db
 from stations.store.writer import Batch, Writer
+from tests.harness import waiting_for_locks
 
 
 async def _setup(url: str, stations: list[dict[str, Any]], source: str, count: int) -> None:
@@ -59,13 +60,7 @@ async def _blocked_or_done(url: str, other: int, done: asyncio.Future[Any]) -> b
     while time.monotonic() < deadline:
         if done.done():
             return False
-        waiting = _sql(
-            url,
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND pid <> %s",
-            other,
-        )
-        if waiting:
+        if waiting_for_locks(url, other):
             return True
         await asyncio.sleep(0.02)
     raise AssertionError("the writer neither finished nor waited for a lock")

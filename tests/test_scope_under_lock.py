@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.harness import Server
+from tests.harness import Server, waiting_for_locks
 
 ADMIN, SCOPED = "admin-secret", "shop-consumer-secret"
 OUT = "b-out"  # outside the scoped token's a* stations
@@ -29,16 +29,6 @@ def _client(server: Server, token: str) -> httpx.Client:
     return httpx.Client(
         base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
-
-
-def _waiting_for_lock(url: str, ours: int) -> bool:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND pid <> %s",
-            (ours,),
-        ).fetchall()
-    return bool(rows)
 
 
 def _while_forward_changes(url: str, station: str, send: Callable[[], httpx.Response]) -> Any:
@@ -60,7 +50,7 @@ def _while_forward_changes(url: str, station: str, send: Callable[[], httpx.Resp
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 20
-        while not _waiting_for_lock(url, conn.info.backend_pid):
+        while not waiting_for_locks(url, conn.info.backend_pid):
             assert not answer, f"answered without waiting for the station's lock: {answer}"
             assert time.monotonic() < deadline, "the request never waited for the lock"
             time.sleep(0.02)

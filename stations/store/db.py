@@ -577,7 +577,7 @@ def refuse_foreign(url: str | None) -> None:
             f"{path} is not an SQLite database (it does not begin as one): give --db a new "
             "file, or restore this one from a backup"
         )
-    found = _foreign_tables(url)
+    found = _foreign_tables(path)
     if found:
         raise Unusable(
             f"the file holds tables ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}) "
@@ -596,14 +596,13 @@ def _sqlite_or_empty(path: str) -> bool:
     return not head or head == b"SQLite format 3\x00"
 
 
-def _foreign_tables(url: str | None) -> list[str]:
+def _foreign_tables(path: str | None) -> list[str]:
     """The tables of an SQLite file that has no schema revision: another application's, which
     the migrations would add Stations' tables to. Read through a read-only connection of its
     own, before the engine's first connection switches the file to WAL. (A PostgreSQL database
     may be shared with other applications' tables; a name both use fails the migration.)"""
     import sqlite3
 
-    path = database_file(url or default_url())
     if path is None or not os.path.isfile(path) or os.path.getsize(path) == 0:
         return []
     try:
