@@ -617,3 +617,43 @@ async def test_forward_to_exactly_once_across_kill(shared: Server) -> None:
         await asyncio.sleep(0.5)
         assert len(await api.browse(target)) == n
         assert len(await api.dls_entries(st)) == n
+
+
+async def _dead_letter_then_seek_back(api: Api, st: str, n: int) -> None:
+    await api.produce(st, [{"n": i} for i in range(n)])
+    await api.put_group(st, "g", maxAckTimeMs=60_000)
+    await dead_letter_all(api, st, "g")
+    seek = await api.c.post(api.path(st, "groups", "g", "seek"), json={"to": "earliest"})
+    assert seek.status_code == 200, seek.text
+
+
+async def test_a_replay_leaves_a_live_lease_of_its_message_alone(api: Api) -> None:
+    """The review of 2026-11-29: a seek keeps dead letters, so after one back past them the
+    group leases the messages again while their entries stand. Replaying those entries
+    deleted the live leases: the holder's ack answered ``unknown`` and another consumer was
+    handed the message again as a first delivery (processed twice)."""
+    st = uniq()
+    await api.station(st)
+    await _dead_letter_then_seek_back(api, st, 3)
+    held = await api.fetch(st, "g", max=10, consumer="b")
+    assert [m["deliveryCount"] for m in held] == [1, 1, 1]
+    assert await api.replay(st, {"all": True}) == 3
+    assert await api.dls_entries(st) == []
+    assert await api.fetch(st, "g", max=10, consumer="c") == []
+    acked = await api.ack(st, "g", [m["offset"] for m in held])
+    assert acked["acked"] == 3 and not acked.get("unknown"), acked
+    assert await api.fetch(st, "g", max=10, consumer="c") == []
+
+
+async def test_a_message_dead_lettered_twice_is_replayed_once(api: Api) -> None:
+    """After a seek back, a message can die again and have two entries: a replay of both
+    put it back once but answered ``replayed`` for each entry."""
+    st = uniq()
+    await api.station(st)
+    await _dead_letter_then_seek_back(api, st, 2)
+    await dead_letter_all(api, st, "g")
+    assert len(await api.dls_entries(st)) == 4
+    assert await api.replay(st, {"all": True}) == 2
+    again = await api.fetch(st, "g", max=10)
+    assert sorted(m["data"]["n"] for m in again) == [0, 1]
+    assert await api.fetch(st, "g", max=10, consumer="c2") == []

@@ -199,3 +199,28 @@ async def test_dead_letter_beside_a_produce_to_its_own_station(api: Api) -> None
         ({"n": 3}, 1),
         ({"n": 4}, 1),
     ]
+
+
+async def test_a_transaction_ack_of_a_closed_stations_last_message_wakes_fetches(
+    api: Api,
+) -> None:
+    """The review of 2026-11-29: the ack route told a closed station's waiting fetches that
+    its group was done; the same ack in a transaction left them waiting out ``waitMs``."""
+    st, out = await api.station(), await api.station()
+    await api.produce(st, [{"n": 1}])
+    await api.put_group(st, "g", maxAckTimeMs=60_000)
+    closed = await api.c.post(
+        f"/v1/stream/{st}", headers={"Stream-Closed": "true", "Content-Type": "application/json"}
+    )
+    assert closed.status_code in (200, 204), closed.text
+    (m,) = await api.fetch(st, "g", consumer="a")
+    path = api.path(st, "groups", "g", "fetch")
+    waiting = asyncio.create_task(
+        api.c.post(path, json={"max": 1, "waitMs": 15_000, "consumer": "b"}, timeout=30)
+    )
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    body = {"ack": [lease(st, "g", m)], "produce": [{"station": out, "data": 1}]}
+    assert (await post(api, body)).status_code == 200
+    answer = await asyncio.wait_for(waiting, 10)
+    assert answer.json() == {"messages": [], "closed": True}, answer.text

@@ -419,7 +419,8 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
             raise BadRequest(f"delayMs must be an integer from 0 to {MAX_DELAY_MS}", "delayMs")
     rows = store.lock_selected(batch.conn, _selection(state, raw, allow_group=True))
     live_groups = group_store.ids_of_stream(batch.conn, state.id)
-    replayed = 0
+    # Messages, not entries: one that died again after a seek back has two entries.
+    replayed: set[tuple[int, int]] = set()
     gone: set[int] = set()
     back: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for entry_id, group_id, seq, redrives in rows:
@@ -430,14 +431,14 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
             continue
         if group_id in live_groups:
             back[group_id].append((seq, redrives))
-            replayed += 1
+            replayed.add((group_id, seq))
     for group_id, entries in back.items():
         group_store.requeue(batch.conn, group_id, entries, batch.now + delay)
         _fence_leases(batch, group_id)
     store.drop_ids(batch.conn, [row[0] for row in rows if row[0] not in gone])
     if replayed:
         batch.changed.add(state.name)
-    return replayed
+    return len(replayed)
 
 
 def drop(batch: Batch, station: str, raw: Any) -> int:

@@ -490,9 +490,16 @@ def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, li
     settled = set(store.settle(batch.conn, group.id, seqs))
     head = dropped_through(batch.conn, state)
     settled = {seq for seq in settled if seq > head}  # retention dropped the rest: unknown
-    if state.closed and settled:  # perhaps the group's last: its waiting fetches hear so
-        batch.changed.add(state.name)
+    if settled:
+        settled_some(batch, state)
     return len(settled), [encode(s - 1) for s in seqs if s not in settled]
+
+
+def settled_some(batch: Batch, state: StreamState) -> None:
+    """Deliveries of the station were acked or dead-lettered: on a closed station perhaps its
+    group's last, which the group's waiting fetches must hear (they answer ``closed``)."""
+    if state.closed:
+        batch.changed.add(state.name)
 
 
 def extend(
@@ -594,8 +601,8 @@ def dead_letter(
         reason,
         always=True,
     )
-    if state.closed and known:  # perhaps the group's last: its waiting fetches hear so
-        batch.changed.add(state.name)
+    if known:
+        settled_some(batch, state)
     return len(known), _split(seqs, known)
 
 

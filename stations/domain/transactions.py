@@ -325,12 +325,16 @@ def run(batch: Batch, window: IdWindow, req: TxRequest, reach: dls.Reach | None 
         done = append(batch, window, append_req)
         for index, (offset, duplicate) in zip(indexes, done.results, strict=True):
             result.produced[index] = (append_req.name, offset, duplicate)
-    _settle(batch, req, result, group_ids)
+    _settle(batch, req, result, group_ids, states)
     return result
 
 
 def _settle(
-    batch: Batch, req: TxRequest, result: TxResult, group_ids: dict[tuple[str, str], int]
+    batch: Batch,
+    req: TxRequest,
+    result: TxResult,
+    group_ids: dict[tuple[str, str], int],
+    states: dict[str, StreamState],
 ) -> None:
     batches: dict[tuple[str, str, str, int, str | None], list[int]] = defaultdict(list)
     for s in req.settles:
@@ -340,6 +344,7 @@ def _settle(
             # The leases were checked under the group's lock: an ack only deletes them.
             group_store.forget(batch.conn, group_ids[(station, group)], seqs)
             result.acked += len(seqs)
+            groups.settled_some(batch, states[station])
             continue
         if verb == "nack":
             n, unknown = groups.nack(batch, station, group, seqs, delay_ms)

@@ -426,10 +426,16 @@ def requeue(conn: Connection, group_id: int, entries: list[tuple[int, int]], due
     ``due``, carrying how often each was redriven; a statement per step whatever their number.
     Not a message after the group's cursor (a seek went back past it): the log delivers it
     anyway, and a row beside the lease the log gives it would be a second copy that outlives
-    the ack of the first."""
+    the ack of the first. Nor one the group has delivered again since (a seek back past its
+    dead letter): that delivery stands, its holder's ack must settle it."""
     if not entries:
         return
     redrives_of = dict(entries)  # one row per message (the last entry's count, as in turn)
+    for seq, (count, _, _, _) in leases(conn, group_id, list(redrives_of)).items():
+        if count > 0:  # delivered and not settled: leased, or its lease ran out
+            del redrives_of[seq]
+    if not redrives_of:
+        return
     forget(conn, group_id, sorted(redrives_of))
     cursor = conn.execute(select(groups.c.cursor).where(groups.c.id == group_id)).scalar()
     if cursor is None:
