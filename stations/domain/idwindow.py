@@ -16,7 +16,6 @@ store's business, and differs by engine:
 from __future__ import annotations
 
 from collections.abc import Collection
-from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +151,7 @@ class IdWindow:
         """Record the ids stored by this batch: ``{msg_id: position}``, in the order stored."""
         if not stored:
             return
-        sid, now = state.id, batch.now
+        sid = state.id
         pending = batch.pending_ids.get(sid)
         if pending is None:
             pending = batch.pending_ids[sid] = {}
@@ -163,10 +162,10 @@ class IdWindow:
         cache = self._caches.get(sid)
         if cache is None or cache.half * 2 != self._cache_size:
             cache = self._caches[sid] = _Cache(self._cache_size)
-        batch.ids.extend(zip(repeat(sid), stored, stored.values(), repeat(now)))
+        batch.ids.extend(zip(repeat(sid), stored, stored.values()))
         # Only a committed id may answer a retry as a duplicate: the writer fills the cache
-        # after the commit.
-        batch.after_commit.append(partial(cache.fill, stored, now))
+        # after the commit, with the time the batch stamped on its ids as it wrote them.
+        batch.after_commit.append(lambda: cache.fill(stored, batch.ids_at))
 
     def forget_station(self, batch: Batch, stream_id: int) -> None:
         """The station is deleted in this batch: its ids leave RAM at once (a station created

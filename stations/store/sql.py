@@ -124,20 +124,20 @@ def insert_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> 
         execute(conn, text, tuple(map(list, zip(*rows, strict=True))))
 
 
-# msg_ids rows as four text parameters, each column's values joined (ids hold no newline):
+# msg_ids rows as three text parameters, each column's values joined (ids hold no newline):
 # psycopg writes a list parameter element by element in Python.
 _INSERT_IDS = (
-    "INSERT INTO msg_ids (stream_id, msg_id, seq, stored_at) SELECT * FROM unnest("
-    "string_to_array(%s, ',')::integer[], string_to_array(%s, E'\\n'), "
-    "string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::bigint[])"
+    "INSERT INTO msg_ids (stream_id, msg_id, seq, stored_at) SELECT t.s, t.m, t.q, %s::bigint "
+    "FROM unnest(string_to_array(%s, ',')::integer[], string_to_array(%s, E'\\n'), "
+    "string_to_array(%s, ',')::bigint[]) AS t(s, m, q)"
 )
 
 
-def insert_ids(conn: Connection, rows: list[tuple[int, str, int, int]]) -> None:
-    """Store ``(stream_id, msg_id, seq, stored_at)`` rows in ``msg_ids``."""
+def insert_ids(conn: Connection, rows: list[tuple[int, str, int]], stored_at: int) -> None:
+    """Store ``(stream_id, msg_id, seq)`` rows in ``msg_ids``, all stored at ``stored_at``."""
     if not db.arrays(conn):
-        insert_rows(conn, msg_ids, rows)
+        insert_rows(conn, msg_ids, [(*row, stored_at) for row in rows])
         return
-    sids, ids, seqs, ats = zip(*rows, strict=True)
+    sids, ids, seqs = zip(*rows, strict=True)
     params = (",".join(map(str, sids)), "\n".join(ids), ",".join(map(str, seqs)))
-    execute(conn, _INSERT_IDS, (*params, ",".join(map(str, ats))))
+    execute(conn, _INSERT_IDS, (stored_at, *params))

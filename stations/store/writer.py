@@ -93,10 +93,14 @@ class Batch:
     """The unit of work of one transaction: loaded state plus the rows to write at commit."""
 
     conn: Connection
+    # The time of what the batch stores, read again from ``clock`` after each station it
+    # locks and before it writes message ids (see ``stream`` and ``flush``); it only ever
+    # moves forward. Without a clock it stands still (tests give a batch a time of their own).
     now: int
     # False when the commit may not wait for the disk (every op was enqueued ``relaxed``): an
     # op then writes nothing a power cut must not lose.
     durable: bool = True
+    clock: Callable[[], int] | None = None
     streams: dict[str, StreamState | None] = field(default_factory=dict)
     # Other rows this transaction read under a lock, kept in step by the ops that change them
     # (a consumer group's row: ``stations.domain.groups``).
@@ -104,7 +108,8 @@ class Batch:
     dirty: dict[int, StreamState] = field(default_factory=dict)
     # Rows to insert at commit, as tuples in column order (see _INSERT_MESSAGE / _INSERT_ID).
     rows: list[tuple[Any, ...]] = field(default_factory=list)
-    ids: list[tuple[Any, ...]] = field(default_factory=list)
+    ids: list[tuple[int, str, int]] = field(default_factory=list)  # (stream id, msg id, seq)
+    ids_at: int = 0  # the store time the last flush gave the ids it wrote
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     dirty_sessions: set[tuple[int, str]] = field(default_factory=set)
     # Ids stored by this batch, until it commits: stream id -> {msg_id: position}.
@@ -130,6 +135,11 @@ class Batch:
     def stream(self, name: str) -> StreamState | None:
         if name not in self.streams:
             self.streams[name] = load(self.conn, name, lock=True)
+            # The lock may have been waited for (another process's transaction): what this
+            # batch stores from now on is stored after every earlier write of the station,
+            # so its store time must be too (retention and seeks by time take store times
+            # to rise with positions).
+            self.read_clock()
         return self.streams[name]
 
     @property
@@ -137,6 +147,10 @@ class Batch:
         """Whether ``stream`` locks rows other processes wait on (PostgreSQL; SQLite's one
         writer holds the whole database): then the order of locking matters."""
         return db.shared(self.conn)
+
+    def read_clock(self) -> None:
+        if self.clock is not None:
+            self.now = max(self.now, self.clock())
 
     def peek(self, name: str) -> StreamState | None:
         """A station's row as it is, without locking it (``stream`` locks)."""
@@ -153,8 +167,14 @@ class Batch:
         if self.rows:
             sql.insert_rows(self.conn, messages, self.rows)
             self.rows = []
+        if self.ids or self.id_blocks:
+            # An id is remembered for its window from when its message was stored: stamped
+            # when the batch began, a long batch (a large append beside it, a lock waited
+            # for) had it run out early, and a retry right after the answer was stored again.
+            self.read_clock()
+            self.ids_at = self.now
         if self.ids:
-            sql.insert_ids(self.conn, self.ids)
+            sql.insert_ids(self.conn, self.ids, self.ids_at)
             self.ids = []
         if self.id_blocks and self.block_writer is not None:
             self.block_writer(self)
@@ -699,7 +719,7 @@ class Writer:
     ) -> tuple[list[tuple[bool, Any]], set[str], list[Any]]:
         conn = self._connection()
         outcomes: list[tuple[bool, Any]] = []
-        batch = Batch(conn, now_ms(), durable=strict)
+        batch = Batch(conn, now_ms(), durable=strict, clock=now_ms)
         committing = False
         xid: int | None = None
         backend = self.backend_pid  # the server process of this connection (PostgreSQL)
