@@ -525,6 +525,23 @@ def test_json_values_are_kept_exactly(client: httpx.Client, js: str) -> None:
     assert isinstance(stored[0], int) and isinstance(stored[1], int)
 
 
+def test_integers_of_more_than_4300_digits_are_refused_naming_them(
+    client: httpx.Client, js: str
+) -> None:
+    """The review of 2026-11-29: 4,301 digits answered Python's own wording ("Exceeds the
+    limit ... use sys.set_int_max_str_digits()"), naming no field on the management API."""
+    most, more = "9" * 4300, "-" + "9" * 4301
+    assert client.post(js, headers=JSON, content=f"[{most}]".encode()).status_code == 204
+    error = assert_error(client.post(js, headers=JSON, content=f"[{more}]".encode()), 400, "body")
+    assert "more than 4300 digits" in error["message"], error
+    name = js.rstrip("/").rsplit("/", 1)[-1]
+    body = f'{{"messages": [{{"data": 1}}, {{"data": {{"n": {more}}}}}]}}'.encode()
+    answer = client.post(f"/api/stations/{name}/messages", headers=JSON, content=body)
+    error = assert_error(answer, 400, "messages.1.data.n")
+    assert "more than 4300 digits" in error["message"], error
+    assert json.loads(read_all(client, js).text) == [int(most)]
+
+
 @pytest.mark.parametrize("alone", [True, False])
 def test_negative_integers_below_64_bits_are_kept_exactly(
     client: httpx.Client, js: str, alone: bool

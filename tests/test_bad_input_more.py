@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -196,3 +197,21 @@ def test_live_given_twice_is_a_400_as_offset_given_twice_is(client: httpx.Client
     r = client.get(f"/v1/stream/{name}?offset=-1&live=long-poll&live=sse")
     assert r.status_code == 400, r.text
     assert r.json()["error"]["field"] == "live"
+
+
+@pytest.mark.parametrize(
+    "sub_id", ["a\u200bb", "x\x85y", "a\u00a0b", "line\u2028two", "\u202eevil", "a b"]
+)
+def test_subscription_ids_hold_only_visible_characters(client: httpx.Client, sub_id: str) -> None:
+    """The review of 2026-11-29: C1 controls and invisible format characters (a zero-width
+    space, a bidirectional override) passed as "visible": two ids that look the same."""
+    spec = {"type": "pull-wake", "streams": ["a"], "wake_stream": "w"}
+    path = f"/v1/stream/__ds/subscriptions/{quote(sub_id, safe='')}"
+    answer = client.put(path, json=spec)
+    assert answer.status_code == 400 and answer.json()["error"]["field"] == "id", answer.text
+
+
+def test_subscription_ids_in_any_script_are_taken(client: httpx.Client) -> None:
+    spec = {"type": "pull-wake", "streams": ["a"], "wake_stream": "w"}
+    answer = client.put(f"/v1/stream/__ds/subscriptions/{quote('注文-café')}", json=spec)
+    assert answer.status_code in (200, 201), answer.text

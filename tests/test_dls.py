@@ -657,3 +657,12 @@ async def test_a_message_dead_lettered_twice_is_replayed_once(api: Api) -> None:
     again = await api.fetch(st, "g", max=10)
     assert sorted(m["data"]["n"] for m in again) == [0, 1]
     assert await api.fetch(st, "g", max=10, consumer="c2") == []
+
+
+async def test_a_selection_of_too_many_ids_names_the_limit(api: Api) -> None:
+    """10,001 ids were refused as "ids must be a non-empty array", which they were."""
+    st = await api.station()
+    for verb in ("replay", "drop"):
+        r = await api.c.post(api.path(st, "dls", verb), json={"ids": ["1"] * 10_001})
+        assert r.status_code == 400 and field_of(r) == "ids", r.text
+        assert "at most 10000" in r.json()["error"]["message"], r.text

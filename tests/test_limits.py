@@ -244,6 +244,33 @@ async def test_slowloris_head_body_and_idle_connections_are_closed(
     assert closed["max_connections"] == closed["malformed"] == closed["send_timeout"] == 0
 
 
+async def test_a_body_timeout_after_the_answer_closes_the_connection_quietly(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The review of 2026-11-29: a request answered without its body being read (a 413 for a
+    body declared too large, a 404, a long-poll that carried a Content-Length) left aiohttp
+    reading the body to drop it; when the body timeout fell meanwhile, the server logged
+    "Unhandled exception" at ERROR with a traceback, which any client could fill the log with."""
+    server = spawn(sqlite_url(tmp_path), "--body-timeout-s", "1", "--long-poll-timeout-ms", "300")
+    httpx.put(f"{server.url}/v1/stream/j", headers=JSON)
+    heads = {
+        b"413": b"POST /v1/stream/j HTTP/1.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 67108865\r\n",
+        b"404": b"POST /no/such/route HTTP/1.1\r\nContent-Length: 10\r\n",
+        b"204": b"GET /v1/stream/j?offset=now&live=long-poll HTTP/1.1\r\nContent-Length: 10\r\n",
+    }
+    for status, head in heads.items():
+        conn = await Conn.open(server.port)
+        conn.writer.write(head + b"Host: 127.0.0.1\r\n\r\n")
+        closed, got = await closed_within(conn.reader, 5)
+        conn.writer.close()
+        assert closed, got
+        assert got.split(b"\r\n", 1)[0].split()[1] == status, got[:300]
+    log = server.log()
+    assert "Unhandled exception" not in log and "Traceback" not in log, log
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
 # -- the connection cap and the waiting-reader cap ------------------------------------------------
 
 

@@ -288,6 +288,22 @@ def test_an_expect_that_is_not_text_is_a_417_not_a_500(srv: Server, path: str) -
     assert "Traceback" not in srv.log()
 
 
+@pytest.mark.parametrize("path", ["/v1/stream/x", "/api/stations", "/api/transactions"])
+def test_an_unknown_expectation_is_a_json_417(srv: Server, path: str) -> None:
+    """The review of 2026-11-29: ``Expect: foo`` was answered in aiohttp's plain text, the
+    value quoted back, before any middleware; it is the JSON error every refusal is. (A path no
+    route serves, or a method it does not take, still gets aiohttp's own 417: the Expect
+    handler is then aiohttp's.)"""
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: foo\r\n".encode()
+    head += b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    got = _answer_to_head(srv, head)
+    head_part, _, body = got.partition(b"\r\n\r\n")
+    assert head_part.split(b"\r\n")[0].split()[1] == b"417", got[:300]
+    assert b"application/json" in head_part.lower(), head_part
+    error = httpx.Response(200, content=body).json()["error"]
+    assert error["field"] == "Expect" and "foo" not in error["message"], error
+
+
 def _answer_to_head(srv: Server, head: bytes) -> bytes:
     """The first answer to ``head`` sent alone (no body follows), whole. (The server then
     reads and drops what else comes for a while before it closes: aiohttp's lingering close.)"""

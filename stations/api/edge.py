@@ -5,7 +5,9 @@ adds around a handler:
    (``stations_http_requests``, latency), whatever the answer;
 2. the ``Host`` check (``headers.refused_host``);
 3. CORS preflights, answered here (``headers.preflight``);
-4. request bodies sent with a ``Content-Encoding`` (``limits.refused_encoding``);
+4. request bodies declared too large, expectations other than ``100-continue`` and bodies
+   sent with a ``Content-Encoding`` (``limits.refused_length``, ``refused_expect``,
+   ``refused_encoding``);
 5. token-less modes: writes sent by foreign web pages (``headers.refused_origin``); else the
    bearer token (``auth.refused``); then a management route's query parameters
    (``params.refused_query``);
@@ -86,6 +88,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         return headers.preflight(request)
     refusal = (
         limits.refused_length(request)
+        or limits.refused_expect(request)
         or limits.refused_encoding(request)
         or headers.refused_origin(request)
         or auth.refused(request)

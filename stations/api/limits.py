@@ -179,6 +179,13 @@ class SlowClients:
         return len(slow)
 
 
+class BodyTimeout(web.HTTPRequestTimeout, TimeoutError):
+    """What reading a body that did not arrive in time raises: a 408 for a handler reading
+    it, and a ``TimeoutError`` for aiohttp's lingering close, which drops the body of a
+    request answered without reading it (a 413, a long-poll) and ends quietly on a timeout;
+    any other exception there was logged at ERROR as unhandled, with a traceback."""
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's request handler with head, body and send timeouts."""
 
@@ -283,7 +290,7 @@ class GuardedHandler(RequestHandler):
         self._closed("body_timeout")
         # The handler reading the body gets 408; the rest of the body is not waited for, and
         # the connection closes after the answer (its framing is lost).
-        payload.set_exception(web.HTTPRequestTimeout())
+        payload.set_exception(BodyTimeout())
         payload.feed_eof()
         self.close()
 
@@ -531,23 +538,36 @@ def refused_length(request: web.Request) -> web.Response | None:
     # The answer aiohttp's own refusal, once it has read past the limit, is given.
     too_large = web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=length)
     response = errors.answer(request, too_large)
-    response.force_close()  # the body is not read
+    response.force_close()  # no handler reads the body (aiohttp drops what comes, a while)
     return response
 
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """Every route's ``Expect`` handler (aiohttp runs it before any middleware): a body
     declared too large is not asked for with ``100 Continue`` (the middleware answers 413,
-    ``refused_length``, after the Host check and counted as every answer is); otherwise
-    aiohttp's own behaviour, 100 Continue or 417."""
-    if refused_length(request) is not None or request.version != HttpVersion11:
-        return None  # (Expect means nothing before HTTP/1.1: RFC 9110 10.1.1)
-    if request.headers.get("Expect", "").lower() == "100-continue":
+    ``refused_length``, after the Host check and counted as every answer is), nor is one
+    with an expectation the server does not know (``refused_expect``: 417); otherwise
+    ``100 Continue``."""
+    if refused_length(request) is not None or refused_expect(request) is not None:
+        return None
+    if request.version == HttpVersion11:  # (Expect means nothing before: RFC 9110 10.1.1)
         assert request.writer is not None
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer proper has not begun
+    return None
+
+
+def refused_expect(request: web.Request) -> web.Response | None:
+    """An ``Expect`` other than ``100-continue`` (HTTP/1.1) gets ``417``, as the JSON error
+    every refusal is; aiohttp's own answer was plain text quoting the value back."""
+    expect = request.headers.get("Expect")
+    if expect is None or request.version != HttpVersion11 or expect.lower() == "100-continue":
         return None
-    raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
+    response = error_response(
+        417, "expectation_failed", "Expect may only be 100-continue", "Expect"
+    )
+    response.force_close()  # a body may follow, or not: its framing is in doubt
+    return response
 
 
 def with_expect_continue(defs: Iterable[web.AbstractRouteDef]) -> list[web.AbstractRouteDef]:
@@ -580,7 +600,7 @@ def refused_encoding(request: web.Request) -> web.Response | None:
             "Content-Encoding",
         )
         response.headers["Accept-Encoding"] = "identity"
-        response.force_close()  # the coded body is not read
+        response.force_close()  # no handler reads the coded body (aiohttp drops it, a while)
         return response
     return None
 

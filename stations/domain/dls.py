@@ -367,6 +367,9 @@ def _entry(state: StreamState, row: Any) -> dict[str, Any]:
     }
 
 
+MAX_SELECTED_IDS = 10_000  # DLS entry ids a replay or drop names
+
+
 def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
     allowed = {"ids", "all", "group"} if allow_group else {"ids", "all"}
     raw = body_of(raw, allowed, '{"ids": [...]} or {"all": true}')
@@ -381,8 +384,10 @@ def _selection(state: StreamState, raw: Any, *, allow_group: bool) -> Selection:
     if "all" in raw and raw["all"] is not False:
         raise BadRequest("all must be true", "all")
     ids = raw.get("ids")
-    if not isinstance(ids, list) or not ids or len(ids) > 10_000:
+    if not isinstance(ids, list) or not ids:
         raise BadRequest("ids must be a non-empty array (or send all: true)", "ids")
+    if len(ids) > MAX_SELECTED_IDS:
+        raise BadRequest(f"ids holds at most {MAX_SELECTED_IDS} entry ids a request", "ids")
     numbers = []
     for i, value in enumerate(ids):
         number = parse_entry_id(value)

@@ -34,18 +34,29 @@ MAX_DEPTH = 512
 TOO_DEEP = f"the body is not valid JSON: nested deeper than {MAX_DEPTH} levels"
 
 
+# The most digits an integer in a message may have: Python's own bound on turning digits into
+# an integer and back (longer ones take time quadratic in their length), met with a clear 400.
+MAX_INT_DIGITS = 4300
+
+
 class OutOfRange(ValueError):
-    """A JSON number no double holds: it would be stored as infinity (refused by orjson and
-    the standard library alike) or, nonzero, as 0. ``path``: where in the body, dotted (empty:
-    the body itself)."""
+    """A JSON number that would not be stored as sent: one no double holds (it would be
+    stored as infinity, refused by orjson and the standard library alike, or, nonzero, as
+    0), or an integer of more than ``MAX_INT_DIGITS`` digits. ``path``: where in the body,
+    dotted (empty: the body itself)."""
 
     def __init__(self, number: str, path: str) -> None:
         where = f" at {path}" if path else ""
-        super().__init__(
-            f"the number {number[:40]}{where} is out of the range of a double (it would not be "
-            "stored as sent)"
-        )
+        if _is_integer(number):
+            why = f"has more than {MAX_INT_DIGITS} digits (send it as a string)"
+        else:
+            why = "is out of the range of a double (it would not be stored as sent)"
+        super().__init__(f"the number {number[:40]}{where} {why}")
         self.path = path
+
+
+def _is_integer(literal: str) -> bool:
+    return literal.lstrip("-").isdigit()
 
 
 class _OutOfRangeMark:
@@ -75,8 +86,9 @@ def exact_numbers(body: bytes) -> bool:
 
 def loads_exact(text: str) -> object:
     """``json.loads`` without the NaN / Infinity extensions, keeping every integer exactly
-    and refusing (``OutOfRange``) a number a double cannot hold: infinite, or nonzero read
-    as 0. Raises ValueError or RecursionError."""
+    and refusing (``OutOfRange``) a number a double cannot hold, infinite or nonzero read as
+    0, and an integer of more than ``MAX_INT_DIGITS`` digits. Raises ValueError or
+    RecursionError."""
     out: list[str] = []
 
     def number(literal: str) -> object:
@@ -87,7 +99,13 @@ def loads_exact(text: str) -> object:
         out.append(literal)
         return _MARK
 
-    value = json.loads(text, parse_constant=_reject_constant, parse_float=number)
+    def integer(literal: str) -> object:
+        if len(literal) - literal.startswith("-") <= MAX_INT_DIGITS:
+            return int(literal)
+        out.append(literal)
+        return _MARK
+
+    value = json.loads(text, parse_constant=_reject_constant, parse_float=number, parse_int=integer)
     if out:
         raise OutOfRange(out[0], _path_of_mark(value))
     return value

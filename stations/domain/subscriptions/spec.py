@@ -60,8 +60,9 @@ def valid_id(sub_id: str) -> str:
 
 
 def visible(text: str) -> bool:
-    """No control characters, no spaces."""
-    return not any(ord(c) < 0x21 or c == "\x7f" for c in text)
+    """No control characters (C0 and C1), no spaces or line separators of any script, no
+    invisible format characters (a zero-width space made two ids that look the same)."""
+    return all(c.isprintable() and not c.isspace() for c in text)
 
 
 def glob_match(pattern: str, path: str) -> bool:
