@@ -192,3 +192,25 @@ def test_scoped_entries_that_are_right_still_serve(tmp_path: Path) -> None:
         {"token": "consumer-secret-e", "role": "consumer"},
     ]
     assert _serve_with(tmp_path, entries) == (None, "")
+
+
+@pytest.mark.parametrize(("token", "status"), [(None, b"401"), (SCOPED_CONSUMER, b"403")])
+def test_a_request_refused_for_its_token_is_not_asked_for_its_body(
+    srv: Server, token: str | None, status: bytes
+) -> None:
+    """The review of 2026-11-29: ``Expect: 100-continue`` was answered before the token was
+    checked, so a client without one, or out of its scope, was asked for its body (up to
+    64 MiB) and only then refused."""
+    import socket
+
+    head = b"POST /v1/stream/b1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: 10\r\nExpect: 100-continue\r\nConnection: close\r\n"
+    head += f"Authorization: Bearer {token}\r\n".encode() if token else b""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(head + b"\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+    assert got.split()[1] == status, got[:300]

@@ -40,7 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from stations.api import errors
+from stations.api import auth, errors, headers
 from stations.api.errors import error_response
 from stations.domain.budget import Overloaded
 
@@ -546,9 +546,17 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """Every route's ``Expect`` handler (aiohttp runs it before any middleware): a body
     declared too large is not asked for with ``100 Continue`` (the middleware answers 413,
     ``refused_length``, after the Host check and counted as every answer is), nor is one
-    with an expectation the server does not know (``refused_expect``: 417); otherwise
+    with an expectation the server does not know (``refused_expect``: 417), nor one the
+    middleware will refuse for its Host, Origin or token (a client without a token, or out
+    of its scope, was asked for its 64 MiB before its 401 or 403); otherwise
     ``100 Continue``."""
-    if refused_length(request) is not None or refused_expect(request) is not None:
+    if (
+        refused_length(request) is not None
+        or refused_expect(request) is not None
+        or headers.refused_host(request) is not None
+        or headers.refused_origin(request) is not None
+        or auth.refused(request) is not None
+    ):
         return None
     if request.version == HttpVersion11:  # (Expect means nothing before: RFC 9110 10.1.1)
         assert request.writer is not None
