@@ -292,3 +292,79 @@ def test_not_modified_carries_the_cache_control_of_the_read(http: httpx.Client) 
         )
         assert again.status_code == 304
         assert again.headers.get("Cache-Control") == first.headers["Cache-Control"]
+
+
+# -- the review of 2026-11-29 -------------------------------------------------------------------
+
+
+def test_a_fork_without_content_type_frames_its_body_as_its_sources_type(
+    http: httpx.Client,
+) -> None:
+    """A fork "inherits the source stream's content type" when the PUT names none (§4.2), and
+    its body is then that type's: a JSON source's fork took its body as one raw message (an
+    array stored unflattened, text stored as if it were JSON: reads answered invalid JSON)."""
+    src, fork, bad = _name(), _name(), _name()
+    json_type = {"Content-Type": "application/json"}
+    assert http.put(_path(src), headers=json_type, content=b"[1,2]").status_code == 201
+    inherit = {"Stream-Forked-From": _path(src)}
+    made = http.put(_path(fork), headers=inherit, content=b"[3,4]")
+    assert made.status_code == 201, made.text
+    assert made.headers["Content-Type"].startswith("application/json")
+    assert http.get(_path(fork), params={"offset": "-1"}).json() == [1, 2, 3, 4]
+    refused = http.put(_path(bad), headers=inherit, content=b"hello world")
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "body"
+    assert http.head(_path(bad)).status_code == 404
+
+
+def test_a_put_without_content_type_asks_for_the_default_type(http: httpx.Client) -> None:
+    """§5.1: 200 only if the existing stream's configuration matches; a PUT that names no
+    Content-Type asks for application/octet-stream, so on a JSON stream it is a 409."""
+    name = _name()
+    assert http.put(_path(name), headers={"Content-Type": "application/json"}).status_code == 201
+    assert http.put(_path(name)).status_code == 409
+    binary = _name()
+    assert http.put(_path(binary)).status_code == 201
+    assert http.put(_path(binary)).status_code == 200
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[]"])
+def test_an_append_of_another_type_is_a_409_whatever_its_body(
+    http: httpx.Client, body: bytes
+) -> None:
+    """§5.2: 409 "when the content type is valid but does not match the stream's"; the body
+    was first read as the request's type, and what that ran into answered (400)."""
+    name = _name()
+    assert http.put(_path(name), headers=TEXT).status_code == 201
+    answer = http.post(_path(name), headers={"Content-Type": "application/json"}, content=body)
+    assert answer.status_code == 409 and answer.json()["error"]["field"] == "Content-Type"
+
+
+def test_a_long_poll_at_now_is_not_cached(http: httpx.Client) -> None:
+    """``offset=now`` names no position: a shared cache keeping its page (it was ``public,
+    max-age=60``) would hand it to later readers as what comes next."""
+    name = _name()
+    assert http.put(_path(name), headers=TEXT).status_code == 201
+    with httpx.Client(base_url=str(http.base_url), timeout=10) as other:
+        import threading
+
+        timer = threading.Timer(0.15, lambda: other.post(_path(name), headers=TEXT, content=b"x"))
+        timer.start()
+        answer = http.get(_path(name), params={"offset": "now", "live": "long-poll"})
+        timer.join()
+    assert answer.status_code == 200 and answer.content == b"x"
+    assert answer.headers["Cache-Control"] == "no-store"
+
+
+def test_a_long_poll_ends_with_404_when_its_stream_expires(http: httpx.Client) -> None:
+    """A wait that ran past the stream's Stream-Expires-At answered 204 with a cursor (poll
+    again) and an expiry in the past, whenever the sweep had not come round yet."""
+    name = _name()
+    expires = time.time() + 0.25
+    stamp = (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(expires))
+        + f".{int(expires % 1 * 1000):03d}Z"
+    )
+    made = http.put(_path(name), headers={**TEXT, "Stream-Expires-At": stamp})
+    assert made.status_code == 201, made.text
+    answer = http.get(_path(name), params={"offset": "now", "live": "long-poll"})
+    assert answer.status_code == 404, (answer.status_code, dict(answer.headers))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -169,13 +170,14 @@ async def put_stream(request: web.Request) -> web.Response:
             sub_offset = int(h["Stream-Fork-Sub-Offset"])
     body = await request.read()
     svc = service(request)
-    json_mode = is_json_type(content_type)
     cap = request.app[LIMITS].max_append_messages
-    initial = (
-        framing.split_json(body, allow_empty=True, max_messages=cap)
-        if json_mode
-        else ([body] if body else [])
-    )
+    # A fork without a Content-Type takes its source's, and its body is framed as that type.
+    inherits = fork_from is not None and not content_type_given
+    initial: Sequence[bytes] = []
+    if not inherits and is_json_type(content_type):
+        initial = framing.split_json(body, allow_empty=True, max_messages=cap)
+    elif not inherits and body:
+        initial = [body]
     req = CreateRequest(
         name=name,
         content_type=content_type,
@@ -187,7 +189,10 @@ async def put_stream(request: web.Request) -> web.Response:
         fork_from=fork_from,
         fork_offset=fork_offset,
         fork_sub_offset=sub_offset,
-        content_type_given=content_type_given,
+        # A plain PUT without one asks for the default type, compared as any other.
+        content_type_given=not inherits,
+        initial_body=body if inherits else None,
+        initial_cap=cap,
     )
     result = await svc.create(req)
     state = result.state
@@ -237,7 +242,11 @@ async def post_stream(request: web.Request) -> web.Response:
         try:
             if content_type is None:
                 raise BadRequest("an append with a body needs a Content-Type", "Content-Type")
-            _content_type(content_type)
+            try:
+                _content_type(content_type)
+            except BadRequest:
+                req.content_type = None  # not a type the stream's could be compared with
+                raise
             if is_json_type(content_type):
                 req.messages = framing.split_json(
                     body,
@@ -354,7 +363,10 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         response = web.Response(status=200)
         _read_headers(response, result)
         response.headers["ETag"] = _etag(result)
-        response.headers["Cache-Control"] = _cacheable(request)
+        # ``offset=now`` names no position: a cache would hand this page to later readers
+        # asking for what comes next (PROTOCOL.md §8 keeps ``now`` answers out of caches).
+        now = request.query.get("offset") == NOW
+        response.headers["Cache-Control"] = "no-store" if now else _cacheable(request)
         if not result.closed:
             response.headers["Stream-Cursor"] = cursor(request.query.get("cursor"))
         return await reading.respond(request, response, result)

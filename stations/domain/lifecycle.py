@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stations.domain import idwindow
+from stations.domain import framing, idwindow
 from stations.domain.idwindow import IdWindow
 from stations.domain.instants import format_ms as iso
 from stations.domain.station import first_difference
@@ -41,6 +41,11 @@ class CreateRequest:
     # Station API creates compare the whole config; Durable Streams PUTs compare the stream part.
     compare_config: bool = False
     content_type_given: bool = True
+    # A fork's initial body sent without a Content-Type: framed as the source's type, which
+    # only the writer's transaction knows (a JSON source's fork took it as one raw message).
+    # ``initial_cap``: the most messages it may hold.
+    initial_body: bytes | None = None
+    initial_cap: int = 0
 
 
 @dataclass
@@ -60,6 +65,14 @@ def _spec(req: CreateRequest) -> str:
         },
         sort_keys=True,
     )
+
+
+def _framed(body: bytes, content_type: str, cap: int) -> Sequence[bytes]:
+    """An initial body as the messages a stream of ``content_type`` stores: a JSON array's
+    elements (PROTOCOL.md §9.1.2), else the body as one message."""
+    if is_json_type(content_type):
+        return framing.split_json(body, allow_empty=True, max_messages=cap)
+    return [body] if body else []
 
 
 def _matches(existing: StreamState, req: CreateRequest, spec: str) -> bool:
@@ -135,6 +148,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         "create_spec": None if req.compare_config else spec,
     }
     copied: list[bytes] = []
+    initial = req.initial
     if req.fork_from is not None:
         source = load(tx, req.fork_from, lock=True)
         if source is None or (source.expired(now) and not source.deleted):
@@ -150,6 +164,8 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
             raise BadRequest("Stream-Fork-Offset was dropped by retention", "Stream-Fork-Offset")
         if req.fork_sub_offset:
             offset, copied = _sub_offset(tx, source, offset, req.fork_sub_offset)
+        if req.initial_body is not None:
+            initial = _framed(req.initial_body, source.content_type, req.initial_cap)
         values.update(
             content_type=source.content_type,
             fork_of=source.id,
@@ -166,7 +182,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
     stream_id = rows.insert_row(tx, values)
     state = load_by_id(tx, stream_id)
     assert state is not None
-    for data in [*copied, *req.initial]:
+    for data in [*copied, *initial]:
         state.tail += 1
         state.msg_count += 1
         state.byte_count += len(data)

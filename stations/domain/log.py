@@ -158,6 +158,19 @@ def in_use(state: StreamState | None, name: str, batch: Batch) -> StreamState:
     return state
 
 
+def _check_content_type(state: StreamState, req: AppendRequest) -> None:
+    """A body sent as another type than the stream's, or as none, is a 409 (PROTOCOL.md
+    §5.2); a close alone sends no body. A body that could not be read and came without a
+    type is answered by what reading it found."""
+    if not req.messages and (req.body_error is None or req.content_type is None):
+        return
+    if req.content_type is None or not same_content_type(req.content_type, state.content_type):
+        raise Conflict(
+            f"Content-Type {req.content_type!r} does not match the stream's {state.content_type!r}",
+            "Content-Type",
+        )
+
+
 def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     state = live_stream(batch.stream(req.name), req.name, batch.now)
     producer = req.producer
@@ -172,16 +185,13 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
             return AppendResult(state.tail, True)
         raise StreamClosed(state.tail)
     if req.body_error is not None:
+        # A body read as another type than the stream's: the mismatch is the answer (409,
+        # PROTOCOL.md §5.2), not what reading it as that type ran into.
+        _check_content_type(state, req)
         raise req.body_error
     if not req.messages and not req.close:
         raise BadRequest("an append needs a body (or Stream-Closed: true to close)")
-    if req.messages and (
-        req.content_type is None or not same_content_type(req.content_type, state.content_type)
-    ):
-        raise Conflict(
-            f"Content-Type {req.content_type!r} does not match the stream's {state.content_type!r}",
-            "Content-Type",
-        )
+    _check_content_type(state, req)
 
     session = None
     if producer is not None:

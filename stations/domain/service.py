@@ -39,7 +39,7 @@ from stations.domain.offsets import EARLIEST, Start
 from stations.domain.pages import Page
 from stations.domain.reads import ReadResult
 from stations.domain.scheduler import Scheduler
-from stations.errors import Forbidden, Gone, StationsError, Unavailable
+from stations.errors import Forbidden, Gone, NotFound, StationsError, Unavailable
 from stations.records import StreamState
 from stations.repeats import Repeats, first_line
 from stations.store.checkpoints import WalFigures
@@ -498,7 +498,14 @@ class Service:
                         await self.touch(result.state, again=renewing)
                         renewing = True
                         wait_s = min(wait_s, max(ttl / 2, 0.5))
+                    expires_at = result.state.expires_at
+                    if expires_at is not None:
+                        # ... but its Stream-Expires-At stands: the wait ends then, with a 404
+                        # (a 204 answered after it invited a poll of a stream gone).
+                        wait_s = min(wait_s, max(0.0, (expires_at - now_ms()) / 1000) + 0.001)
                     if not await self.notifier.wait(woken, wait_s):
+                        if expires_at is not None and now_ms() >= expires_at:
+                            raise NotFound(f"stream {name} not found")  # as a read now says
                         if loop.time() < deadline:
                             continue
                         return result
