@@ -168,11 +168,11 @@ class IdWindow:
         batch.after_commit.append(lambda: cache.fill(stored, batch.ids_at))
 
     def forget_station(self, batch: Batch, stream_id: int) -> None:
-        """The station is deleted in this batch: its ids leave RAM at once (a station created
-        later in the batch may be given the same id), and come back should the batch roll
-        back (the station is still there then, and its ids in its window)."""
+        """The station is deleted in this batch: its ids leave RAM at once, and come back
+        should the batch roll back (the station is still there then, and its ids in its
+        window)."""
         cache = self._caches.pop(stream_id, None)
-        # Ids stored earlier in this batch, not in RAM yet: not the new station's either.
+        # Ids stored earlier in this batch, not in RAM yet, go with it.
         pending = batch.pending_ids.pop(stream_id, None)
         restore_runs = self.runs.forget_station(stream_id) if self.runs is not None else None
 

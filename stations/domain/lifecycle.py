@@ -252,7 +252,7 @@ def purge(batch: Batch, window: IdWindow, state: StreamState) -> None:
         return
     rows.delete_data(tx, state.id)
     idwindow.purge(tx, state.id)
-    # Reader cursors go too: a station created later may be given this id (SQLite).
+    # Reader cursors go with it (station ids are never handed out again, on either engine).
     reader_cursors.remove(tx, state.id)
     for hook in purge_hooks:
         hook(batch, state)

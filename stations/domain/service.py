@@ -445,8 +445,8 @@ class Service:
         cost one read together, and a reader arriving at the tail such a read saw costs none.
         With many readers on the station, an answer that reached the tail is held for the
         station's next release and read again (``Notifier.pace``); ``timeout`` 0 never waits.
-        ``stream``: the stream the reader's offsets belong to, as ``(id, created_at)`` (SQLite
-        gives a new stream the id of one deleted; by default, the first read's); should the
+        ``stream``: the stream the reader's offsets belong to, as ``(id, created_at)`` (by
+        default, the first read's); should the
         name come to be another stream's (deleted and created again while the reader waited),
         the offset is not one of it: 410. ``EARLIEST`` stays the earliest retained message
         through the wait; a position the client named is 410 once retention dropped it, before

@@ -191,8 +191,8 @@ class IdRuns:
     def _build(self, engine: Engine) -> None:
         try:
             with self._lock:
-                # Each station as it is now: should it be deleted meanwhile and a new one
-                # given its id (SQLite reuses the highest), its runs are not the new one's.
+                # Each station's runs as they are now, taken under the lock; the filters
+                # are built from the database outside it.
                 todo = {sid: (s, sorted(s.unfiltered)) for sid, s in self._stations.items()}
                 sizes = {
                     (sid, r.run): r.ids
