@@ -17,6 +17,7 @@ from stations.domain.subscriptions import engine as engine_module
 from stations.domain.subscriptions import links, spec, wakes
 from stations.domain.subscriptions.engine import Index, SubscriptionEngine
 from stations.domain.subscriptions.spec import glob_match, matching_paths
+from stations.store import subscriptions as subscription_store
 
 SEGMENTS = ["a", "b", "ab", "a-b", "a.b", "t1", "*", "**", "?", "a*", "[ab]", "b?"]
 NAMES = ["a", "b", "ab", "a-b", "a.b", "t1", "c", "a0", "a/"]
@@ -106,6 +107,56 @@ async def test_a_pull_wake_lease_ends_while_webhooks_hold_every_slot(
         again = await engine.run(wakes.claim, "pw", "w2")
         assert again["generation"] > answer["generation"]
         engine._outbound.release(held)
+    finally:
+        await engine.stop()
+        await svc.close()
+
+
+async def test_an_append_reads_only_its_streams_links_while_a_wake_is_open(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review of 2026-11-29: every append read every link of a pattern subscription in the
+    writer's transaction, its wake open or not (3,000 streams under the pattern: 4 -> 40 ms an
+    append, and every other station's appends waited in the same transactions). While a wake
+    is open an append only needs its own streams' links."""
+    if db_url.startswith("sqlite"):
+        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    svc = Service(db_url)
+    await svc.start()
+
+    async def send(url: str, body: bytes, headers: dict[str, str]) -> tuple[bool, bool]:
+        raise AssertionError("no webhook here")
+
+    whole_reads: list[str] = []
+    every_link = subscription_store.links
+
+    def counted(conn: Any, sub_id: str) -> Any:
+        whole_reads.append(sub_id)
+        return every_link(conn, sub_id)
+
+    engine = SubscriptionEngine(svc, send, concurrency=1)
+    try:
+        for name in ["wk", *(f"many/{i}" for i in range(40))]:
+            await svc.create_station({"name": name})
+        definition = spec.parse_spec(
+            {"type": "pull-wake", "pattern": "many/**", "wake_stream": "wk", "lease_ttl_ms": 60_000}
+        )
+        await svc.write(links.create_or_confirm, "pw", definition, "http://127.0.0.1:1")
+        await engine.start()
+        await svc.produce("many/0", {"messages": [{"data": 1}]})
+        claimed = None
+        for _ in range(100):  # the append's wake starts
+            try:
+                claimed = await engine.run(wakes.claim, "pw", "w1")
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+        assert claimed is not None
+        monkeypatch.setattr(subscription_store, "links", counted)
+        for i in range(1, 6):
+            await svc.produce(f"many/{i}", {"messages": [{"data": i}]})
+            await engine.run(wakes.on_append, {f"many/{i}": ["pw"]})
+        assert whole_reads == [], whole_reads
     finally:
         await engine.stop()
         await svc.close()

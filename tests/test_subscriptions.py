@@ -248,6 +248,7 @@ REFUSED = [
     "https://0.0.0.0/hook",
     "https://[fe80::1]/hook",  # IPv6 link-local
     "https://[fc00::1]/hook",  # IPv6 unique local
+    "https://[fec0::1]/hook",  # IPv6 site-local (deprecated, still local; Python calls it global)
     "https://[::ffff:10.0.0.1]/hook",  # IPv6-mapped private
     "https://[::ffff:169.254.169.254]/hook",  # IPv6-mapped link-local
     "https://[::ffff:192.168.0.1]/hook",
@@ -367,8 +368,12 @@ async def test_pull_wake_lease_expiry_and_tokens(make_server: Any, tmp_path: Any
         assert (await client.post(f"{base}/ack", json=ack)).status_code == 401
         r = await client.post(f"{base}/ack", json=ack, headers={"Authorization": "Bearer nope"})
         assert r.status_code == 401
-        # a heartbeat keeps the lease; then it runs out and another worker claims a new wake
+        # a generation that is no integer is refused, not compared (true == 1 passed the fence)
         auth = {"Authorization": f"Bearer {first['token']}"}
+        for odd in (True, 1.0, str(first["generation"])):
+            r = await client.post(f"{base}/ack", json={**ack, "generation": odd}, headers=auth)
+            assert r.status_code == 400 and r.json()["error"]["field"] == "generation", r.text
+        # a heartbeat keeps the lease; then it runs out and another worker claims a new wake
         assert (await client.post(f"{base}/ack", json=ack, headers=auth)).json() == {
             "ok": True,
             "next_wake": False,

@@ -61,6 +61,18 @@ def links(conn: Connection, sub_id: str) -> list[Row]:
     return [dict(r) for r in conn.execute(_LINKS, {"sub_id": sub_id}).mappings()]
 
 
+def links_at(conn: Connection, sub_id: str, paths: list[str]) -> list[Row]:
+    """The subscription's links to any of ``paths``."""
+    out: list[Row] = []
+    for i in range(0, len(paths), _CHUNK):
+        query = select(ds_subscription_streams).where(
+            ds_subscription_streams.c.subscription_id == sub_id,
+            ds_subscription_streams.c.path.in_(paths[i : i + _CHUNK]),
+        )
+        out.extend(dict(r) for r in conn.execute(query).mappings())
+    return out
+
+
 def insert_link(conn: Connection, sub_id: str, path: str, *, explicit: bool, acked: int) -> None:
     conn.execute(
         _INSERT_LINK,

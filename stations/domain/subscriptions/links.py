@@ -34,11 +34,14 @@ class Link:
     acked: int
 
 
-def links_of(batch: Batch, sub_id: str) -> list[Link]:
-    return [
-        Link(r["path"], r["explicit"], r["glob"], r["acked"])
-        for r in store.links(batch.conn, sub_id)
-    ]
+def links_of(batch: Batch, sub_id: str, paths: list[str] | None = None) -> list[Link]:
+    """The subscription's links; with ``paths``, only its links to those."""
+    rows = (
+        store.links(batch.conn, sub_id)
+        if paths is None
+        else store.links_at(batch.conn, sub_id, paths)
+    )
+    return [Link(r["path"], r["explicit"], r["glob"], r["acked"]) for r in rows]
 
 
 def tails_of(batch: Batch, paths: list[str]) -> dict[str, int]:

@@ -30,6 +30,9 @@ def address_refusal(
         return None if allow_loopback else "loopback addresses are refused"
     if address.is_link_local:
         return "link-local addresses are refused"
+    if isinstance(address, ipaddress.IPv6Address) and address.is_site_local:
+        # fec0::/10, deprecated (RFC 3879) but still local: Python 3.11 counts it global.
+        return "private and local network addresses are refused"
     if address.is_private or address.is_multicast or address.is_unspecified or address.is_reserved:
         return "private and local network addresses are refused"
     if not address.is_global:
