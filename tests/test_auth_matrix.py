@@ -112,7 +112,7 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("produce", "POST", "/v1/stream/{s}", [{"n": 2}]),
     ("produce", "POST", "/api/stations/{s}/messages", {"messages": [{"data": 1}]}),
     ("consume", "GET", "/v1/stream/{s}?offset=-1", None),
-    ("consume", "HEAD", "/v1/stream/{s}", None),
+    ("read", "HEAD", "/v1/stream/{s}", None),
     ("consume", "GET", "/api/stations/{s}/messages?offset=-1", None),
     ("consume", "PUT", "/api/stations/{s}/groups/g", {}),
     ("consume", "POST", "/api/stations/{s}/groups/g/fetch", {"max": 1}),

@@ -400,7 +400,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     return await reading.respond(request, response, result)
 
 
-@needs("consume")
+@needs("read")
 async def head_stream(request: web.Request) -> web.Response:
     state = await service(request).stream(stream_name(request))
     response = web.Response(status=200)

@@ -156,6 +156,9 @@ class Consumer:
         # client closed the session under an ack request and the ack was lost.
         self._sending: set[asyncio.Future[None]] = set()
         self._close_task: asyncio.Task[None] | None = None
+        # The fetch request under way, which close() cancels: left to run, it could lease
+        # a message that came meanwhile, only to give it back, a delivery used up unread.
+        self._fetching: asyncio.Task[dict[str, Any]] | None = None
         self.info: GroupInfo | None = None
         # The last fetch said the station is closed and the group has nothing left: iteration
         # ends there (it waited out wait_ms again and again).
@@ -210,7 +213,20 @@ class Consumer:
             await self.flush_acks()
         wait = self.wait_ms if wait_ms is None else wait_ms
         body = {"max": max_messages or self.batch_size, "waitMs": wait, "consumer": self.name}
-        reply = await self._call("fetch", body, read_timeout=wait / 1000 + 30)
+        if self._closed:
+            return []
+        self._fetching = asyncio.ensure_future(
+            self._call("fetch", body, read_timeout=wait / 1000 + 30)
+        )
+        try:
+            reply = await self._fetching
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task's own cancellation
+            return []  # close() ended the wait: a fetch whose client went leases nothing
+        finally:
+            self._fetching = None
         self.station_closed = reply.get("closed") is True
         return [self._message(view) for view in (reply.get("messages") or [])]
 
@@ -444,10 +460,15 @@ class Consumer:
         ``maxMsgDeliveries`` as an expiry would, and one at its last delivery goes to the DLS;
         with a limit of 1, ``batch_size=1`` prefetches nothing). Ack requests other tasks
         have under way are waited for, and acks made while it runs are sent; after it, ``ack()``
-        raises ``ConsumerClosed`` and iterating ends. Called again, or by several tasks, it
+        raises ``ConsumerClosed`` and iterating ends. A fetch waiting in another task is
+        cancelled: the server leases nothing to a fetch whose client went (one answered at
+        that very moment leaves leases that expire), where one left to wait could lease a
+        message produced meanwhile only for it to be given back, a delivery used up unread. Called again, or by several tasks, it
         waits for the same close and then sends acks queued again by a cancelled flush."""
         if self._close_task is None:
             self._closed = True
+            if self._fetching is not None:
+                self._fetching.cancel()
             self._close_task = asyncio.get_running_loop().create_task(self._close())
         # Shielded: a caller that stops waiting (a timeout) leaves the close running, and the
         # client's close() waits for it instead of closing the session under its requests.

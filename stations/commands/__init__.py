@@ -183,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
     if empty is not None:
         print(f"stations: error: {empty}", file=sys.stderr)
         return exit_code(Usage(empty))
+    if sys.stdout is None:
+        # Started with standard output closed (`>&-`): Python drops every print then, and a
+        # read or a fetch printed nothing and said 0 (a fetch leased what nobody saw).
+        print(
+            "stations: error: cannot write the output: standard output is closed", file=sys.stderr
+        )
+        return EXIT_OUTPUT_FAILED
     try:
         return asyncio.run(_run(args))
     except (Usage, Refused) as exc:

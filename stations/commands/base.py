@@ -31,7 +31,7 @@ EXIT_CODES_HELP = (
     "exit codes: 0 ok, 1 request refused (bad input; also input refused after part of it "
     "was stored, which is listed), 2 usage error, 3 not found, "
     "4 conflict, 5 unauthorized or forbidden, 6 server error or unreachable, "
-    "7 standard output could not be written, "
+    "7 standard output could not be written, 130 interrupted (Ctrl-C), "
     "141 standard output closed by its reader (as SIGPIPE)"
 )
 

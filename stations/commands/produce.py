@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import copy
 import json
+import math
 import os
 import queue
 import re
@@ -107,7 +108,7 @@ def _payloads(lines: Iterable[bytes]) -> Iterator[tuple[int, str | bytes]]:
     of it, a blank line is none; a line that is not UTF-8 as its bytes (read as text, it was a
     traceback, or a lone surrogate the server refuses, in a strict UTF-8 locale)."""
     for number, raw in enumerate(lines, 1):
-        raw = raw.rstrip(b"\n").rstrip(b"\r")
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")  # one line end, no more
         if not raw:
             continue
         try:
@@ -204,6 +205,17 @@ class _StdinLines:
                 yield chunk
 
 
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"{literal} is beyond a double's range")
+    return value
+
+
 class _Messages:
     """Payloads made messages, one at a time (stdin's come in chunks): JSON parsed on a JSON
     station, message ids from ``--msg-id`` (one per message, in order) or ``--id-field``."""
@@ -226,7 +238,9 @@ class _Messages:
             raise Usage(f"{source} {number} is not UTF-8 text and {args.station} is a JSON station")
         if self._is_json:
             try:
-                data = json.loads(text)
+                # Python's json takes NaN, Infinity and 1e999 (infinite); JSON does not, nor
+                # does the server: refused here, before anything of the input is sent.
+                data = json.loads(text, parse_constant=_not_json, parse_float=_finite)
             except ValueError:
                 raise Usage(
                     f"{source} {number} is not JSON and {args.station} is a JSON station "
