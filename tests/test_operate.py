@@ -558,6 +558,8 @@ def test_a_data_directory_serve_makes_is_private(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert oct(data.stat().st_mode & 0o777) == oct(0o700)
+    # Every directory it made, not only the last (os.makedirs gave the others the umask's).
+    assert oct(data.parent.stat().st_mode & 0o777) == oct(0o700)
 
 
 def test_database_files_serve_makes_are_private_in_a_directory_that_exists(

@@ -139,7 +139,7 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
         say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
     say(
         f"{args.file} holds {left} token(s) now: send SIGHUP to each server reading it "
-        "(kill -HUP <pid>), which logs the number of tokens it read"
+        "(kill -HUP <pid>); with --log-level info it logs the number of tokens it read"
     )
 
 

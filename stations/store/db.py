@@ -332,8 +332,23 @@ def make_data_dir(database: str) -> None:
     (0600; SQLite gives its WAL and shared-memory files the database's mode): in a directory
     that already existed (``/var/lib/stations``) the umask's 0644 let every local account read
     the messages and the webhook signing key."""
-    os.makedirs(os.path.dirname(database) or ".", mode=0o700, exist_ok=True)
+    _make_private_dirs(os.path.dirname(database) or ".")
     _create_private(database)
+
+
+def _make_private_dirs(path: str) -> None:
+    """``os.makedirs`` with 0700 for every directory it makes: makedirs gives the mode to the
+    last one only, its parents the umask's (``newdir/sub``: ``newdir`` was 0755)."""
+    missing: list[str] = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            os.mkdir(directory, 0o700)
 
 
 def _create_private(path: str) -> None:
