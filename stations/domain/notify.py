@@ -272,8 +272,19 @@ class Notifier:
             async def run() -> T:
                 try:
                     result = await read()
-                finally:
+                except BaseException:
                     generation.flights.pop(part, None)
+                    # A read that failed (no such stream, a 404 after its delete) leaves
+                    # nothing to share; kept, the generation of a name nothing fires again
+                    # stayed for good: one per name a reader asked for, any name.
+                    if (
+                        not generation.flights
+                        and generation.snapshot is None
+                        and self._generations.get(key) is generation
+                    ):
+                        del self._generations[key]
+                    raise
+                generation.flights.pop(part, None)
                 kept = keep(result)
                 if kept is not None:
                     generation.snapshot = kept

@@ -739,7 +739,11 @@ class Writer:
                     try:
                         outcomes.append((True, op(batch)))
                     except StationsError as exc:
-                        outcomes.append((False, exc))
+                        # Without its traceback: that holds this frame, which holds the
+                        # outcomes and the batch, a cycle that kept every result of the batch
+                        # (fetched pages counted in the read budget) until a full collection.
+                        exc.__context__ = None
+                        outcomes.append((False, exc.with_traceback(None)))
                 if batch.aborted is not None:  # in a savepoint someone caught: run it all again
                     raise batch.aborted
                 batch.flush()
