@@ -5,9 +5,7 @@ request failed."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,16 +19,6 @@ def _service(db_url: str) -> Service:
     if db_url.startswith("sqlite"):
         Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return Service(db_url)
-
-
-@pytest.fixture
-def no_gc() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def test_a_long_poll_of_a_missing_name_leaves_nothing_behind(db_url: str) -> None:

@@ -6,7 +6,6 @@ both faces of the SDK (async and blocking) and in its blocking transport."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import signal
 import time
@@ -151,17 +150,6 @@ async def _eventually(condition: Callable[[], bool], what: str, timeout: float =
     while not condition():
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-def no_gc() -> Iterator[None]:
-    """The leak lasted until the cyclic garbage collector ran: without it, until never."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 @pytest.mark.parametrize("how", ["station.read", "read_stream"])

@@ -68,11 +68,9 @@ def test_a_change_is_matched_against_the_patterns_that_can_match_it(
     assert calls <= 3, calls
 
 
-async def test_a_pull_wake_lease_ends_while_webhooks_hold_every_slot(
-    db_url: str, tmp_path: Path
-) -> None:
-    """The engine's one delivery slot is held (a webhook endpoint that hangs): a pull-wake's
-    lease still ends at its time, and the next worker can claim (it waited for the slot)."""
+async def _service_and_engine(db_url: str) -> tuple[Service, SubscriptionEngine]:
+    """A started service, and its subscription engine (not started) with one delivery slot
+    and no webhook to call."""
     if db_url.startswith("sqlite"):
         Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     svc = Service(db_url)
@@ -81,7 +79,15 @@ async def test_a_pull_wake_lease_ends_while_webhooks_hold_every_slot(
     async def send(url: str, body: bytes, headers: dict[str, str]) -> tuple[bool, bool]:
         raise AssertionError("no webhook here")
 
-    engine = SubscriptionEngine(svc, send, concurrency=1)
+    return svc, SubscriptionEngine(svc, send, concurrency=1)
+
+
+async def test_a_pull_wake_lease_ends_while_webhooks_hold_every_slot(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The engine's one delivery slot is held (a webhook endpoint that hangs): a pull-wake's
+    lease still ends at its time, and the next worker can claim (it waited for the slot)."""
+    svc, engine = await _service_and_engine(db_url)
     try:
         for name in ("jobs", "wk"):
             await svc.create_station({"name": name})
@@ -119,14 +125,7 @@ async def test_an_append_reads_only_its_streams_links_while_a_wake_is_open(
     writer's transaction, its wake open or not (3,000 streams under the pattern: 4 -> 40 ms an
     append, and every other station's appends waited in the same transactions). While a wake
     is open an append only needs its own streams' links."""
-    if db_url.startswith("sqlite"):
-        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    svc = Service(db_url)
-    await svc.start()
-
-    async def send(url: str, body: bytes, headers: dict[str, str]) -> tuple[bool, bool]:
-        raise AssertionError("no webhook here")
-
+    svc, engine = await _service_and_engine(db_url)
     whole_reads: list[str] = []
     every_link = subscription_store.links
 
@@ -134,7 +133,6 @@ async def test_an_append_reads_only_its_streams_links_while_a_wake_is_open(
         whole_reads.append(sub_id)
         return every_link(conn, sub_id)
 
-    engine = SubscriptionEngine(svc, send, concurrency=1)
     try:
         for name in ["wk", *(f"many/{i}" for i in range(40))]:
             await svc.create_station({"name": name})
