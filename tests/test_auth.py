@@ -92,7 +92,7 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("produce", "POST", "/v1/stream/orders", [{"n": 2}]),
     ("produce", "POST", "/api/stations/orders/messages", {"messages": [{"data": 1}]}),
     ("consume", "GET", "/v1/stream/orders?offset=-1", None),
-    ("consume", "HEAD", "/v1/stream/orders", None),
+    ("read", "HEAD", "/v1/stream/orders", None),
     ("consume", "GET", "/api/stations/orders/messages?offset=-1", None),
     ("consume", "PUT", "/api/stations/orders/groups/g", {}),
     ("consume", "POST", "/api/stations/orders/groups/g/fetch", {"max": 1}),
