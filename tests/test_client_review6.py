@@ -99,7 +99,8 @@ def test_produce_refuses_nan_and_infinity_before_sending(srv: Server) -> None:
     # After a line that may have been sent already: what was stored is said, as for any bad
     # line (exit 1), or nothing was (exit 2).
     proc = clikit.run("produce", name, url=srv.url, token=ADMIN, stdin="1\nNaN\n")
-    read = clikit.ok(clikit.run("read", name, url=srv.url, token=ADMIN)).split()
+    read = clikit.ok(clikit.run("read", name, url=srv.url, token=ADMIN)).splitlines()
+    read = [line.split()[-1] for line in read]  # offset, id, data: the data
     if proc.returncode == 1:
         failed(proc, 1, "line 2", "not JSON", "the first 1 messages were stored")
         assert read == ["1"]
