@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -16,7 +15,7 @@ from stations.api.public import own_url
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
 from stations.domain import framing, instants
-from stations.domain.lifecycle import CreateRequest
+from stations.domain.lifecycle import CreateRequest, framed
 from stations.domain.log import AppendRequest, AppendResult
 from stations.domain.offsets import EARLIEST, NOW, BadOffset, Start, decode_start, encode
 from stations.domain.producers import parse_headers
@@ -171,13 +170,10 @@ async def put_stream(request: web.Request) -> web.Response:
     body = await request.read()
     svc = service(request)
     cap = request.app[LIMITS].max_append_messages
-    # A fork without a Content-Type takes its source's, and its body is framed as that type.
+    # A fork without a Content-Type takes its source's, and its body is framed as that type
+    # in the create's transaction, where the source is known.
     inherits = fork_from is not None and not content_type_given
-    initial: Sequence[bytes] = []
-    if not inherits and is_json_type(content_type):
-        initial = framing.split_json(body, allow_empty=True, max_messages=cap)
-    elif not inherits and body:
-        initial = [body]
+    initial = [] if inherits else framed(body, content_type, cap)
     req = CreateRequest(
         name=name,
         content_type=content_type,

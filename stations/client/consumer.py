@@ -463,8 +463,9 @@ class Consumer:
         raises ``ConsumerClosed`` and iterating ends. A fetch waiting in another task is
         cancelled: the server leases nothing to a fetch whose client went (one answered at
         that very moment leaves leases that expire), where one left to wait could lease a
-        message produced meanwhile only for it to be given back, a delivery used up unread. Called again, or by several tasks, it
-        waits for the same close and then sends acks queued again by a cancelled flush."""
+        message produced meanwhile only for it to be given back, a delivery used up unread.
+        Called again, or by several tasks, it waits for the same close and then sends acks
+        queued again by a cancelled flush."""
         if self._close_task is None:
             self._closed = True
             if self._fetching is not None:

@@ -67,7 +67,7 @@ def _spec(req: CreateRequest) -> str:
     )
 
 
-def _framed(body: bytes, content_type: str, cap: int) -> Sequence[bytes]:
+def framed(body: bytes, content_type: str, cap: int) -> Sequence[bytes]:
     """An initial body as the messages a stream of ``content_type`` stores: a JSON array's
     elements (PROTOCOL.md §9.1.2), else the body as one message."""
     if is_json_type(content_type):
@@ -165,7 +165,7 @@ def create(batch: Batch, window: IdWindow, req: CreateRequest) -> CreateResult:
         if req.fork_sub_offset:
             offset, copied = _sub_offset(tx, source, offset, req.fork_sub_offset)
         if req.initial_body is not None:
-            initial = _framed(req.initial_body, source.content_type, req.initial_cap)
+            initial = framed(req.initial_body, source.content_type, req.initial_cap)
         values.update(
             content_type=source.content_type,
             fork_of=source.id,

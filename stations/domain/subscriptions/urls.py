@@ -30,10 +30,16 @@ def address_refusal(
         return None if allow_loopback else "loopback addresses are refused"
     if address.is_link_local:
         return "link-local addresses are refused"
-    if isinstance(address, ipaddress.IPv6Address) and address.is_site_local:
-        # fec0::/10, deprecated (RFC 3879) but still local: Python 3.11 counts it global.
-        return "private and local network addresses are refused"
-    if address.is_private or address.is_multicast or address.is_unspecified or address.is_reserved:
+    # IPv6 site-local (fec0::/10) is deprecated (RFC 3879) but still local: Python 3.11 counts
+    # it global.
+    site_local = isinstance(address, ipaddress.IPv6Address) and address.is_site_local
+    if (
+        address.is_private
+        or site_local
+        or address.is_multicast
+        or address.is_unspecified
+        or address.is_reserved
+    ):
         return "private and local network addresses are refused"
     if not address.is_global:
         return "only globally routable addresses are accepted"
