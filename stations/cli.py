@@ -32,6 +32,7 @@ MAX_SSE_LIFETIME_MS = 86_400_000  # 24 h
 MAX_ID_CACHE = 10_000_000  # ids per station in RAM
 MAX_RECENT_IDS = 100_000_000
 MAX_METRICS_STATIONS = 100_000
+MAX_PRODUCER_EXPIRY_MS = 100 * 365 * 86_400_000  # a century: "never" is 0
 
 
 # serve's exit codes: a bad command line is 2, a start that failed on something outside it
@@ -197,6 +198,14 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="recent ids per station held in RAM and time-ordered blocks; older ones move to "
         "sorted runs (SQLite; default %(default)s)",
     )
+    p.add_argument(
+        "--producer-expiry-ms",
+        type=int,
+        default=None,
+        help="an idempotent producer (Producer-Id) that has written nothing to a station for "
+        "this long is forgotten there: its next request must start an epoch at seq 0; 0 keeps "
+        "every producer for ever (default: 604800000, 7 days)",
+    )
     limits = p.add_argument_group(
         "limits and timeouts",
         "what keeps clients that hold connections open from pinning the server",
@@ -349,6 +358,10 @@ def serve(args: argparse.Namespace) -> None:
         _fail(f"--id-cache-size must be from 1 to {MAX_ID_CACHE}")
     if not 2 <= args.recent_ids <= MAX_RECENT_IDS:
         _fail(f"--recent-ids must be from 2 to {MAX_RECENT_IDS}")
+    if args.producer_expiry_ms is not None and not (
+        0 <= args.producer_expiry_ms <= MAX_PRODUCER_EXPIRY_MS
+    ):
+        _fail(f"--producer-expiry-ms must be from 0 to {MAX_PRODUCER_EXPIRY_MS}")
     if not 0 <= args.metrics_stations <= MAX_METRICS_STATIONS:
         _fail(f"--metrics-stations must be from 0 to {MAX_METRICS_STATIONS}")
     # nan passed "<= 0" and, as a timer, dropped every request whose head or body came in two
@@ -537,6 +550,7 @@ async def _serve(args: argparse.Namespace) -> None:
             id_cache_size=args.id_cache_size,
             recent_ids=args.recent_ids,
             read_budget_bytes=int(args.read_budget_mb * (1 << 20)),
+            producer_expiry_ms=args.producer_expiry_ms,
         )
     except ArgumentError as exc:
         _fail(f"--db is not a database URL: {exc}")

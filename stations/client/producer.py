@@ -138,6 +138,9 @@ class IdempotentProducer:
         self._buffered = 0
         self._fenced_epoch: int | None = None
         self._fence_error: ProducerFenced | None = None
+        # The server forgot this producer (see the gap below): claim a new epoch even
+        # without auto_claim.
+        self._forgotten = False
         self._error: StationsError | None = None
         self._closed = False
         self._close_task: asyncio.Task[str | None] | None = None
@@ -381,6 +384,20 @@ class IdempotentProducer:
             if isinstance(error, ProducerFenced):
                 self._fenced(batch, error)
                 return
+            if (
+                isinstance(error, SequenceGap)
+                and error.expected_seq == 0 < batch.seq
+                and self._earlier_settled(batch)
+                and not batch.maybe_stored
+            ):
+                # Every batch before this one was stored, yet the server expects seq 0: it
+                # has forgotten this producer (idle past the server's --producer-expiry-ms,
+                # 7 days by default). A new epoch from seq 0 stores this batch and the rest
+                # once each (none of them can have been stored).
+                self._forgotten = True
+                self._fenced_epoch = max(self._fenced_epoch or 0, batch.epoch)
+                self._queue.append(batch)
+                return
             if isinstance(error, SequenceGap) and error.expected_seq < batch.seq:
                 # An earlier batch has not arrived yet (it is in flight or being retried): wait
                 # for it, then send this one again.
@@ -486,7 +503,8 @@ class IdempotentProducer:
     def _after_send(self) -> None:
         if self._fenced_epoch is not None and not self._in_flight:
             fenced, self._fenced_epoch = self._fenced_epoch, None
-            if not self.auto_claim:
+            forgotten, self._forgotten = self._forgotten, False
+            if not self.auto_claim and not forgotten:
                 assert self._fence_error is not None
                 self._fail(self._fence_error)
                 return
@@ -594,6 +612,11 @@ class IdempotentProducer:
                 session.claim_after(error.current_epoch)
                 seq = 0
                 maybe_stored = False
+                continue
+            if isinstance(error, SequenceGap) and error.expected_seq == 0 < seq and not maybe_stored:
+                # Forgotten by the server (see ``_send``): the close opens a new epoch.
+                session.claim_after(session.epoch)
+                seq = 0
                 continue
             await backoff.wait(error)
 

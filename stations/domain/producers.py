@@ -2,6 +2,13 @@
 
 The decision is a pure function of the stored session and the request, so it is easy to read and
 to test; the log applies it inside the append's transaction.
+
+A session is kept until its producer has written nothing for the producer expiry (``stations
+serve --producer-expiry-ms``, 7 days by default, as the reference server and Kafka's
+transactional ids; 0 keeps them for ever): a producer id per Spark query partition or per
+short-lived process would otherwise leave a row each for good. An expired producer is a new
+one: its next request must be seq 0 of an epoch (any other is refused as a gap, 409), so a
+retry that comes later than the expiry is stored again only if it was its epoch's seq 0.
 """
 
 from __future__ import annotations
@@ -9,10 +16,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from stations.errors import BadRequest
+from stations.store import streams as stored
+
+if TYPE_CHECKING:
+    from stations.store.writer import Batch
 
 MAX_SAFE_INTEGER = 2**53 - 1
+DEFAULT_EXPIRY_MS = 7 * 24 * 3600 * 1000
+EXPIRE_CHUNK = 10_000  # sessions deleted per writer transaction (appends go between two)
 
 
 class Verdict(Enum):
@@ -92,3 +106,9 @@ def expected_seq(session: Session | None, producer: Producer) -> int:
     if session is None or producer.epoch > session.epoch:
         return 0
     return session.last_seq + 1
+
+
+def expire_idle(batch: Batch, idle_ms: int) -> int:
+    """A writer op: forget up to ``EXPIRE_CHUNK`` sessions whose producer has written nothing
+    for ``idle_ms``; returns how many (a full chunk: run it again)."""
+    return stored.expire_sessions(batch.conn, batch.now - idle_ms, EXPIRE_CHUNK)

@@ -1,5 +1,5 @@
 """Background upkeep on APScheduler: expired streams, expired message ids, retention and DLS
-expiry, lease expiry, the database's statistics.
+expiry, lease expiry, idle producer sessions, the database's statistics.
 
 Each job is a writer op, so upkeep commits like any other write and never races an append.
 Each asks the store for what is due (``stations.store.upkeep``) rather than visiting every
@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from stations.domain import catalog, groups, lifecycle, retention
+from stations.domain import catalog, groups, lifecycle, producers, retention
 from stations.domain.idwindow import IdWindow
 from stations.domain.isolate import each_station
 from stations.errors import Unavailable
@@ -39,6 +39,7 @@ class Host(Protocol):
     writer. A protocol, so the scheduler does not import the service that imports it."""
 
     ids: IdWindow
+    producer_expiry_ms: int  # 0: sessions are kept for ever
 
     async def write(
         self, fn: Callable[..., T], *args: Any, sort_key: Any = None, alone: bool = False
@@ -147,6 +148,10 @@ class Scheduler:
         self._sched.add_job(self.sweep_ids, "interval", seconds=1.0, id="ids")
         self._sched.add_job(self.expire_streams, "interval", seconds=5.0, id="expiry")
         self._sched.add_job(self.enforce_retention, "interval", seconds=1.0, id="retention")
+        if self.service.producer_expiry_ms > 0:
+            # A session outlives its expiry by at most a quarter of it (a minute at most).
+            period = min(MAX_SWEEP_S, max(MIN_SWEEP_S, self.service.producer_expiry_ms / 4000))
+            self._sched.add_job(self.expire_producers, "interval", seconds=period, id="producers")
         # Leases taken by another process (PostgreSQL) or before a restart: re-arm from the
         # database now and then, so their expiry never depends on one process staying up.
         self._sched.add_job(self.leases.tick, "interval", seconds=5.0, id="leases-rearm")
@@ -210,6 +215,16 @@ class Scheduler:
     async def expire_streams(self) -> None:
         with self._reported("expiry sweep"):
             await self.service.write(lifecycle.expired_streams, self.service.ids, alone=True)
+
+    async def expire_producers(self) -> None:
+        with self._reported("producer expiry"):
+            idle_ms = self.service.producer_expiry_ms
+            # A chunk per writer transaction, until one is not full.
+            while (
+                await self.service.write(producers.expire_idle, idle_ms, alone=True)
+                == producers.EXPIRE_CHUNK
+            ):
+                pass
 
     async def enforce_retention(self) -> None:
         with self._reported("retention"):

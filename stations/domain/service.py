@@ -26,6 +26,7 @@ from stations.domain import (
     lifecycle,
     log,
     messages,
+    producers,
     reads,
     transactions,
 )
@@ -199,8 +200,13 @@ class Service:
         id_cache_size: int | None = None,
         recent_ids: int = SPILL_AT,
         read_budget_bytes: int = 64 << 20,
+        producer_expiry_ms: int | None = None,
     ) -> None:
         self.db = Database(url, durability=durability, read_threads=read_threads)
+        # Idle producer sessions are forgotten after this (0: never; ``producers``).
+        self.producer_expiry_ms = (
+            producers.DEFAULT_EXPIRY_MS if producer_expiry_ms is None else producer_expiry_ms
+        )
         self.url = self.db.url
         self.durability = durability
         self.notifier = Notifier()

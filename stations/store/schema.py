@@ -93,6 +93,8 @@ producers = Table(
     Column("last_seq", BigInteger, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
 )
+# Sessions idle past the producer expiry are found by time (``expire_sessions``).
+Index("ix_producers_updated_at", producers.c.updated_at)
 
 # The durable half of the Msg-Id window. It outlives the messages (retention may drop them)
 # and is swept by the scheduler once ``stored_at + window`` has passed.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import Delete, delete, func, insert, select, tuple_
 
 from stations.records import StreamState
 from stations.store import db, sql
@@ -141,6 +141,24 @@ def delete_data(tx: Tx, stream_id: int) -> None:
     conn = db.conn_of(tx)
     for table in (messages, producers):
         conn.execute(delete(table).where(table.c.stream_id == stream_id))
+
+
+def expire_sessions(tx: Tx, before: int, limit: int) -> int:
+    """Delete up to ``limit`` producer sessions last written before ``before`` (store time);
+    returns how many."""
+    return int(db.conn_of(tx).execute(expiry_statement(before, limit)).rowcount)
+
+
+def expiry_statement(before: int, limit: int) -> Delete:
+    """An index range scan (``ix_producers_updated_at``): the work is what is due, however
+    many sessions are live."""
+    idle = (
+        select(producers.c.stream_id, producers.c.producer_id)
+        .where(producers.c.updated_at < before)
+        .limit(limit)
+    )
+    key = tuple_(producers.c.stream_id, producers.c.producer_id)
+    return delete(producers).where(key.in_(idle))
 
 
 def delete_row(tx: Tx, stream_id: int) -> None:
