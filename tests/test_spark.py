@@ -632,7 +632,7 @@ def test_batch_reads_push_offset_and_time_filters_to_the_server(
 
     import stations.spark
 
-    stations.spark.register(spark)  # the source with filter pushdown
+    stations.spark.register(spark, filter_pushdown=True)
     name = new_station(api)
     offsets: list[str] = []
     for part in range(3):
@@ -1087,7 +1087,7 @@ def test_batch_reads_from_the_start_with_a_filter_and_from_the_zero_offset(
     explicit zero offset was read as -1, no data loss though retention had dropped it."""
     import stations.spark
 
-    stations.spark.register(spark)  # the source with filter pushdown
+    stations.spark.register(spark, filter_pushdown=True)
     name = new_station(api, retention={"maxMessages": 3})
     produce(api, name, [{"data": k} for k in range(10)])
     _wait_kept(api, name, [7, 8, 9])

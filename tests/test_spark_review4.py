@@ -175,6 +175,28 @@ def test_a_page_of_numbers_orjson_reads_exactly_stays_on_orjson(
 # -- 4: filter pushdown -----------------------------------------------------------------------
 
 
+def test_an_unfiltered_query_after_a_filtered_one_on_the_same_dataframe_reads_everything(
+    spark: SparkSession, srv: Server, api: httpx.Client
+) -> None:
+    """``register()`` turned filter pushdown on, and PySpark plans a query that pushes no
+    filter with the reader an earlier filtered query on the same DataFrame narrowed: after
+    ``df.filter(offset >= 5th).count()``, ``df.count()`` said 5 of 10 and a write of ``df``
+    copied 5 (a review's "count first, then save"). Pushdown is now asked for explicitly."""
+    import stations.spark
+
+    stations.spark.register(spark)
+    name = new_station(api)
+    offsets = produce(api, name, [{"data": k} for k in range(10)])
+    df = reader(spark, srv, name).load()
+    assert df.where(F.col("offset") >= offsets[5]).count() == 5
+    assert df.count() == 10
+    copy = new_station(api)
+    df.write.format("stations").option("url", srv.url).option("station", copy).option(
+        "msgIdColumn", "offset"
+    ).mode("append").save()
+    assert len(all_messages(api, copy)) == 10
+
+
 def test_pushdown_narrows_only_on_offsets_and_sends_no_time_the_server_refuses(
     spark: SparkSession, srv: Server, api: httpx.Client
 ) -> None:
@@ -183,7 +205,7 @@ def test_pushdown_narrows_only_on_offsets_and_sends_no_time_the_server_refuses(
     after 9999 was sent to ``/offsets?time=``, whose 400 failed the query."""
     import stations.spark
 
-    stations.spark.register(spark)  # the source with filter pushdown
+    stations.spark.register(spark, filter_pushdown=True)
     name = new_station(api)
     offsets = produce(api, name, [{"data": k} for k in range(10)])
     df = reader(spark, srv, name).option("numPartitions", "2").load()

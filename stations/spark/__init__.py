@@ -98,12 +98,20 @@ _LAZY = {
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 
-def register(spark: SparkSession) -> None:
-    """Register the ``stations`` format with ``spark``, with batch reads that push filters on
-    ``offset`` and ``timestamp`` down to the server (this sets
-    ``spark.sql.python.filterPushdown.enabled``, which PySpark requires for that).
-    ``spark.dataSource.register(StationsDataSource)`` registers it without pushdown."""
-    from stations.spark.source import FilteringStationsDataSource
+def register(spark: SparkSession, *, filter_pushdown: bool = False) -> None:
+    """Register the ``stations`` format with ``spark``.
 
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(FilteringStationsDataSource)
+    ``filter_pushdown=True``: batch reads push filters on ``offset`` and ``timestamp`` down to
+    the server, reading only the matching part of a station (this sets
+    ``spark.sql.python.filterPushdown.enabled``, which PySpark requires for that). Off by
+    default: PySpark (4.2, 4.3) keeps the reader a filtered query narrowed and plans a later
+    query on the same DataFrame that has no filter to push with it, so ``df.count()`` after
+    ``df.filter(...).count()`` counted, and a write of ``df`` wrote, only the filtered rows.
+    With it on, give each unfiltered query a DataFrame of its own (``load()`` again)."""
+    from stations.spark.source import FilteringStationsDataSource, StationsDataSource
+
+    if filter_pushdown:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+        spark.dataSource.register(FilteringStationsDataSource)
+    else:
+        spark.dataSource.register(StationsDataSource)
