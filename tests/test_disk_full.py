@@ -117,6 +117,7 @@ async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Pat
         event.remove(svc.db.read_engine, "connect", read_only)
         svc.db.read_engine.dispose()
         _raw(svc).execute("PRAGMA query_only = 0")
+        svc.db.fresh_failure_s = 0  # the writer's failure is old: the probe decides
         probes: list[str] = []
 
         def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
@@ -142,6 +143,36 @@ async def test_readiness_says_writes_fail_and_sees_them_work_again(tmp_path: Pat
         r = await client.post("/v1/stream/s", data=b"z", headers={"Content-Type": BIN})
         assert r.status in (200, 204), await r.text()
         assert "stations_writes_failing 0.0" in await (await client.get("/metrics")).text()
+
+
+async def test_a_probe_that_commits_does_not_hide_the_writers_fresh_failures(
+    tmp_path: Path,
+) -> None:
+    """On a real full disk the probe's one small row fitted in WAL space the failed batches
+    had taken: /readyz answered 200 "ok" and the gauge said 0 between two produces that
+    both failed (a review on a 3 MB tmpfs). Played here by a writer connection that takes no
+    write while the probe's connection takes them: while the writer's failure is fresh, it is
+    what the checks and the gauge say; an idle server's probe decides once it is old."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from stations.api import make_app
+
+    svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
+    async with TestClient(TestServer(make_app(svc))) as client:
+        r = await client.put("/v1/stream/s", data=b"x", headers={"Content-Type": BIN})
+        assert r.status == 201
+        _raw(svc).execute("PRAGMA query_only = 1")
+        r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN})
+        assert r.status == 503, await r.text()
+        for probe in ("/readyz", "/healthz", "/readyz"):
+            r = await client.get(probe)
+            assert r.status == 503, await r.text()
+            assert (await r.json())["database"] == "writes failing"
+            assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
+        svc.db.fresh_failure_s = 0  # as if the failure were older than the threshold
+        r = await client.get("/readyz")
+        assert (r.status, await r.json()) == (200, {"status": "ok"})
+        _raw(svc).execute("PRAGMA query_only = 0")
 
 
 def test_a_waiting_fetch_waits_on_when_an_append_fails(tmp_path: Path) -> None:

@@ -331,8 +331,11 @@ class Service:
             # A lock held elsewhere (PostgreSQL), a disk that stopped answering: every write
             # waits behind this transaction, while SELECT 1 answers at once.
             return "writes stalled", f"a write transaction has been waiting for {busy:.0f} s"
-        if self.db.writes_failing is None:
+        failing = self.db.writes_failing
+        if failing is None:
             return None
+        if self.db.writes_failed_recently:  # the writer's own evidence, fresher than a probe's
+            return "writes failing", failing
         try:
             await asyncio.wait_for(self.db.probe_writes(), timeout)
         except TimeoutError:

@@ -8,6 +8,7 @@ transaction, ``read(fn, ...)`` runs ``fn(tx, ...)`` in a read transaction on a r
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -20,6 +21,10 @@ from stations.store.pgnotify import Listener
 from stations.store.writer import Batch, Writer
 
 T = TypeVar("T")
+# While the writer's own batches failed this recently (seconds), a probe write that commits
+# does not say writes work (see ``Database.writes_failing``): an idle server's probe decides
+# once they are older.
+FRESH_FAILURE_S = 10.0
 
 
 class Database:
@@ -34,6 +39,9 @@ class Database:
         self._listener: Listener | None = None
         self.checkpoints: Checkpoints | None = None
         self._probed_after = -1  # the writer's failed batches when a probe write last committed
+        # A writer's batch failed this recently: its writes fail, whatever a probe says (see
+        # ``writes_failing``).
+        self.fresh_failure_s = FRESH_FAILURE_S
 
     async def open(
         self,
@@ -164,11 +172,20 @@ class Database:
     @property
     def writes_failing(self) -> str | None:
         """Why the writer's latest batch failed, while none has written since and no probe
-        write (``probe_writes``) has committed since; else None."""
+        write (``probe_writes``) has committed since; else None. A batch that failed in the
+        last ``fresh_failure_s`` says so whatever a probe said: on a full disk the probe's
+        one small row fitted in the WAL space failed batches had taken, and readiness said
+        "ok" between two failed produces while every one of them failed."""
         failing = self.writer.failing
-        if failing is None or self._probed_after == self.writer.failed_batches:
+        if failing is None:
             return None
-        return failing
+        if self.writes_failed_recently:
+            return failing
+        return None if self._probed_after == self.writer.failed_batches else failing
+
+    @property
+    def writes_failed_recently(self) -> bool:
+        return time.monotonic() - self.writer.failed_at < self.fresh_failure_s
 
     @property
     def write_busy_for(self) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -350,6 +351,7 @@ class Writer:
         # The database or its disk away: every batch fails alike, logged once and counted.
         self._failures = Repeats(log, "write batch")
         self.failed_batches = 0  # batches the database failed whole, ever (see Database)
+        self.failed_at = -math.inf  # when the latest of them failed (time.monotonic())
         self._running_since: float | None = None  # when the thread's current batch began
 
     def start(self) -> None:
@@ -491,6 +493,7 @@ class Writer:
         """A batch failed whole: logged once per outage (a traceback only for what is no
         outage of the database's, nor a commit whose outcome it would not tell)."""
         self.failed_batches += 1
+        self.failed_at = time.monotonic()
         known = db.unavailable(exc) or isinstance(exc, OutcomeUnknown)
         self._failures.failed(exc, traceback=not known)
 
