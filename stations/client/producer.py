@@ -613,7 +613,11 @@ class IdempotentProducer:
                 seq = 0
                 maybe_stored = False
                 continue
-            if isinstance(error, SequenceGap) and error.expected_seq == 0 < seq and not maybe_stored:
+            if (
+                isinstance(error, SequenceGap)
+                and error.expected_seq == 0 < seq
+                and not maybe_stored
+            ):
                 # Forgotten by the server (see ``_send``): the close opens a new epoch.
                 session.claim_after(session.epoch)
                 seq = 0
