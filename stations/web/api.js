@@ -127,8 +127,12 @@ function exactNumbers(key, value, context) {
 // mounts the server under a path prefix (https://example.com/stations/) "/api" would miss it.
 const ROOT = new URL('..', document.baseURI).pathname.replace(/\/$/, '');
 
-/** `answerMs`: how long the server may take to begin answering (see ANSWER_MS). */
-export async function request(method, path, body, { signal, bearer, exact, answerMs } = {}) {
+/**
+ * `answerMs`: how long the server may take to begin answering (see ANSWER_MS). `withStatus`:
+ * answers { status, data } rather than the data alone (a create answers 200, not 201, for a
+ * station that already existed with the same settings).
+ */
+export async function request(method, path, body, { signal, bearer, exact, answerMs, withStatus } = {}) {
   const headers = { Accept: 'application/json' };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   const limit = answerMs ?? (method === 'GET' ? ANSWER_MS : WRITE_ANSWER_MS);
@@ -161,13 +165,12 @@ export async function request(method, path, body, { signal, bearer, exact, answe
   } finally {
     clearTimeout(clock);
   }
-  if (res.status === 204) return null;
   if (!res.ok) {
     const err = new ApiError(res.status, data?.error);
     if (res.status === 401 && !bearer) onUnauthorized(err);
     throw err;
   }
-  return data;
+  return withStatus ? { status: res.status, data } : data;
 }
 
 // `/api/stations/{name}` takes the name as one URL-encoded segment (%2F for /).
@@ -186,7 +189,13 @@ export const api = {
   // them every station.
   stations: (page = {}, opts) => request('GET', '/api/stations' + query(page), undefined, opts),
   station: (name, opts) => request('GET', one(name), undefined, opts),
-  create: (config) => request('POST', '/api/stations', config),
+  // { view, created }: created is false when the station already existed with the same
+  // settings (the create is idempotent: 200, not 201), and nothing was made.
+  create: (config) =>
+    request('POST', '/api/stations', config, { withStatus: true }).then(({ status, data }) => ({
+      view: data,
+      created: status === 201,
+    })),
   // With `createdAt` (the view's), as remove: only that station is changed (isRecreated).
   patch: (name, changes, createdAt) => request('PATCH', one(name) + query({ createdAt }), changes),
   // With `createdAt` (the view's): only that station; one created again since answers 409
@@ -233,12 +242,12 @@ const seq = (offset) => Number.parseInt(String(offset).split('_')[0], 10);
  * when no token is in use, else long-poll fetches (EventSource cannot send an Authorization
  * header). The messages themselves are read through the management API, so they carry ids,
  * headers and times. `onError(err, final)` reports a failed read (a server not answering too):
- * final (the station is gone, 404) means following stopped, else it retries, and `onResumed()`
- * follows the next good read. `onGap({ count, from, to })`: retention removed `count` messages
- * (after offset `from`, up to `to`) before they were read; called before the messages after
- * the gap. `onClosed()`: the station was closed, what it held is read, and following stopped.
- * Returns a function that stops following. A 401 (the token revoked) waits for the person to
- * sign in again (see holdForSignIn), then goes on.
+ * final (the station is gone, 404; the token may not read it, 403) means following stopped,
+ * else it retries, and `onResumed()` follows the next good read. `onGap({ count, from, to })`:
+ * retention removed `count` messages (after offset `from`, up to `to`) before they were read;
+ * called before the messages after the gap. `onClosed()`: the station was closed, what it held
+ * is read, and following stopped. Returns a function that stops following. A 401 (the token
+ * revoked) waits for the person to sign in again (see holdForSignIn), then goes on.
  *
  * While the tab is hidden, its waiting read is let go and taken up again (after a catch-up read)
  * when the tab is shown: a browser opens at most six HTTP/1.1 connections to a server, shared by
@@ -284,8 +293,10 @@ export function follow(
 
   function fail(err) {
     if (ctrl.signal.aborted) return;
-    // A deleted station does not come back under this tail: reading on would fail for ever.
-    const final = notFound(err);
+    // A deleted station does not come back under this tail, and a token refused (403: its role
+    // or stations do not allow reading it) gets the same answer every time: reading on would
+    // fail for ever, every 2 s. (A 401 waits for a sign-in instead: see breather.)
+    const final = notFound(err) || err?.status === 403;
     if (final) stop();
     failing = true;
     onError(err, final);

@@ -75,7 +75,9 @@ export function parseDuration(text) {
   const unit = (m[2] || 'ms').toLowerCase();
   const size = { ms: 1, s: 1000, sec: 1000, m: 60_000, min: 60_000, h: 3_600_000, d: 86_400_000 }[unit];
   const ms = Number(m[1]) * size;
-  return Number.isInteger(ms) ? ms : NaN;
+  // 1.1 * 1000 is 1100.0000000000002 in binary floating point: a whole number of ms all the same.
+  const whole = Math.round(ms);
+  return Math.abs(ms - whole) < 1e-6 ? whole : NaN;
 }
 
 export function when(iso) {
@@ -101,10 +103,15 @@ export function payloadText(item, json) {
 // seconds, and a page of fifty large ones for much longer.
 export const PAYLOAD_SHOWN = 64 * 1024;
 
-// Bidirectional controls (U+202A-U+202E, U+2066-U+2069) reorder the text after them: a payload
-// holding U+202E showed the rest of its line reversed, as it was not. They are shown as marks.
-const BIDI = /[\u202A-\u202E\u2066-\u2069]/g;
-const bidiMark = (c) => `\u27E8U+${c.codePointAt(0).toString(16).toUpperCase()}\u27E9`;
+// Bidirectional controls (Unicode's Bidi_Control: U+061C, U+200E, U+200F, U+202A-U+202E,
+// U+2066-U+2069) reorder the text around them: a payload holding U+202E showed the rest of its
+// line reversed, as it was not ("\u202E0001\u202C USD" read "1000 USD"). Wherever the console
+// shows text someone else wrote (payloads, headers, dead-letter errors), they are shown as marks.
+const BIDI = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+const bidiMark = (c) => `\u27E8U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}\u27E9`;
+
+/** `text` with its bidirectional controls shown as marks (⟨U+202E⟩): see BIDI. */
+export const marked = (text) => String(text).replace(BIDI, bidiMark);
 
 /** `<pre>` holding a payload as text (never markup); `json`: the station stores JSON. A long
  * payload shows its first PAYLOAD_SHOWN characters and a button that shows the rest. */
@@ -115,7 +122,7 @@ export function payload(item, json) {
 /** payload(), and the length of its text (what the element keeps alive, for "Show all"). */
 export function payloadView(item, json) {
   const pre = h('pre', { class: 'payload' });
-  const text = payloadText(item, json).replace(BIDI, bidiMark);
+  const text = marked(payloadText(item, json));
   let more = null;
   if (text.length > PAYLOAD_SHOWN) {
     pre.textContent = text.slice(0, PAYLOAD_SHOWN);
@@ -146,7 +153,7 @@ export function headersList(headers) {
   return h(
     'dl',
     { class: 'headers' },
-    entries.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
+    entries.map(([k, v]) => [h('dt', {}, marked(k)), h('dd', {}, marked(v))]),
   );
 }
 

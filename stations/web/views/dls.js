@@ -13,7 +13,7 @@
 
 import { api } from '../api.js';
 import { confirmAction } from '../dialog.js';
-import { alertBox, duration, errorText, h, isJsonType, num, parseDuration, payload, staleBox, when } from '../dom.js';
+import { alertBox, duration, errorText, h, isJsonType, marked, num, parseDuration, payload, staleBox, when } from '../dom.js';
 
 const REASONS = {
   max_deliveries: 'Max deliveries reached',
@@ -54,6 +54,26 @@ const signature = (e) => JSON.stringify([e.group, e.reason, e.error, e.deliveryC
  */
 export async function renderDls(panel, ctx, station, params = {}, changed = () => {}, seen = () => true, lost = () => {}) {
   const name = station.name;
+  // The redrive policy follows the station as the polls read it (changed elsewhere, it showed
+  // what it was when the tab opened).
+  const policy = h('p', { class: 'hint', id: 'dls-policy' });
+  let policyShown;
+  const showPolicy = (redrive) => {
+    const text = redrivePolicyText(redrive);
+    if (text === policyShown) return;
+    policyShown = text;
+    policy.replaceChildren(
+      'Redrive policy: ',
+      h('strong', {}, text),
+      redrive ? '' : ' (set one under Settings to resend dead letters by themselves).',
+    );
+  };
+  showPolicy(station.dls?.redrive);
+  /** `seen`, and the policy shown follows the station read (if it is the one shown). */
+  const saw = (s) => {
+    if (s.createdAt === station.createdAt) showPolicy(s.dls?.redrive);
+    return seen(s);
+  };
   const json = isJsonType(station.contentType);
   const groupSelect = h(
     'select',
@@ -84,13 +104,6 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     placeholder: 'now',
     'aria-describedby': 'dls-delay-hint',
   });
-  const policy = h(
-    'p',
-    { class: 'hint', id: 'dls-policy' },
-    'Redrive policy: ',
-    h('strong', {}, redrivePolicyText(station.dls?.redrive)),
-    station.dls?.redrive ? '' : ' (set one under Settings to resend dead letters by themselves).',
-  );
   const selection = h('p', { class: 'hint', 'aria-live': 'polite' });
   const actions = h(
     'div',
@@ -193,8 +206,9 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
           h('span', { class: 'offset' }, 'Offset ', h('code', {}, e.offset)),
         ),
       ),
-      h('td', { 'data-label': 'Reason' }, REASONS[e.reason] || e.reason),
-      h('td', { 'data-label': 'Error' }, e.error ?? '—'),
+      h('td', { 'data-label': 'Reason' }, REASONS[e.reason] || marked(e.reason)),
+      // A consumer's own words (its dead-letter reason): bidirectional controls as marks.
+      h('td', { 'data-label': 'Error' }, e.error === null || e.error === undefined ? '—' : marked(e.error)),
       h('td', { 'data-label': 'Deliveries', class: 'n' }, num(e.deliveryCount)),
       h(
         'td',
@@ -434,7 +448,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   async function count(group) {
     if (group) return (await groupFigures(group))?.deadLettered ?? null;
     const s = await api.station(name, { signal: ctx.signal });
-    seen(s);
+    saw(s);
     return s.stats?.deadLettered ?? null;
   }
 
@@ -446,7 +460,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
   async function total(group) {
     try {
       const s = await api.station(name, { signal: ctx.signal });
-      seen(s);
+      saw(s);
       if (ctx.signal.aborted) return null;
       if (!group) return s.stats?.deadLettered ?? null;
       return (await groupFigures(group))?.deadLettered ?? null;
@@ -489,7 +503,7 @@ export async function renderDls(panel, ctx, station, params = {}, changed = () =
     try {
       n = await count(group);
       // The badge counts the whole station's store, whichever group is shown.
-      if (group) seen(await api.station(name, { signal: ctx.signal }));
+      if (group) saw(await api.station(name, { signal: ctx.signal }));
       if (n !== lastCount || ++groupPolls >= GROUP_POLLS) {
         // For the filter only (a page of groups): when the count moved, else now and then.
         groupPolls = 0;

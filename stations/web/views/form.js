@@ -10,6 +10,7 @@ import {
   errorText,
   field,
   h,
+  num,
   parseDuration,
   setFieldError,
 } from '../dom.js';
@@ -73,6 +74,10 @@ function windowParts(ms) {
  * a typo deleted a station's limits and the console said "Settings saved".
  */
 const typed = (control) => (control.validity?.badInput ? 'not a number' : control.value);
+
+// The API's bound on counts and sizes: 2^53 - 1, the largest integer every JSON client reads
+// exactly (a larger one was said to be "not a whole number of at least 1").
+const MAX_COUNT_TEXT = num(Number.MAX_SAFE_INTEGER);
 
 const positiveInt = (text) => {
   const t = text.trim();
@@ -316,17 +321,22 @@ export async function renderForm(container, ctx, station) {
     }
     const size = Object.fromEntries(WINDOW_UNITS)[c.windowUnit.value];
     const amount = typed(c.window).trim() === '' ? NaN : Number(typed(c.window));
-    const windowMs = Math.round(amount * size);
+    const exact = amount * size;
+    const windowMs = Math.round(exact);
     if (!Number.isFinite(amount) || windowMs < MIN_WINDOW || windowMs > MAX_WINDOW) {
       errors.window = 'Idempotency window must be between 100 ms and 24 h.';
+    } else if (Math.abs(exact - windowMs) > 1e-6) {
+      // 100.4 ms was sent as 100 without a word. (The tolerance is for binary fractions:
+      // 1.1 s is 1100.0000000000002 ms.)
+      errors.window = 'Idempotency window must be a whole number of milliseconds.';
     }
     out.idempotencyWindowMs = windowMs;
     const maxAge = parseDuration(c.maxAge.value);
     if (Number.isNaN(maxAge) || maxAge === 0) errors.maxAge = 'Max age must be a duration such as 7d or 12h, or empty.';
     const maxMessages = positiveInt(typed(c.maxMessages));
-    if (Number.isNaN(maxMessages)) errors.maxMessages = 'Max messages must be a whole number of at least 1, or empty.';
+    if (Number.isNaN(maxMessages)) errors.maxMessages = `Max messages must be a whole number from 1 to ${MAX_COUNT_TEXT}, or empty.`;
     const maxBytes = positiveInt(typed(c.maxBytes));
-    if (Number.isNaN(maxBytes)) errors.maxBytes = 'Max bytes must be a whole number of at least 1, or empty.';
+    if (Number.isNaN(maxBytes)) errors.maxBytes = `Max bytes must be a whole number from 1 to ${MAX_COUNT_TEXT}, or empty.`;
     out.retention = { maxAgeMs: maxAge, maxMessages, maxBytes };
     const forwardTo = c.forwardTo.value.trim() || null;
     if (forwardTo) {
@@ -412,7 +422,14 @@ export async function renderForm(container, ctx, station) {
         announce('Settings saved.');
         location.hash = stationHref(config.name);
       } else {
-        const view = await api.create(out);
+        const { view, created } = await api.create(out);
+        if (!created) {
+          // The server takes a create of a station that exists with these same settings as
+          // done (200): nothing was made, and it may hold messages and groups already.
+          showErrors({ name: `Station “${view.name}” already exists (with these settings): nothing was created.` });
+          summary.append(h('p', {}, h('a', { href: stationHref(view.name) }, `Open station ${view.name}`)));
+          return;
+        }
         announce(`Station ${view.name} is ready.`);
         location.hash = stationHref(view.name);
       }

@@ -46,6 +46,9 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
   const search = h('input', { type: 'search', id: 'group-search', autocomplete: 'off', placeholder: 'Filter by name' });
   const searchBar = h('div', { class: 'toolbar' }, h('label', { for: 'group-search' }, 'Search groups'), search);
   const problem = h('div');
+  // Why a delete was refused (a consumer's token: 403), kept on the page until the next one
+  // (a toast alone went after 5 s); apart from `problem`, which each refresh empties.
+  const removeProblem = h('div');
   const seek = seekForm(name, () => reads.now(), ctx.signal);
 
   async function remove(group) {
@@ -59,12 +62,15 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
     // The page ended under the dialog (the station deleted, or created again: the group of
     // that name would be the new station's): nothing is done.
     if (!yes || ctx.signal.aborted) return;
+    removeProblem.replaceChildren();
     try {
       await api.deleteGroup(name, group);
       announce(`Group ${group} deleted.`);
       await reads.now();
     } catch (err) {
-      if (!ctx.signal.aborted) announce(errorText(err));
+      if (!ctx.signal.aborted) {
+        removeProblem.replaceChildren(alertBox(new Error(`Group ${group} was not deleted: ${errorText(err)}`)));
+      }
     }
   }
 
@@ -183,7 +189,16 @@ export async function renderGroups(panel, ctx, station, lost = () => {}) {
   });
 
   searchBar.hidden = true; // shown once there are groups to search
-  panel.replaceChildren(h('h2', {}, 'Consumer groups'), searchBar, problem, table, pages.element, empty, seek.element);
+  panel.replaceChildren(
+    h('h2', {}, 'Consumer groups'),
+    searchBar,
+    problem,
+    removeProblem,
+    table,
+    pages.element,
+    empty,
+    seek.element,
+  );
   await reads.poll();
   // A page or a search read less than a tick ago is fresh enough: one request per 2 s.
   ctx.every(2000, () => (pages.fresh(1000) ? undefined : reads.poll()));

@@ -71,13 +71,15 @@ export async function renderList(main, ctx) {
       'tr',
       {},
       h('th', { scope: 'row', 'data-label': 'Name' }, h('a', { href: stationHref(view.name) }, view.name)),
-      h('td', { 'data-label': 'Content type' }, view.contentType),
+      (cells.contentType = h('td', { 'data-label': 'Content type' })),
       COLUMNS.map(([key, label]) => (cells[key] = h('td', { class: 'n', 'data-label': label }))),
     );
     return { tr, cells };
   }
 
   function fill(r, view) {
+    // A station deleted and created again elsewhere keeps its row (its name) with another type.
+    if (r.cells.contentType.textContent !== view.contentType) r.cells.contentType.textContent = view.contentType;
     for (const [key] of COLUMNS) {
       const text = num(view.stats?.[key]);
       if (r.cells[key].textContent !== text) r.cells[key].textContent = text;

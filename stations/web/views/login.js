@@ -5,6 +5,22 @@
 import { request, token } from '../api.js';
 import { errorText, field, h, setFieldError } from '../dom.js';
 
+/**
+ * Why `secret` cannot be a token, or null. An Authorization header carries printable ASCII
+ * only: a character beyond it made fetch throw (said as "The server cannot be reached"), or went
+ * as its Latin-1 byte, not the UTF-8 the tokens file means ("That token was not accepted").
+ */
+function tokenProblem(secret) {
+  const chars = [...secret];
+  const at = chars.findIndex((c) => c < ' ' || c > '~');
+  if (at < 0) return null;
+  const code = chars[at].codePointAt(0).toString(16).toUpperCase().padStart(4, '0');
+  return (
+    'A token is printable ASCII only (letters, digits, punctuation and spaces): ' +
+    `character ${at + 1} is U+${code}, which no Authorization header carries. Check what was pasted.`
+  );
+}
+
 /** The token form: checks the token with the server, keeps it, then calls onSignedIn. */
 function signInForm({ id, onSignedIn, extra = [] }) {
   const input = h('input', {
@@ -32,6 +48,12 @@ function signInForm({ id, onSignedIn, extra = [] }) {
     const secret = input.value.trim();
     if (!secret) {
       setFieldError(form, id, 'Enter a token.');
+      input.focus();
+      return;
+    }
+    const problem = tokenProblem(secret);
+    if (problem) {
+      setFieldError(form, id, problem);
       input.focus();
       return;
     }

@@ -33,12 +33,20 @@ function offsetFrom(text) {
   return null;
 }
 
-function latestOffset(tail) {
-  const m = /^(\d{16})_\d{16}$/.exec(tail || '');
-  if (!m) return '-1';
+/**
+ * Where the page of PAGE messages before `offset` starts ("-1" from the start), or null when
+ * `offset` is the start itself. Offsets are message positions (the offset of message n is
+ * n - 1), so the older page is known without asking.
+ */
+function pageBefore(offset) {
+  const m = /^(\d{16})_\d{16}$/.exec(offset || '');
+  if (!m || Number(m[1]) === 0) return null;
   const start = Math.max(0, Number(m[1]) - PAGE);
   return start === 0 ? '-1' : offsetFrom(String(start));
 }
+
+/** The offset of the last page before the tail offset `tail`. */
+const latestOffset = (tail) => pageBefore(tail) ?? '-1';
 
 /** The payload as UTF-8 bytes in base64, the form the API takes raw bytes in. */
 function base64Utf8(text) {
@@ -184,7 +192,7 @@ export async function renderMessages(panel, ctx, station) {
         ...(mine ? [', message id ', h('code', {}, mine.id)] : []),
         '.',
       );
-      if (!live.checked && upToDate) await load(current, false);
+      if (!live.checked && upToDate) await load(current);
     } catch (err) {
       if (mine) mine.failed = true;
       // Said with the error: the resend is safe (a duplicate, not a second copy) as long as it
@@ -231,7 +239,6 @@ export async function renderMessages(panel, ctx, station) {
   let current = '-1';
   let nextOffset = null;
   let upToDate = false;
-  const history = [];
   let stopFollow = null;
   // Bumped by every start and stop of the live tail: a start that awaited the station while
   // the switch went off (and on again) sees a newer generation and leaves following to it.
@@ -240,11 +247,13 @@ export async function renderMessages(panel, ctx, station) {
   function setPaging() {
     const liveOn = live.checked;
     for (const b of [go, first, latest]) b.disabled = liveOn;
-    previous.disabled = liveOn || history.length === 0;
+    // Previous is the older page before the one shown (not Back through the pages visited: after
+    // Latest it went to the first page), so it is off at the start of the station only.
+    previous.disabled = liveOn || pageBefore(current) === null;
     next.disabled = liveOn || upToDate;
   }
 
-  async function load(offset, remember, fallback = null) {
+  async function load(offset, fallback = null) {
     problem.replaceChildren();
     let page;
     try {
@@ -252,13 +261,12 @@ export async function renderMessages(panel, ctx, station) {
     } catch (err) {
       if (err?.status === 401 || ctx.signal.aborted || live.checked) return;
       // 410: retention dropped the offset asked for (Latest asks for tail - PAGE).
-      if (err?.status === 410 && fallback) return load(fallback, remember);
+      if (err?.status === 410 && fallback) return load(fallback);
       problem.replaceChildren(alertBox(err));
       return;
     }
     // The live tail started meanwhile: the list is its now.
     if (live.checked) return;
-    if (remember && offset !== current) history.push(current);
     current = offset;
     nextOffset = page.nextOffset;
     upToDate = page.upToDate;
@@ -363,6 +371,12 @@ export async function renderMessages(panel, ctx, station) {
             status.textContent = `Live tail interrupted (${errorText(err)}); retrying…`;
             return;
           }
+          if (err?.status === 403) {
+            // Asking again gets the same refusal: said once, and the switch goes off.
+            stopped('Stopped following: this token may not read the messages of this station.');
+            problem.replaceChildren(alertBox(err));
+            return;
+          }
           stopped('Stopped following: the station is gone.');
           problem.replaceChildren(
             alertBox(err?.status === 404 ? new Error(`Station “${name}” no longer exists: it was deleted.`) : err),
@@ -382,16 +396,17 @@ export async function renderMessages(panel, ctx, station) {
   }
 
   ctx.signal.addEventListener('abort', () => stopFollow?.());
-  live.addEventListener('change', () => (live.checked ? startLive() : (stopLive(), load(current, false))));
-  first.addEventListener('click', () => {
-    history.length = 0;
-    load('-1', false);
+  live.addEventListener('change', () => (live.checked ? startLive() : (stopLive(), load(current))));
+  first.addEventListener('click', () => load('-1'));
+  previous.addEventListener('click', () => {
+    const older = pageBefore(current);
+    // Retention may have removed the older page's start (410): the earliest kept, then.
+    if (older !== null) load(older, '-1');
   });
-  previous.addEventListener('click', () => history.length && load(history.pop(), false));
-  next.addEventListener('click', () => nextOffset && load(nextOffset, true));
+  next.addEventListener('click', () => nextOffset && load(nextOffset));
   latest.addEventListener('click', async () => {
     const s = await api.station(name, { signal: ctx.signal }).catch(() => station);
-    load(latestOffset(s.stats?.tailOffset), true, '-1');
+    load(latestOffset(s.stats?.tailOffset), '-1');
   });
   const browseForm = h(
     'form',
@@ -409,7 +424,7 @@ export async function renderMessages(panel, ctx, station) {
       );
       return;
     }
-    load(offset, true);
+    load(offset);
   });
 
   panel.replaceChildren(
@@ -438,5 +453,5 @@ export async function renderMessages(panel, ctx, station) {
       produceForm,
     ),
   );
-  await load('-1', false);
+  await load('-1');
 }

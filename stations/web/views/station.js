@@ -191,6 +191,34 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
     { class: 'notice' },
     'This station is closed: it takes no more messages. What it holds can still be read and consumed.',
   );
+  // The settings, read again with the figures every 2 s: changed elsewhere (another tab, the
+  // CLI), they showed what they were when the page loaded, beside live figures.
+  const config = h('dl', { class: 'config' });
+  let configShown = '';
+  const showConfig = (s) => {
+    const r = s.retention || {};
+    const d = s.dls || {};
+    const c = s.consumerDefaults || {};
+    const items = [
+      ['Content type', s.contentType],
+      ['Idempotency window', duration(s.idempotencyWindowMs)],
+      ['Max age', r.maxAgeMs ? duration(r.maxAgeMs) : 'no limit'],
+      ['Max messages', r.maxMessages ? num(r.maxMessages) : 'no limit'],
+      ['Max bytes', r.maxBytes ? bytes(r.maxBytes) : 'no limit'],
+      ['Poison messages to the DLS', d.poison ? 'on' : 'off'],
+      ['Forward dead letters to', d.forwardTo || '—'],
+      ['Keep dead letters', d.retentionMs ? duration(d.retentionMs) : 'until replayed or dropped'],
+      ['Redrive dead letters', redrivePolicyText(d.redrive)],
+      ['Max message deliveries', num(c.maxMsgDeliveries)],
+      ['Max ack time', duration(c.maxAckTimeMs)],
+      ['Created', when(s.createdAt)],
+    ];
+    // Laid out again only when changed: a screen reader's place in the list stays.
+    const text = JSON.stringify(items);
+    if (text === configShown) return;
+    configShown = text;
+    config.replaceChildren(...items.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))));
+  };
   const fill = (s) => {
     marks.update(s);
     closedNote.hidden = !s.closed;
@@ -203,31 +231,14 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
       stat('Dead-lettered', num(st.deadLettered), st.deadLettered ? 'warn' : ''),
       stat('Tail offset', h('code', {}, st.tailOffset || '—')),
     );
+    showConfig(s);
   };
   fill(station);
   let updated = new Date(); // when the figures were last refreshed
-  const r = station.retention || {};
-  const d = station.dls || {};
-  const c = station.consumerDefaults || {};
-  const config = h(
-    'dl',
-    { class: 'config' },
-    [
-      ['Content type', station.contentType],
-      ['Idempotency window', duration(station.idempotencyWindowMs)],
-      ['Max age', r.maxAgeMs ? duration(r.maxAgeMs) : 'no limit'],
-      ['Max messages', r.maxMessages ? num(r.maxMessages) : 'no limit'],
-      ['Max bytes', r.maxBytes ? bytes(r.maxBytes) : 'no limit'],
-      ['Poison messages to the DLS', d.poison ? 'on' : 'off'],
-      ['Forward dead letters to', d.forwardTo || '—'],
-      ['Keep dead letters', d.retentionMs ? duration(d.retentionMs) : 'until replayed or dropped'],
-      ['Redrive dead letters', redrivePolicyText(d.redrive)],
-      ['Max message deliveries', num(c.maxMsgDeliveries)],
-      ['Max ack time', duration(c.maxAckTimeMs)],
-      ['Created', when(station.createdAt)],
-    ].map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))),
-  );
   const remove = h('button', { type: 'button', class: 'danger' }, 'Delete station');
+  // Why a delete was refused (a consumer's token: 403), kept on the page until the next try:
+  // a toast alone went after 5 s.
+  const removeProblem = h('div');
   remove.addEventListener('click', async () => {
     const yes = await confirmAction({
       title: `Delete station ${station.name}?`,
@@ -237,6 +248,7 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
       signal: ctx.signal,
     });
     if (!yes || ctx.signal.aborted) return;
+    removeProblem.replaceChildren();
     try {
       // The station this page shows, not whichever has its name now: one deleted and created
       // again since (elsewhere) answers 409 and stays.
@@ -250,7 +262,7 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
         ended(true, nothing);
         return;
       }
-      announce(errorText(err));
+      if (!ctx.signal.aborted) removeProblem.replaceChildren(alertBox(new Error(`Not deleted: ${errorText(err)}`)));
     }
   });
   const rate = new LiveChart({ title: 'Message rate (messages/s)', unit: '/s' });
@@ -296,6 +308,7 @@ function renderOverview(panel, ctx, station, marks, ended, same) {
     h('p', {}, h('a', { href: stationHref(station.name, 'settings') }, 'Change settings')),
     h('h2', {}, 'Danger zone'),
     h('p', {}, remove),
+    removeProblem,
   );
   const gone = () => {
     // Deleted from elsewhere (another tab, the CLI): its last figures must not stay on screen
