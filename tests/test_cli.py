@@ -3,6 +3,7 @@ stderr and a non-zero exit, never a Python traceback; a running server answers `
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -159,6 +160,26 @@ def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
         assert_one_line_error(proc, "another process")
     finally:
         first.kill()
+    again = Server(url, tmp_path).start()
+    again.kill()
+
+
+def test_a_sqlite_file_with_another_hard_link_is_refused(tmp_path: Path) -> None:
+    """The lock is named after the path: a second server started on a hard link of the file
+    took a lock of its own and served the same file beside the first, each with its own WAL,
+    and stored a retried Msg-Id again (found by a review). A file with other hard links is
+    refused, running or not; a symbolic link still meets the first server's lock."""
+    url = sqlite_url(tmp_path)
+    first = Server(url, tmp_path).start()
+    first.stop()
+    data = tmp_path / "stations-data" / "stations.db"
+    link = tmp_path / "hard.db"
+    os.link(data, link)
+    for db in (url, f"sqlite:///{link}"):
+        proc = run_cli(["serve", "--port", str(free_port()), "--db", db], tmp_path)
+        assert proc.returncode == 1, proc.stderr
+        assert_one_line_error(proc, "1 other hard link(s)", "symbolic links")
+    link.unlink()
     again = Server(url, tmp_path).start()
     again.kill()
 

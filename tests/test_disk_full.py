@@ -175,6 +175,40 @@ async def test_a_probe_that_commits_does_not_hide_the_writers_fresh_failures(
         _raw(svc).execute("PRAGMA query_only = 0")
 
 
+async def test_the_open_probes_tell_the_databases_words_to_an_admin_only(
+    tmp_path: Path,
+) -> None:
+    """With tokens, /readyz and /healthz (open to all, as the contract has it) answered
+    anyone the database driver's error text, which names PostgreSQL's host, port, database
+    and role (found by a review). Without a token, or with one of another role, they say the
+    state only; an admin token, or a server without tokens, gets the words too."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from stations.api import make_app
+    from stations.tokens import Token, digest_of
+
+    tokens = [
+        Token(digest_of("admin-secret"), "admin"),
+        Token(digest_of("prod-secret"), "producer"),
+    ]
+    svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
+    async with TestClient(TestServer(make_app(svc, tokens=tokens))) as client:
+        admin = {"Authorization": "Bearer admin-secret"}
+        r = await client.put("/v1/stream/s", data=b"x", headers={"Content-Type": BIN, **admin})
+        assert r.status == 201
+        _raw(svc).execute("PRAGMA query_only = 1")
+        r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN, **admin})
+        assert r.status == 503, await r.text()
+        for probe in ("/readyz", "/healthz"):
+            for headers in ({}, {"Authorization": "Bearer prod-secret"}):
+                r = await client.get(probe, headers=headers)
+                assert r.status == 503
+                assert await r.json() == {"status": "unavailable", "database": "writes failing"}
+            r = await client.get(probe, headers=admin)
+            assert (await r.json())["error"] == "attempt to write a readonly database"
+        _raw(svc).execute("PRAGMA query_only = 0")
+
+
 def test_a_waiting_fetch_waits_on_when_an_append_fails(tmp_path: Path) -> None:
     """A waiting fetch's lease rides on the append that wakes it: when the disk refused that
     append, the fetch, which wrote nothing, was answered 503 too (every waiting consumer at

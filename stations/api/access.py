@@ -22,7 +22,7 @@ from stations.repeats import Repeats
 
 CLIENT_CLOSED = 499
 
-_GONE = "stations.client_gone"
+_GONE: web.RequestKey[bool] = web.RequestKey("client_gone", bool)
 
 # What the lines hold: the client's address, the request line, the status, the body's bytes,
 # the seconds taken and the user agent (aiohttp's '%a "%r" %s %b %Tf "%{User-Agent}i"').

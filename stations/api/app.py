@@ -21,7 +21,7 @@ from stations.api import (
     subscriptions,
     transactions,
 )
-from stations.api.auth import TOKENS, needs
+from stations.api.auth import TOKENS, may_see_internals, needs
 from stations.api.drain import DRAIN, Drain, close_when_draining
 from stations.api.edge import count_file, edge_middleware
 from stations.api.errors import RETRY_AFTER_S
@@ -63,7 +63,9 @@ async def readyz(request: web.Request) -> web.Response:
     if problem is None:
         return web.json_response({"status": "ok"})
     state, why = problem
-    body = {"status": "unavailable", "database": state, "error": why}
+    body = {"status": "unavailable", "database": state}
+    if may_see_internals(request):  # the probes are open: the driver's words are not
+        body["error"] = why
     return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 

@@ -115,7 +115,7 @@ def require_station(request: web.Request, name: object, field: str | None) -> No
     """403 unless the request's token covers ``name``: for stations a request names outside
     its path (a create body, a fork source, a ``dls.forwardTo`` target). Anything that is not
     a string is left to the validation that follows (a 400)."""
-    token: Token | None = request.get("token")
+    token: Token | None = request.get(TOKEN)
     if token is not None and isinstance(name, str) and not token.covers(name):
         raise Forbidden(f"this token does not cover station {name[:200]!r}", field)
 
@@ -124,7 +124,7 @@ def reach(request: web.Request) -> Callable[[str], bool] | None:
     """The stations the request's token may write to, for the writes a request makes beyond
     its path's station (a dead letter's copy in ``dls.forwardTo``), which the domain checks
     under the station's lock; None: every station."""
-    token: Token | None = request.get("token")
+    token: Token | None = request.get(TOKEN)
     return token.covers if token is not None and token.stations else None
 
 
@@ -152,20 +152,35 @@ def revoked_answer() -> web.Response:
     return response
 
 
+def presented(request: web.Request, tokens: list[Token]) -> Token | None:
+    """The valid token the request's ``Authorization`` header carries, if any."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    return find(tokens, secret.strip()) if scheme.lower() == "bearer" else None
+
+
+def may_see_internals(request: web.Request) -> bool:
+    """Whether an open route may tell this request what only an operator should read (the
+    database's own error text names its host, port, database and role): without tokens
+    (loopback, or --insecure), or with an admin token."""
+    tokens: list[Token] | None = request.app[TOKENS]
+    if not tokens:
+        return True
+    token = presented(request, tokens)
+    return token is not None and token.role == "admin"
+
+
 def refused(request: web.Request) -> web.Response | None:
     """401 or 403 when the request's token may not do this, else None (the token, if any, is
-    then ``request["token"]`` for the handlers' own checks)."""
+    then ``request[TOKEN]`` for the handlers' own checks)."""
     tokens: list[Token] | None = request.app[TOKENS]
     if not tokens or request.method == "OPTIONS" or _is_open(request):
         return None
-    header = request.headers.get("Authorization", "")
-    scheme, _, presented = header.partition(" ")
-    token = find(tokens, presented.strip()) if scheme.lower() == "bearer" else None
+    token = presented(request, tokens)
     if token is None:
         response = error_response(401, "unauthorized", "a valid bearer token is required")
         response.headers["WWW-Authenticate"] = 'Bearer realm="stations"'
         return response
-    request["token"] = token
+    request[TOKEN] = token
     needed = route_class(request)
     if needed not in ALLOWED[token.role]:
         able = " or ".join(role for role in ROLES if needed in ALLOWED[role])
@@ -187,3 +202,5 @@ def refused(request: web.Request) -> web.Response | None:
 
 # Its object in the application (see stations.api.keys).
 TOKENS: web.AppKey[list[Token] | None] = web.AppKey("tokens")  # None: no tokens asked for
+# A request's valid token, once ``refused`` has let it through (aiohttp warns of string keys).
+TOKEN: web.RequestKey[Token] = web.RequestKey("token", Token)

@@ -71,7 +71,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             metrics.observe(request, status, time.perf_counter() - started)
 
 
-_FILE_STARTED = "stations.file_started"
+_FILE_STARTED: web.RequestKey[float] = web.RequestKey("file_started", float)
 
 
 async def count_file(request: web.BaseRequest, response: web.StreamResponse) -> None:
@@ -99,7 +99,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         params.refused_query(request)
         if limits.waits(request):
             slots = request.app[READERS]
-            with slots.slot(request.get("token")):
+            with slots.slot(request.get(auth.TOKEN)):
                 try:
                     return await handler(request)
                 except asyncio.CancelledError:

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from stations.api import keys, reading
-from stations.api.auth import needs, require_station
+from stations.api.auth import TOKEN, needs, require_station
 from stations.api.limits import LIMITS
 from stations.domain import instants, messages
 from stations.domain.offsets import EARLIEST, BadOffset, decode_start, encode, encode_template
@@ -153,7 +153,7 @@ def json_answer(answer: Any) -> web.Response:
 
 @needs("read")
 async def list_stations(request: web.Request) -> web.Response:
-    token = request.get("token")
+    token = request.get(TOKEN)
     page = page_query(request, token.covers if token is not None else None)
     if page is not None:
         return paged("stations", await service(request).stations(page), page)

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from stations.api import keys, public
-from stations.api.auth import covers_pattern, needs
+from stations.api.auth import TOKEN, covers_pattern, needs
 from stations.api.limits import with_expect_continue
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
@@ -85,7 +85,7 @@ def _bearer(request: web.Request) -> str:
 def _scope(request: web.Request, paths: Sequence[str | None], pattern: str | None = None) -> None:
     """A token limited to some stations reaches only subscriptions over those stations: the
     streams named, and every stream the pattern may match."""
-    token = request.get("token")
+    token = request.get(TOKEN)
     if token is None or not token.stations:
         return
     for path in paths:
@@ -98,7 +98,7 @@ def _scope(request: web.Request, paths: Sequence[str | None], pattern: str | Non
 async def _scope_of(request: web.Request, sub_id: str) -> None:
     """One outside the token's scope is answered as one that does not exist (its id tells
     nothing)."""
-    token = request.get("token")
+    token = request.get(TOKEN)
     if token is None or not token.stations:
         return
     row, followed = await request.app[keys.SERVICE].read_db(links.read_view, sub_id)
@@ -146,7 +146,7 @@ async def put_subscription(request: web.Request) -> web.Response:
 async def _view(request: web.Request, sub_id: str) -> dict[str, Any]:
     row, followed = await request.app[keys.SERVICE].read_db(links.read_view, sub_id)
     view = links.view(row, followed, _engine(request).signer, request.app[keys.PUBLIC_URL])
-    token = request.get("token")
+    token = request.get(TOKEN)
     if view["webhook"] is not None and token is not None and token.role != "admin":
         # A webhook's address may be its secret (a chat service's incoming webhook is): only
         # the role that sets it sees it.

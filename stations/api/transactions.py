@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from stations.api.auth import ALLOWED, needs, reach
+from stations.api.auth import ALLOWED, TOKEN, needs, reach
 from stations.api.limits import LIMITS
 from stations.api.stations import json_body, service
 from stations.domain import transactions
@@ -22,7 +22,7 @@ from stations.tokens import Token
 
 
 async def _authorize(request: web.Request, req: transactions.TxRequest) -> None:
-    token: Token | None = request.get("token")
+    token: Token | None = request.get(TOKEN)
     if token is None:
         return
     for kind, needed in (("settle", "consume"), ("produce", "produce")):

@@ -508,6 +508,17 @@ def claim_file(url: str) -> Any:
         return None
     make_data_dir(path)
     path = os.path.realpath(path)  # one lock per file, whatever name (symlink) it is given by
+    with contextlib.suppress(FileNotFoundError):
+        links = os.stat(path).st_nlink
+        if links > 1:
+            # The lock is named after the path: a server started on another name would take
+            # a lock of its own and serve the same file beside this one, each with its own WAL
+            # and message ids (SQLite's "How To Corrupt" names hard links too).
+            raise Unusable(
+                f"{path} has {links - 1} other hard link(s): a server started on another name "
+                "would not see this one's lock and would serve the same file beside it; remove "
+                "the other names, or make them symbolic links"
+            )
     _create_private(path + ".lock")
     lock = open(path + ".lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
