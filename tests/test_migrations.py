@@ -194,3 +194,18 @@ def test_station_and_group_ids_are_never_reused(tmp_path: Path) -> None:
             assert conn.execute(text("SELECT id FROM groups WHERE name = 'c'")).scalar() == 3
     finally:
         engine.dispose()
+
+
+def test_each_migrations_summary_is_one_line() -> None:
+    """Alembic logs a migration's docstring summary (up to its first blank line) at info: a
+    summary of two lines put a line without time or level in the log of a first start or an
+    upgrade (found by a review), which breaks one-record-per-line log readers."""
+    import ast
+
+    versions = Path(__file__).resolve().parent.parent / "stations/store/migrations/versions"
+    long = []
+    for path in sorted(versions.glob("0*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "\n" in doc.split("\n\n")[0]:
+            long.append(path.name)
+    assert long == []

@@ -1,5 +1,7 @@
-"""DLS redrive: each entry counts its redrives and may be due for an automatic one; a redriven
-delivery carries its count back into the group's queue.
+"""DLS redrive: redrive counts and automatic redrives.
+
+Each entry counts its redrives and may be due for an automatic one; a redriven delivery carries
+its count back into the group's queue.
 
 Revision ID: 0006
 Revises: 0005

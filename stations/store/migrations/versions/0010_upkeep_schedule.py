@@ -1,5 +1,7 @@
-"""Housekeeping finds what is due without visiting every station: the id window, the count
-rules of retention and the next upkeep time as columns of ``streams``, indexed.
+"""Housekeeping finds what is due without visiting every station.
+
+The id window, the count rules of retention and the next upkeep time are columns of
+``streams``, indexed.
 
 Revision ID: 0010
 Revises: 0009

@@ -1,5 +1,6 @@
-"""Leases of a fetch's new messages as one row per fetch (``lease_ranges``) instead of one
-``deliveries`` row per message.
+"""Leases of a fetch's new messages as one row per fetch.
+
+``lease_ranges`` holds them instead of one ``deliveries`` row per message.
 
 Revision ID: 0013
 Revises: 0012
