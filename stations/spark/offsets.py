@@ -78,6 +78,10 @@ class OffsetRange(InputPartition):
         self.start = start
         self.end = end
         self.is_json = is_json
+        # A streaming batch's range, and whether the batch was planned by an earlier run of
+        # the query (a restart replays it): see ``stations.spark.read.read_pages``.
+        self.streaming = False
+        self.replayed = False
 
     def __repr__(self) -> str:
         return f"OffsetRange({self.index}, {token(self.start)}, {token(self.end)})"

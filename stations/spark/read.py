@@ -69,6 +69,8 @@ def read_pages(cfg: Config, part: OffsetRange) -> Iterator[list[dict[str, Any]]]
                         status=410,
                         code="data_loss",
                     ) from None
+                if _read_before(part):
+                    raise _replay_lost(cfg, part, cur) from None
                 page = _page(http, cfg, "-1", limit)
             messages = page["messages"]
             if not messages:
@@ -77,6 +79,39 @@ def read_pages(cfg: Config, part: OffsetRange) -> Iterator[list[dict[str, Any]]]
             if kept:
                 yield kept
             cur = max(cur + 1, position(page["nextOffset"]))
+
+
+def _read_before(part: OffsetRange) -> bool:
+    """Whether an earlier attempt may have read this streaming range and written some of it:
+    the batch was planned by an earlier run (a restart replays it), or this task is a retry."""
+    if not part.streaming:
+        return False
+    if part.replayed:
+        return True
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    return task is not None and task.attemptNumber() > 0
+
+
+def _replay_lost(cfg: Config, part: OffsetRange, at: int) -> Gone:
+    """Retention dropped messages of a streaming range that an earlier attempt read. Skipped,
+    the range gives the write fewer rows than that attempt did, at other places: a Stations
+    streaming write deduplicates a replayed batch by the place of each request, so kept
+    messages that attempt had not written were taken for written and lost (found by a
+    review). failOnDataLoss=false skips dropped messages only; this stops instead."""
+    return Gone(
+        f"retention dropped offset {token(at)} of station {cfg.station!r} after this batch "
+        f"first ran (its range {token(part.start)} to {token(part.end)}), and the batch is "
+        "being run again (a restart or a retried task): without those messages it would give "
+        "the sink other rows than its first attempt, which an exactly-once sink such as "
+        "Stations' takes for the same ones (messages that attempt had not written would be "
+        "lost). Keep messages longer than a batch may take to be retried; to go on, restart "
+        "the query from a new checkpointLocation (rows this batch wrote before may then be "
+        "written again)",
+        status=410,
+        code="data_loss",
+    )
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema | None:

@@ -66,6 +66,9 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict[str, str] | None = None
         # The offset the last trigger found nothing after, and until when that answer holds.
         self._idle: tuple[dict[str, str | int], float] | None = None
+        # The end offsets this run planned: a batch ending elsewhere is a replay of one an
+        # earlier run planned, whose ranges that run's tasks may have written in part.
+        self._planned: set[str] = set()
 
     def initialOffset(self) -> dict[str, str]:
         # Spark asks again when it runs batch 0 (and when a restart replays it): "latest"
@@ -140,6 +143,7 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # there, and so again by a replay, whatever retention dropped in between (each
             # range then reads the rows of its first attempt, or fails as data loss).
             planned["from"] = min(first, end)
+        self._planned.add(str(planned["offset"]))
         return planned
 
     def _check_station(
@@ -193,7 +197,11 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         last = position(str(end["offset"]))
         ranges = split(first, last, batch_parts(end, self.cfg.num_partitions), self.is_json)
         # A batch of positions retention dropped entirely (from the start) reads nothing.
-        return ranges or [OffsetRange(0, last, last, self.is_json)]
+        ranges = ranges or [OffsetRange(0, last, last, self.is_json)]
+        for part in ranges:
+            part.streaming = True
+            part.replayed = str(end["offset"]) not in self._planned
+        return ranges
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, OffsetRange)
