@@ -1269,6 +1269,21 @@ def test_a_stream_write_of_an_empty_text_row_names_the_column(
     assert [m["data"] for m in all_messages(api, name)] == ["a"]
 
 
+def test_a_message_id_the_server_would_refuse_names_the_column_and_the_value() -> None:
+    """An id with a space (or beyond ASCII, or longer than 256) went to the server, whose 400
+    said "messages.5.id must be 1 to 256 printable ASCII characters": a place in one request,
+    neither the column nor the value (and `stations pipeline` exited 1, not 2, found by a
+    review). The row is refused before it is sent, as a null id is."""
+    from stations.spark.rows import RowShape
+
+    cfg = Config.parse({"station": "s", "msgIdColumn": "id"})
+    shape = RowShape.of(cfg, StructType().add("id", "string").add("data", "string"), True)
+    assert shape.message({"id": "o-7", "data": "1"})["id"] == "o-7"
+    for bad in ("o 7", "z\u00fcrich", "x" * 257):
+        with pytest.raises(ValueError, match=r"msgIdColumn 'id' holds .* printable ASCII"):
+            shape.message({"id": bad, "data": "1"})
+
+
 def test_pipeline_checks_chunk_size_first_and_counts_csv_rows_with_line_ends(
     spark: SparkSession,
     srv: Server,

@@ -40,6 +40,7 @@ _LONG_RUN = b"0" * 19
 # digits after a separator, or a negative of 19. A 19-digit nanosecond timestamp or snowflake
 # id orjson reads exactly, and sent the whole page to the slower parser (3x).
 _INEXACT = re.compile(rb"(?:^|[\s:,\[-])[0-9]{20}|-[0-9]{19}")
+_MSG_ID = re.compile(r"[\x21-\x7e]{1,256}")  # the server's Msg-Id rule (stations.domain.messages)
 
 
 # How a DataFrame's NaN becomes null, in the error a NaN row gets (``stations pipeline``, which
@@ -244,6 +245,13 @@ class RowShape:
                     f"msgIdColumn {self.id_column!r} is null or empty in a row: every message needs an id"
                 )
             msg["id"] = str(ident)
+            if not _MSG_ID.fullmatch(msg["id"]):
+                # The server's rule (Msg-Id), said before sending: its 400 named a place in
+                # one request ("messages.5.id"), not the column nor the value.
+                raise ValueError(
+                    f"msgIdColumn {self.id_column!r} holds {msg['id'][:80]!r} in a row: a "
+                    "message id is 1 to 256 printable ASCII characters, without spaces"
+                )
         value = self.payload(row)
         if not self.is_json and not value:
             # Stored as an empty message, which Durable Streams readers never see (a streaming
