@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -28,27 +27,14 @@ from stations.domain.station import parse_config
 from stations.store import db
 from stations.store import streams as stored
 from stations.store.schema import producers as sessions
-from stations.store.writer import Batch
+from tests.test_upkeep import store  # noqa: F401  (fixture)
+from tests.test_upkeep import write as upkeep_write
 
 T0 = 1_000_000_000  # the test's clock, in ms
 
 
-@pytest.fixture
-def store(db_url: str) -> Iterator[Engine]:
-    engine = db.make_engine(db_url, writer=True)
-    db.upgrade(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
 def write(engine: Engine, now: int, op: Any) -> Any:
-    with engine.connect() as conn, conn.begin():
-        batch = Batch(conn, now)
-        out = op(batch)
-        batch.flush()
-        return out
+    return upkeep_write(engine, now, op)[0]
 
 
 def produce(pid: str, epoch: int, seq: int) -> Any:
@@ -62,7 +48,7 @@ def count(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).select_from(sessions)).scalar_one())
 
 
-def test_idle_sessions_expire_and_their_producer_starts_anew(store: Engine) -> None:
+def test_idle_sessions_expire_and_their_producer_starts_anew(store: Engine) -> None:  # noqa: F811
     req = CreateRequest("s", "application/json", parse_config({"name": "s"}))
     write(store, T0, lambda batch: create(batch, IdWindow(), req))
     write(store, T0, produce("old", 3, 0))
@@ -82,7 +68,7 @@ def test_idle_sessions_expire_and_their_producer_starts_anew(store: Engine) -> N
     assert write(store, T0 + 1600, lambda b: producers.expire_idle(b, 1000)) == 0
 
 
-def test_the_sweep_deletes_a_chunk_at_a_time(store: Engine) -> None:
+def test_the_sweep_deletes_a_chunk_at_a_time(store: Engine) -> None:  # noqa: F811
     req = CreateRequest("s", "application/json", parse_config({"name": "s"}))
     write(store, T0, lambda batch: create(batch, IdWindow(), req))
     for k in range(5):
