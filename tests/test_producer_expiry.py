@@ -165,12 +165,73 @@ def test_the_sweep_reads_only_what_is_due_on_postgresql(pg_url: str) -> None:
             time.sleep(0.2)  # PostgreSQL publishes its table counters about once a second
             grown = db.analyze_grown(engine)
         assert "producers" in grown
-        statement = stored.expiry_statement(T0 - 1, producers.EXPIRE_CHUNK)
+        statement = stored.expiry_statement(T0 - 1, producers.EXPIRE_CHUNK, shared=True)
         with engine.connect() as conn:
             sql = str(statement.compile(conn, compile_kwargs={"literal_binds": True}))
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql))
         assert "ix_producers_updated_at" in plan, plan
         assert "Seq Scan on producers" not in plan, plan
+    finally:
+        engine.dispose()
+
+
+def test_the_sweep_reads_only_what_is_due_on_sqlite(tmp_path: Any) -> None:
+    """SQLite planned the row value ``IN`` on the primary key's first column: every session
+    of a station was read to delete the few that were due (73 ms a sweep with a million live
+    ones, found by a review). It picks them by rowid through the time index."""
+    engine = db.make_engine(f"sqlite:///{tmp_path / 's.db'}", writer=True)
+    try:
+        db.upgrade(engine)
+        statement = stored.expiry_statement(T0, producers.EXPIRE_CHUNK, shared=False)
+        with engine.connect() as conn:
+            sql = str(statement.compile(conn, compile_kwargs={"literal_binds": True}))
+            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+        assert "ix_producers_updated_at" in plan, plan
+        assert "sqlite_autoindex_producers" not in plan, plan
+    finally:
+        engine.dispose()
+
+
+def test_a_session_written_while_the_sweep_waits_for_it_stays(pg_url: str) -> None:
+    """The sweep picked a due session, then waited for its row lock while another process's
+    append wrote it again; PostgreSQL re-checked only the outer condition (the key) and
+    deleted the session that append had just written: a retry of it a moment later was
+    stored twice (two servers on one database, found by a review)."""
+    import threading
+
+    from tests.harness import waiting_for_locks
+
+    engine = db.make_engine(pg_url, writer=True)
+    try:
+        db.upgrade(engine)
+        row = {"stream_id": 1, "producer_id": "p", "epoch": 0, "last_seq": 0}
+        with engine.begin() as conn:
+            conn.execute(sessions.insert(), [{**row, "updated_at": T0}])
+        swept: list[int] = []
+        other = db.make_engine(pg_url)  # another process's connection (the writer's pool is one)
+        with other.connect() as appending:
+            appending.begin()
+            appending.execute(
+                sessions.update().values(last_seq=1, updated_at=T0 + 10_000)
+            )  # the append's upsert, not committed yet: it holds the row
+            pid = appending.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+
+            def sweep() -> None:
+                with engine.begin() as conn:
+                    swept.append(stored.expire_sessions(conn, T0 + 5_000, 100))
+
+            sweeper = threading.Thread(target=sweep)
+            sweeper.start()
+            deadline = time.monotonic() + 10
+            while not waiting_for_locks(pg_url, pid):
+                assert time.monotonic() < deadline, "the sweep did not wait for the row"
+                time.sleep(0.02)
+            appending.commit()
+            sweeper.join(10)
+        other.dispose()
+        assert swept == [0]
+        with engine.connect() as conn:
+            assert conn.execute(select(sessions.c.last_seq)).scalars().all() == [1]
     finally:
         engine.dispose()
 
@@ -225,6 +286,38 @@ async def test_the_sdk_producer_goes_on_in_a_new_epoch_once_forgotten(
         {"k": 3},
         {"k": "last"},
     ]
+
+
+async def test_a_forgotten_sdk_producer_whose_answer_was_lost_goes_on(
+    db_url: str, make_server: Any
+) -> None:
+    """The first batch after the server forgot the producer reached it (409, expected 0) but
+    its answer was lost: the batch was taken for perhaps stored and sent again and again into
+    the same 409 until the producer gave up (found by a review). A 409 expecting seq 0 says
+    the lost attempt stored nothing: the producer goes on in a new epoch."""
+    import asyncio
+
+    from stations.client import Client, RetryPolicy
+    from tests.test_sdk import FaultProxy
+
+    server = make_server(db_url, "--producer-expiry-ms", "300")
+    async with FaultProxy(server.url) as proxy:
+        async with Client(proxy.url, retry=RetryPolicy(give_up_after=3)) as client:
+            await client.create_station("s", content_type="application/json")
+            producer = client.station("s").producer("sdk")
+            for k in range(2):
+                producer.append({"k": k})
+                await producer.flush()
+            with httpx.Client(base_url=server.url, timeout=10) as raw:
+                assert await asyncio.to_thread(_forgotten, raw, "s")
+            proxy.drop_after = {proxy.posts + 1}  # answered 409 by the server, then cut
+            producer.append({"k": 2})
+            await producer.flush()
+            await producer.close()
+        assert proxy.dropped == 1
+    with httpx.Client(base_url=server.url, timeout=10) as raw:
+        items = raw.get("/v1/stream/s", params={"offset": "-1"}).json()
+    assert [i for i in items if i != "probe"] == [{"k": 0}, {"k": 1}, {"k": 2}]
 
 
 async def test_the_sdk_close_goes_on_in_a_new_epoch_once_forgotten(

@@ -388,12 +388,13 @@ class IdempotentProducer:
                 isinstance(error, SequenceGap)
                 and error.expected_seq == 0 < batch.seq
                 and self._earlier_settled(batch)
-                and not batch.maybe_stored
             ):
                 # Every batch before this one was stored, yet the server expects seq 0: it
                 # has forgotten this producer (idle past the server's --producer-expiry-ms,
                 # 7 days by default). A new epoch from seq 0 stores this batch and the rest
-                # once each (none of them can have been stored).
+                # once each: none of them can have been stored, an earlier attempt of this
+                # one whose answer was lost included (stored, it would have left a session
+                # just written, and this attempt would be its duplicate).
                 self._forgotten = True
                 self._fenced_epoch = max(self._fenced_epoch or 0, batch.epoch)
                 self._queue.append(batch)
@@ -613,11 +614,7 @@ class IdempotentProducer:
                 seq = 0
                 maybe_stored = False
                 continue
-            if (
-                isinstance(error, SequenceGap)
-                and error.expected_seq == 0 < seq
-                and not maybe_stored
-            ):
+            if isinstance(error, SequenceGap) and error.expected_seq == 0 < seq:
                 # Forgotten by the server (see ``_send``): the close opens a new epoch.
                 session.claim_after(session.epoch)
                 seq = 0

@@ -209,6 +209,8 @@ class StationsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, str | int]) -> None:
         """With ``cursor``, store the committed end offset on the server (see latestOffset)."""
+        # Batches up to ``end`` are done: none is run again in this run.
+        self._planned = {o for o in self._planned if o > str(end["offset"])}
         self._commit_cursor(str(end["offset"]))
 
     def _cursor_path(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Delete, delete, func, insert, select, tuple_
+from sqlalchemy import Delete, delete, func, insert, literal_column, select, tuple_
 
 from stations.records import StreamState
 from stations.store import db, sql
@@ -146,19 +146,27 @@ def delete_data(tx: Tx, stream_id: int) -> None:
 def expire_sessions(tx: Tx, before: int, limit: int) -> int:
     """Delete up to ``limit`` producer sessions last written before ``before`` (store time);
     returns how many."""
-    return int(db.conn_of(tx).execute(expiry_statement(before, limit)).rowcount)
+    conn = db.conn_of(tx)
+    return int(conn.execute(expiry_statement(before, limit, shared=db.shared(conn))).rowcount)
 
 
-def expiry_statement(before: int, limit: int) -> Delete:
+def expiry_statement(before: int, limit: int, *, shared: bool) -> Delete:
     """An index range scan (``ix_producers_updated_at``): the work is what is due, however
-    many sessions are live."""
-    idle = (
-        select(producers.c.stream_id, producers.c.producer_id)
-        .where(producers.c.updated_at < before)
-        .limit(limit)
-    )
-    key = tuple_(producers.c.stream_id, producers.c.producer_id)
-    return delete(producers).where(key.in_(idle))
+    many sessions are live.
+
+    The outer condition on ``updated_at`` again: PostgreSQL (read committed) re-checks only
+    it on a row another process's append updated and committed while this statement waited
+    for its lock, and deleted the session that append had just written (a retry of it was
+    then stored twice). SQLite picks the rows by ``rowid``: a row value ``IN`` was planned on
+    the primary key's first column, every session of a station read to delete a few."""
+    due = producers.c.updated_at < before
+    if shared:
+        key: Any = tuple_(producers.c.stream_id, producers.c.producer_id)
+        picked: Any = select(producers.c.stream_id, producers.c.producer_id)
+    else:
+        key = literal_column("rowid")
+        picked = select(literal_column("rowid")).select_from(producers)
+    return delete(producers).where(key.in_(picked.where(due).limit(limit)), due)
 
 
 def delete_row(tx: Tx, stream_id: int) -> None:
