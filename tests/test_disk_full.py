@@ -170,6 +170,17 @@ async def test_a_probe_that_commits_does_not_hide_the_writers_fresh_failures(
             assert (await r.json())["database"] == "writes failing"
             assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
         svc.db.fresh_failure_s = 0  # as if the failure were older than the threshold
+        # Writes 15 s apart on a real full disk: the probe's row fitted in WAL space the failed
+        # batches had taken, and readiness said ok a third of the time. A disk with less free
+        # than the bound (played by a bound above any disk) says writes still fail.
+        svc.db.min_free_bytes = 1 << 62
+        for probe in ("/readyz", "/healthz"):
+            r = await client.get(probe)
+            assert r.status == 503, await r.text()
+            body = await r.json()
+            assert body["database"] == "writes failing" and "bytes free" in body["error"], body
+        assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
+        svc.db.min_free_bytes = 0
         r = await client.get("/readyz")
         assert (r.status, await r.json()) == (200, {"status": "ok"})
         _raw(svc).execute("PRAGMA query_only = 0")

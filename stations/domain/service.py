@@ -336,6 +336,9 @@ class Service:
             return None
         if self.db.writes_failed_recently:  # the writer's own evidence, fresher than a probe's
             return "writes failing", failing
+        short = self.db.disk_short()
+        if short is not None:  # a probe's small row could fit where the writer's did not
+            return "writes failing", short
         try:
             await asyncio.wait_for(self.db.probe_writes(), timeout)
         except TimeoutError:
