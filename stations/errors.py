@@ -14,6 +14,12 @@ class StationsError(Exception):
         self.field = field
         self.extra = extra
 
+    def __str__(self) -> str:
+        # ``detail``: the database's own words, in logs and tracebacks; an HTTP answer carries
+        # them only to whom it may (``stations.api.errors.from_domain``).
+        detail = self.extra.get("detail")
+        return f"{self.message} ({detail})" if detail else self.message
+
 
 class BadRequest(StationsError):
     code = "bad_request"

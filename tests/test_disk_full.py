@@ -189,10 +189,10 @@ async def test_a_probe_that_commits_does_not_hide_the_writers_fresh_failures(
 async def test_the_open_probes_tell_the_databases_words_to_an_admin_only(
     tmp_path: Path,
 ) -> None:
-    """With tokens, /readyz and /healthz (open to all, as the contract has it) answered
-    anyone the database driver's error text, which names PostgreSQL's host, port, database
-    and role (found by a review). Without a token, or with one of another role, they say the
-    state only; an admin token, or a server without tokens, gets the words too."""
+    """With tokens, /readyz and /healthz (open to all, as the contract has it), and every
+    route's 503, answered the database driver's error text, which names PostgreSQL's host,
+    port, database and role (found by reviews). Without a token, or with one of another role,
+    they say the state only; an admin token, or a server without tokens, gets the words too."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from stations.api import make_app
@@ -210,6 +210,13 @@ async def test_the_open_probes_tell_the_databases_words_to_an_admin_only(
         _raw(svc).execute("PRAGMA query_only = 1")
         r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN, **admin})
         assert r.status == 503, await r.text()
+        said = (await r.json())["error"]["message"]
+        assert said.endswith("retry later (attempt to write a readonly database)"), said
+        # Every route's 503 alike (a produce, a read): the state, not the database's words.
+        producer = {"Authorization": "Bearer prod-secret"}
+        r = await client.post("/v1/stream/s", data=b"y", headers={"Content-Type": BIN, **producer})
+        assert r.status == 503
+        assert (await r.json())["error"]["message"] == "the database is unavailable, retry later"
         for probe in ("/readyz", "/healthz"):
             for headers in ({}, {"Authorization": "Bearer prod-secret"}):
                 r = await client.get(probe, headers=headers)

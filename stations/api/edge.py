@@ -111,7 +111,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         errors.gone(request)
         raise
     except Exception as exc:
-        return errors.answer(request, exc)
+        return errors.answer(request, exc, internals=auth.may_see_internals(request))
 
 
 def _revoked(request: web.Request, slots: limits.ReaderSlots) -> bool:

@@ -34,9 +34,10 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
     return web.json_response(body, status=status)
 
 
-def from_domain(exc: errors.StationsError) -> web.Response:
+def from_domain(exc: errors.StationsError, *, internals: bool = True) -> web.Response:
+    """``internals``: whether the answer may carry the database's own words (``detail``)."""
     status = next(s for cls, s in STATUS.items() if isinstance(exc, cls))
-    response = error_response(status, exc.code, exc.message, exc.field)
+    response = error_response(status, exc.code, str(exc) if internals else exc.message, exc.field)
     if isinstance(exc, StreamClosed):
         response.headers["Stream-Closed"] = "true"
         response.headers["Stream-Next-Offset"] = encode(int(exc.extra["next_offset"]))  # type: ignore[call-overload]
@@ -58,11 +59,13 @@ def as_station(exc: errors.StationsError) -> errors.StationsError:
     return exc
 
 
-def answer(request: web.Request, exc: Exception) -> web.Response:
+def answer(request: web.Request, exc: Exception, *, internals: bool = True) -> web.Response:
     """The JSON answer to what a handler raised. An HTTP exception that is an answer already
-    (a redirect, a JSON error) is raised again, for aiohttp to send as it is."""
+    (a redirect, a JSON error) is raised again, for aiohttp to send as it is. ``internals``:
+    whether the request may read the database's own words (see ``auth.may_see_internals``)."""
     if isinstance(exc, errors.StationsError):
-        return from_domain(as_station(exc) if request.path.startswith("/api/") else exc)
+        station = as_station(exc) if request.path.startswith("/api/") else exc
+        return from_domain(station, internals=internals)
     if isinstance(exc, web.HTTPException):
         if exc.status < 400 or exc.content_type == "application/json":
             raise exc

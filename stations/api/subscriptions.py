@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from stations.api import keys, public
-from stations.api.auth import TOKEN, covers_pattern, needs
+from stations.api.auth import TOKEN, covers_pattern, may_see_internals, needs
 from stations.api.limits import with_expect_continue
 from stations.api.webhooks import WebhookSender, resolve_refusal
 from stations.domain import lifecycle, messages, text
@@ -41,12 +41,12 @@ def _engine(request: web.Request) -> SubscriptionEngine:
     return engine
 
 
-def _error(exc: StationsError) -> web.Response:
+def _error(request: web.Request, exc: StationsError) -> web.Response:
     status = getattr(exc, "status", None)
     if status is None:
         from stations.api.errors import from_domain
 
-        return from_domain(exc)
+        return from_domain(exc, internals=may_see_internals(request))
     body = {"error": {"code": exc.code, "message": exc.message, "field": exc.field, **exc.extra}}
     return web.json_response(body, status=status)
 
@@ -56,7 +56,7 @@ def _handler(fn: Any) -> Any:
         try:
             return await fn(request)  # type: ignore[no-any-return]
         except StationsError as exc:
-            return _error(exc)
+            return _error(request, exc)
 
     return wrapped
 

@@ -98,7 +98,9 @@ def _unavailable(exc: Exception, outage: Repeats | None = None) -> Exception:
         return exc
     if outage is not None:
         outage.failed(exc, traceback=False)
-    return Unavailable(f"the database is unavailable, retry later: {first_line(exc)}")
+    # The driver's words apart (``detail``): they may name the database's host, port, name and
+    # role, which the HTTP layer tells only whom it may (``stations.api.errors.answer``).
+    return Unavailable("the database is unavailable, retry later", detail=first_line(exc))
 
 
 # Writes this small may run on the event loop's thread when the server is idle (see

@@ -823,6 +823,7 @@ class Writer:
         log.error("the outcome of transaction %d is unknown: %s", xid, why)
         raise OutcomeUnknown(
             "the database connection was lost while committing and whether the commit "
-            f"happened could not be learned ({why}): the request may have been carried out; "
-            "send it again only if it is idempotent (message ids, producer headers)"
+            "happened could not be learned: the request may have been carried out; "
+            "send it again only if it is idempotent (message ids, producer headers)",
+            detail=why,
         ) from lost
