@@ -269,7 +269,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     limits.add_argument(
         "--max-append-messages",
         type=int,
-        default=100_000,
+        default=524_288,
         help="messages one JSON append may carry (a top-level array's elements); beyond, "
         "the append is refused whole: 413 on /v1/stream, 400 on the management produce "
         "(field messages) and on a transaction's produced messages, all stations together "

@@ -102,17 +102,21 @@ def test_a_management_produce_over_the_cap_is_a_400_naming_messages_and_stores_n
         assert _stored(c, "m") == list(range(CAP))
 
 
-def test_the_default_cap_is_100000_messages(tmp_path, make_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_default_cap_is_what_a_mebibyte_of_tiny_messages_holds(tmp_path, make_server) -> None:  # type: ignore[no-untyped-def]
+    """524,288 ("1," each in 1 MiB): the TS client's IdempotentProducer sends batches of up to
+    1 MiB, and at the old default of 100,000 a batch of one-digit messages, and every one after
+    it, was refused with 413 (found by a review)."""
     server = make_server(f"sqlite:///{tmp_path / 'd' / 's.db'}")
     with httpx.Client(base_url=server.url, timeout=60) as c:
         assert c.put("/v1/stream/d", headers=JSON).status_code == 201
-        over = b"[" + b"0," * 100_000 + b"0]"
+        over = b"[" + b"0," * 524_288 + b"0]"
         r = c.post("/v1/stream/d", content=over, headers=JSON)
         assert r.status_code == 413, r.text
         assert r.json()["error"]["field"] == "body"
-        assert "100000" in r.json()["error"]["message"]
+        assert "524288" in r.json()["error"]["message"]
         assert _stored(c, "d") == []
-        at = b"[" + b"0," * 99_999 + b"0]"
+        at = b"[" + b"0," * 524_287 + b"0]"
+        assert len(at) == (1 << 20) + 1  # the brackets around 1 MiB of "0,"
         assert c.post("/v1/stream/d", content=at, headers=JSON).status_code == 204
 
 

@@ -190,7 +190,9 @@ def test_etag_changes_when_retention_changes_the_body(http: httpx.Client) -> Non
 def test_empty_read_at_an_open_tail_is_not_cacheable(http: httpx.Client) -> None:
     """The closure signal (and new data) is found by reading at the tail offset again (§10.1):
     an empty answer there that a shared cache kept for a minute would hide both from everyone
-    behind that cache. Data chunks, and the EOF answer of a closed stream, stay cacheable."""
+    behind that cache. A chunk that reaches the tail, and the EOF answer of a closed stream,
+    are kept but asked for again (a stream deleted and created again answers other data at
+    the same URL); a page behind the tail is history, cacheable for a minute."""
     name = _name()
     made = http.put(_path(name), headers=TEXT)
     tail = made.headers["Stream-Next-Offset"]
@@ -202,12 +204,41 @@ def test_empty_read_at_an_open_tail_is_not_cacheable(http: httpx.Client) -> None
     assert http.post(_path(name), headers=TEXT, content=b"abc").status_code == 204
     chunk = http.get(_path(name), params={"offset": tail})
     assert chunk.content == b"abc"
-    assert "max-age=60" in chunk.headers["Cache-Control"]
+    assert chunk.headers["Cache-Control"] == "public, no-cache"
+    again = http.get(
+        _path(name), params={"offset": tail}, headers={"If-None-Match": chunk.headers["ETag"]}
+    )
+    assert again.status_code == 304
+    megabyte = b"x" * (1 << 20)
+    for _ in range(5):  # more than one answer's 4 MiB
+        assert http.post(_path(name), headers=TEXT, content=megabyte).status_code == 204
+    page = http.get(_path(name), params={"offset": tail})
+    assert "Stream-Up-To-Date" not in page.headers
+    assert "max-age=60" in page.headers["Cache-Control"]
     assert http.post(_path(name), headers={"Stream-Closed": "true"}).status_code == 204
-    eof = http.get(_path(name), params={"offset": chunk.headers["Stream-Next-Offset"]})
+    end = http.head(_path(name)).headers["Stream-Next-Offset"]
+    eof = http.get(_path(name), params={"offset": end})
     assert eof.content == b""
     assert eof.headers["Stream-Closed"] == "true"
-    assert "max-age=60" in eof.headers["Cache-Control"]
+    assert eof.headers["Cache-Control"] == "public, no-cache"
+
+
+def test_head_tags_the_streams_state(http: httpx.Client) -> None:
+    """The reference server gives HEAD an ETag (the TS client's ``head().etag``); Stations gave
+    none. It changes with an append and with the close, and names the stream (one deleted and
+    created again is another)."""
+    name = _name()
+    assert http.put(_path(name), headers=TEXT).status_code == 201
+    tags = [http.head(_path(name)).headers["ETag"]]
+    assert http.post(_path(name), headers=TEXT, content=b"abc").status_code == 204
+    tags.append(http.head(_path(name)).headers["ETag"])
+    assert http.post(_path(name), headers={"Stream-Closed": "true"}).status_code == 204
+    tags.append(http.head(_path(name)).headers["ETag"])
+    assert http.delete(_path(name)).status_code == 204
+    assert http.put(_path(name), headers=TEXT).status_code == 201
+    tags.append(http.head(_path(name)).headers["ETag"])
+    assert len(set(tags)) == 4, tags
+    assert all(t.startswith('"') and t.endswith('"') for t in tags)
 
 
 # -- §5.8 SSE framing -------------------------------------------------------------------------

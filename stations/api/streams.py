@@ -39,6 +39,13 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 # With tokens a read is one token's answer: "public" would let a shared cache (a CDN) store it
 # although the request carried Authorization (RFC 9111 §3.5) and hand it to other tokens or none.
 CACHEABLE_PRIVATE = "private, max-age=60, stale-while-revalidate=300"
+# A catch-up answer that reaches the tail is no history yet: an append, a close, or the stream
+# deleted and created again changes what the same URL answers. Browsers kept it for a minute
+# (stale for five) and web pages read old contents, and after a re-create the deleted
+# stream's (found by a review with the TS client in Chromium). Caches keep it but ask again
+# each time; its ETag names the stream and the range, so an unchanged one costs a 304.
+REVALIDATE = "public, no-cache"
+REVALIDATE_PRIVATE = "private, no-cache"
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
@@ -381,7 +388,12 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     # Nothing yet at an open tail: the next read there finds new data or EOF (PROTOCOL.md
     # §10.1), which a shared cache keeping this answer would hide for its max-age.
     fresh = result.count or result.closed
-    cache_control = _cacheable(request) if fresh else "no-store"
+    if not fresh:
+        cache_control = "no-store"
+    elif result.up_to_date:
+        cache_control = REVALIDATE_PRIVATE if request.app[TOKENS] else REVALIDATE
+    else:  # a page behind the tail: history, the same for as long as the stream lives
+        cache_control = _cacheable(request)
     if _none_match(request.headers.get("If-None-Match"), etag):
         response = web.Response(status=304)
         response.headers["ETag"] = etag
@@ -404,6 +416,9 @@ async def head_stream(request: web.Request) -> web.Response:
     response.headers["Stream-Next-Offset"] = encode(state.tail)
     if state.closed:
         response.headers["Stream-Closed"] = "true"
+    # The stream's state as a tag, as the reference server gives one (the TS client's
+    # head().etag was undefined here): the stream, its tail, and whether it is closed.
+    response.headers["ETag"] = f'"{state.id}:-1:{state.tail}{":c" if state.closed else ""}"'
     response.headers["Cache-Control"] = "no-store"
     return response
 

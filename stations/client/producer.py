@@ -102,7 +102,7 @@ class IdempotentProducer:
         self.auto_claim = auto_claim
         self.max_batch_bytes = max_batch_bytes
         # A server refuses an append of more messages than its --max-append-messages (413,
-        # default 100000): a megabyte of tiny messages ("0") would be half a million.
+        # default 524288; 100000 before): a megabyte of tiny messages ("0") is half a million.
         self.max_batch_messages = max_batch_messages
         self.linger = linger_ms / 1000
         self.max_in_flight = max_in_flight
