@@ -378,6 +378,49 @@ async def test_a_waiting_client_that_leaves_gives_back_its_slot_and_leases_nothi
     http.close()
 
 
+def test_a_reader_without_a_slot_is_answered_when_what_it_asks_for_is_there(
+    spawn: Callable[..., Server], tmp_path: Path
+) -> None:
+    """A long-poll or a group fetch was refused (503) whenever the waiting-reader slots were
+    taken, though its data was ready: readers holding the slots re-asked within milliseconds
+    of each answer and kept them, and the others got 503 on every try, for good (found by a
+    review with the TS client). Without a slot, one that would not wait is answered; one that
+    would wait (and an SSE connection) is still refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.harness import wait_for_waiting_readers
+
+    server = spawn(sqlite_url(tmp_path), "--max-waiting-readers", "1")
+    http = httpx.Client(base_url=server.url, timeout=20)
+    assert http.put("/v1/stream/s", headers=JSON).status_code == 201
+    assert http.put("/api/stations/s/groups/g", json={}).status_code == 201
+    assert http.post("/v1/stream/s", content=b'{"a":1}', headers=JSON).status_code == 204
+    tail = _tail(server.url, "s")
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url, timeout=40) as other:
+        parked = pool.submit(other.get, f"/v1/stream/s?offset={tail}&live=long-poll")
+        wait_for_waiting_readers(server.url, 1)  # it holds the only slot
+        ready = http.get("/v1/stream/s?offset=-1&live=long-poll")
+        assert ready.status_code == 200, ready.text
+        assert ready.json() == [{"a": 1}]
+        fetched = http.post("/api/stations/s/groups/g/fetch", json={"max": 1, "waitMs": 5000})
+        assert fetched.status_code == 200, fetched.text
+        assert [m["data"] for m in fetched.json()["messages"]] == [{"a": 1}]
+        for method, path, body in (
+            ("GET", f"/v1/stream/s?offset={tail}&live=long-poll", None),
+            ("GET", f"/v1/stream/s?offset={tail}&live=sse", None),
+            ("POST", "/api/stations/s/groups/g/fetch", {"max": 1, "waitMs": 5000}),
+        ):
+            refused = http.request(method, path, json=body)
+            assert refused.status_code == 503, (path, refused.text)
+            assert refused.json()["error"]["code"] == "overloaded"
+        # A fetch that asks for no wait needs no slot: an empty page.
+        empty = http.post("/api/stations/s/groups/g/fetch", json={"max": 1})
+        assert empty.status_code == 200 and empty.json()["messages"] == []
+        assert http.post("/v1/stream/s", content=b'{"a":2}', headers=JSON).status_code == 204
+        assert parked.result(timeout=20).json() == [{"a": 2}]
+    http.close()
+
+
 async def test_a_read_refused_for_want_of_read_budget_is_a_503(tmp_path: Path) -> None:
     """A read that waited in vain for room in the read budget (pages other readers hold, here
     the budget's count set as they would leave it) is refused with 503 and Retry-After: it was

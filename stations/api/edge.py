@@ -99,6 +99,12 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
         params.refused_query(request)
         if limits.waits(request):
             slots = request.app[READERS]
+            refused = slots.refusal(request.get(auth.TOKEN))
+            if refused is not None and request.query.get("live") != "sse":
+                # A long-poll or fetch whose answer is ready needs no slot (see NO_WAIT);
+                # an SSE connection always waits.
+                request[limits.NO_WAIT] = refused
+                return await handler(request)
             with slots.slot(request.get(auth.TOKEN)):
                 try:
                     return await handler(request)

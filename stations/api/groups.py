@@ -9,6 +9,7 @@ from aiohttp import web
 
 from stations.api import reading
 from stations.api.auth import needs, reach
+from stations.api.limits import may_wait, no_slot
 from stations.api.stations import (
     _int_param,
     json_body,
@@ -105,10 +106,13 @@ async def fetch(request: web.Request) -> web.StreamResponse:
     consumer = text.check(body.get("consumer", "default"), "consumer", text.NAME)
     svc = service(request)
     name = station_name(request)
+    waiting = wait_ms if may_wait(request) else 0
     # A fetch settles expired leases first, which may dead-letter: ``reach`` (as for nack).
     out = await svc.fetch(
-        name, _group(request), max_count, wait_ms / 1000, consumer, reach(request)
+        name, _group(request), max_count, waiting / 1000, consumer, reach(request)
     )
+    if wait_ms and not waiting and not out.messages and not out.closed:
+        raise no_slot(request)  # it would wait, and no slot is free for it
     answer: dict[str, Any] = {"messages": _views(out.is_json, out.messages)}
     if out.closed:  # the station is closed and the group has nothing left: stop fetching
         answer["closed"] = True

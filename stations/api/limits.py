@@ -463,20 +463,27 @@ class ReaderSlots:
         self.waiting: dict[asyncio.Task[Any], object] = {}
         self.revoked: set[asyncio.Task[Any]] = set()
 
-    @contextlib.contextmanager
-    def slot(self, key: object | None = None) -> Iterator[None]:
-        """A waiting reader's slot; ``key`` (its token, None without tokens) is held to its
-        share."""
+    def refusal(self, key: object | None = None) -> Overloaded | None:
+        """Why a reader with ``key`` gets no slot now, or None."""
         if self.used >= self.limit:
-            raise Overloaded(
+            return Overloaded(
                 f"the server already serves {self.limit} waiting readers (long-poll and SSE); "
                 "retry shortly"
             )
         if key is not None and self.by_key[key] >= self.per_key:
-            raise Overloaded(
+            return Overloaded(
                 f"this token already holds {self.per_key} waiting readers (long-poll, SSE and "
                 "group fetches), its share of the server's; retry shortly"
             )
+        return None
+
+    @contextlib.contextmanager
+    def slot(self, key: object | None = None) -> Iterator[None]:
+        """A waiting reader's slot; ``key`` (its token, None without tokens) is held to its
+        share."""
+        refused = self.refusal(key)
+        if refused is not None:
+            raise refused
         task = asyncio.current_task()
         self.used += 1
         if key is not None:
@@ -518,6 +525,21 @@ class ReaderSlots:
             return False
         task.uncancel()
         return True
+
+
+# A long-poll or a group fetch that found no slot (``ReaderSlots``): it is answered if what it
+# asks for is there already, and refused with this instead of waiting. Readers holding the
+# slots re-asked within milliseconds of each answer and kept them: the others got 503 on
+# every try, their data ready (found by a review with the TS client).
+NO_WAIT: web.RequestKey[Overloaded] = web.RequestKey("no_wait", Overloaded)
+
+
+def may_wait(request: web.Request) -> bool:
+    return NO_WAIT not in request
+
+
+def no_slot(request: web.Request) -> Overloaded:
+    return request[NO_WAIT]
 
 
 def waits(request: web.Request) -> bool:

@@ -10,7 +10,7 @@ from multidict import CIMultiDictProxy
 
 from stations.api import keys, reading
 from stations.api.auth import TOKENS, needs, require_station
-from stations.api.limits import LIMITS
+from stations.api.limits import LIMITS, may_wait, no_slot
 from stations.api.public import own_url
 from stations.api.reading import MAX_READ_BYTES, cursor
 from stations.api.sse import serve_sse
@@ -352,9 +352,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     if live == "long-poll":
         # No read of the stream first: the many readers of one stream share reads, and a
         # reader at a tail they already saw waits without touching the database.
-        timeout = request.app[keys.LONG_POLL_TIMEOUT_S]
+        timeout = request.app[keys.LONG_POLL_TIMEOUT_S] if may_wait(request) else 0
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
         await svc.touch(result.state)
+        if not result.count and not result.closed and not may_wait(request):
+            raise no_slot(request)  # it would wait, and no slot is free for it
         if not result.count:
             response = web.Response(status=204)
             _read_headers(response, result)
