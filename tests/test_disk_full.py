@@ -170,10 +170,18 @@ async def test_a_probe_that_commits_does_not_hide_the_writers_fresh_failures(
             assert (await r.json())["database"] == "writes failing"
             assert "stations_writes_failing 1.0" in await (await client.get("/metrics")).text()
         svc.db.fresh_failure_s = 0  # as if the failure were older than the threshold
+        # The disk's free space counts after a full disk only: here the writer failed for
+        # another reason (a lock held too long, say), and the probe decides.
+        svc.db.min_free_bytes = 1 << 62  # more than any disk has
+        r = await client.get("/readyz")
+        assert (r.status, await r.json()) == (200, {"status": "ok"})
+        _raw(svc).execute("PRAGMA query_only = 0")
         # Writes 15 s apart on a real full disk: the probe's row fitted in WAL space the failed
-        # batches had taken, and readiness said ok a third of the time. A disk with less free
-        # than the bound (played by a bound above any disk) says writes still fail.
-        svc.db.min_free_bytes = 1 << 62
+        # batches had taken, and readiness said ok a third of the time. After a full disk, one
+        # with less free than the bound (played by a bound above any disk) says writes fail.
+        await svc.write(_cap)
+        r = await client.post("/v1/stream/s", data=b"y" * 200_000, headers={"Content-Type": BIN})
+        assert r.status == 503, await r.text()
         for probe in ("/readyz", "/healthz"):
             r = await client.get(probe)
             assert r.status == 503, await r.text()
@@ -183,7 +191,6 @@ async def test_a_probe_that_commits_does_not_hide_the_writers_fresh_failures(
         svc.db.min_free_bytes = 0
         r = await client.get("/readyz")
         assert (r.status, await r.json()) == (200, {"status": "ok"})
-        _raw(svc).execute("PRAGMA query_only = 0")
 
 
 async def test_the_open_probes_tell_the_databases_words_to_an_admin_only(
@@ -201,6 +208,7 @@ async def test_the_open_probes_tell_the_databases_words_to_an_admin_only(
     tokens = [
         Token(digest_of("admin-secret"), "admin"),
         Token(digest_of("prod-secret"), "producer"),
+        Token(digest_of("tenant-secret"), "admin", ("tenant-*",)),  # a tenant's admin
     ]
     svc = Service(f"sqlite:///{tmp_path / 'd' / 's.db'}")
     async with TestClient(TestServer(make_app(svc, tokens=tokens))) as client:
@@ -218,7 +226,8 @@ async def test_the_open_probes_tell_the_databases_words_to_an_admin_only(
         assert r.status == 503
         assert (await r.json())["error"]["message"] == "the database is unavailable, retry later"
         for probe in ("/readyz", "/healthz"):
-            for headers in ({}, {"Authorization": "Bearer prod-secret"}):
+            for secret in (None, "prod-secret", "tenant-secret"):
+                headers = {"Authorization": f"Bearer {secret}"} if secret else {}
                 r = await client.get(probe, headers=headers)
                 assert r.status == 503
                 assert await r.json() == {"status": "unavailable", "database": "writes failing"}

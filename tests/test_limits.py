@@ -416,6 +416,15 @@ def test_a_reader_without_a_slot_is_answered_when_what_it_asks_for_is_there(
         # A fetch that asks for no wait needs no slot: an empty page.
         empty = http.post("/api/stations/s/groups/g/fetch", json={"max": 1})
         assert empty.status_code == 200 and empty.json()["messages"] == []
+        # A refused long-poll does not renew a TTL stream (it kept one alive, a write each).
+        made = http.put("/v1/stream/t", headers={**JSON, "Stream-TTL": "1"})
+        assert made.status_code == 201
+        at = made.headers["Stream-Next-Offset"]
+        deadline = time.monotonic() + 10
+        while (r := http.get(f"/v1/stream/t?offset={at}&live=long-poll")).status_code == 503:
+            assert time.monotonic() < deadline, "refused long-polls kept the stream alive"
+            time.sleep(0.2)
+        assert r.status_code == 404, r.text
         assert http.post("/v1/stream/s", content=b'{"a":2}', headers=JSON).status_code == 204
         assert parked.result(timeout=20).json() == [{"a": 2}]
     http.close()

@@ -159,14 +159,15 @@ def presented(request: web.Request, tokens: list[Token]) -> Token | None:
 
 
 def may_see_internals(request: web.Request) -> bool:
-    """Whether an open route may tell this request what only an operator should read (the
+    """Whether an answer may tell this request what only an operator should read (the
     database's own error text names its host, port, database and role): without tokens
-    (loopback, or --insecure), or with an admin token."""
+    (loopback, or --insecure), or with an admin token of every station (as /metrics asks:
+    one scoped to some stations is a tenant's)."""
     tokens: list[Token] | None = request.app[TOKENS]
     if not tokens:
         return True
     token = presented(request, tokens)
-    return token is not None and token.role == "admin"
+    return token is not None and token.role == "admin" and not token.stations
 
 
 def refused(request: web.Request) -> web.Response | None:

@@ -35,17 +35,16 @@ _MEDIA_TYPE = re.compile(rf"^{_TOKEN}/{_TOKEN}[ \t]*(;[\x20-\x7e\t]*)?$")
 MAX_CONTENT_TYPE = 255  # streams.content_type is a 255-character column
 MAX_STREAM_SEQ = 1024  # streams.stream_seq is a 1024-character column
 MAX_TTL_S = (2**53 - 1) // 1000  # the TTL in milliseconds stays a JavaScript-safe integer
-CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+# Caches keep a read but ask again each time (its ETag names the stream and the range, so an
+# unchanged one costs a 304), not "max-age=60, stale-while-revalidate=300" as PROTOCOL.md §8.1
+# suggests: an append, a close, or the stream deleted and created again changes what the same
+# URL answers (a page behind the tail, or a long-poll without a cursor, only the last), and
+# browsers kept such answers for minutes: web pages read old contents, and after a re-create
+# the deleted stream's (found by reviews with the TS client in Chromium).
+CACHEABLE = "public, no-cache"
 # With tokens a read is one token's answer: "public" would let a shared cache (a CDN) store it
 # although the request carried Authorization (RFC 9111 §3.5) and hand it to other tokens or none.
-CACHEABLE_PRIVATE = "private, max-age=60, stale-while-revalidate=300"
-# A catch-up answer that reaches the tail is no history yet: an append, a close, or the stream
-# deleted and created again changes what the same URL answers. Browsers kept it for a minute
-# (stale for five) and web pages read old contents, and after a re-create the deleted
-# stream's (found by a review with the TS client in Chromium). Caches keep it but ask again
-# each time; its ETag names the stream and the range, so an unchanged one costs a 304.
-REVALIDATE = "public, no-cache"
-REVALIDATE_PRIVATE = "private, no-cache"
+CACHEABLE_PRIVATE = "private, no-cache"
 
 
 def service(request: web.Request):  # type: ignore[no-untyped-def]
@@ -354,9 +353,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         # reader at a tail they already saw waits without touching the database.
         timeout = request.app[keys.LONG_POLL_TIMEOUT_S] if may_wait(request) else 0
         result = await svc.read_or_wait(name, position, timeout, max_bytes=MAX_READ_BYTES)
-        await svc.touch(result.state)
         if not result.count and not result.closed and not may_wait(request):
-            raise no_slot(request)  # it would wait, and no slot is free for it
+            # It would wait, and no slot is free for it: refused before it touches the
+            # stream (a 503 keeps a TTL stream alive no more than it waits).
+            raise no_slot(request)
+        await svc.touch(result.state)
         if not result.count:
             response = web.Response(status=204)
             _read_headers(response, result)
@@ -390,12 +391,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     # Nothing yet at an open tail: the next read there finds new data or EOF (PROTOCOL.md
     # §10.1), which a shared cache keeping this answer would hide for its max-age.
     fresh = result.count or result.closed
-    if not fresh:
-        cache_control = "no-store"
-    elif result.up_to_date:
-        cache_control = REVALIDATE_PRIVATE if request.app[TOKENS] else REVALIDATE
-    else:  # a page behind the tail: history, the same for as long as the stream lives
-        cache_control = _cacheable(request)
+    cache_control = _cacheable(request) if fresh else "no-store"
     if _none_match(request.headers.get("If-None-Match"), etag):
         response = web.Response(status=304)
         response.headers["ETag"] = etag

@@ -197,13 +197,15 @@ class Database:
         return time.monotonic() - self.writer.failed_at < self.fresh_failure_s
 
     def disk_short(self) -> str | None:
-        """An embedded database's disk has less than ``min_free_bytes`` free: said as a
-        reason, else None. On a full disk a probe's one small row still fitted in WAL space
-        failed batches had taken: with writes 15 s apart, readiness said "ok" a third of the
-        time while every produce failed (found by a review on a 3 MB tmpfs)."""
+        """The writer's latest batch failed for a full disk, and an embedded database's disk
+        still has less than ``min_free_bytes`` free: said as a reason, else None. On a full
+        disk a probe's one small row still fitted in WAL space failed batches had taken: with
+        writes 15 s apart, readiness said "ok" a third of the time while every produce failed
+        (found by a review on a 3 MB tmpfs)."""
         path = db.database_file(self.url) if self.embedded else None
-        if path is None:
-            return None
+        if path is None or not self.writer.failed_full:
+            return None  # a lock held too long, say: the probe says whether writes work
+        path = os.path.realpath(path)  # SQLite writes its WAL beside the file, not the link
         try:
             free = shutil.disk_usage(os.path.dirname(path)).free
         except OSError:

@@ -561,7 +561,7 @@ def upgrade(engine: Engine) -> None:
     except DBAPIError as exc:
         # A read-only database that still needs its migrations (or, SQLite, its WAL mode)
         # said "cannot reach the database", the words of an outage: say what it is.
-        if _disk_full(exc):
+        if disk_full(exc):
             # Said "cannot reach the database", pointing at the network, not at the disk.
             where = database_file(str(engine.url)) or "the database"
             raise Unusable(
@@ -572,7 +572,7 @@ def upgrade(engine: Engine) -> None:
         raise Unusable(f"cannot write to the database (is it read-only?): {_reason(exc)}") from None
 
 
-def _disk_full(exc: Any) -> bool:
+def disk_full(exc: Any) -> bool:
     """SQLite's SQLITE_FULL (PostgreSQL's disk_full, 53100, too)."""
     import sqlite3
 

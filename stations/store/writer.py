@@ -352,6 +352,7 @@ class Writer:
         self._failures = Repeats(log, "write batch")
         self.failed_batches = 0  # batches the database failed whole, ever (see Database)
         self.failed_at = -math.inf  # when the latest of them failed (time.monotonic())
+        self.failed_full = False  # whether it failed for a full disk (SQLITE_FULL, 53100)
         self._running_since: float | None = None  # when the thread's current batch began
 
     def start(self) -> None:
@@ -494,6 +495,7 @@ class Writer:
         outage of the database's, nor a commit whose outcome it would not tell)."""
         self.failed_batches += 1
         self.failed_at = time.monotonic()
+        self.failed_full = db.disk_full(exc)
         known = db.unavailable(exc) or isinstance(exc, OutcomeUnknown)
         self._failures.failed(exc, traceback=not known)
 
