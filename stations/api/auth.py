@@ -166,7 +166,8 @@ def may_see_internals(request: web.Request) -> bool:
     tokens: list[Token] | None = request.app[TOKENS]
     if not tokens:
         return True
-    token = presented(request, tokens)
+    # ``refused`` found it already, unless the route is open: not hashed a second time.
+    token = request.get(TOKEN) or presented(request, tokens)
     return token is not None and token.role == "admin" and not token.stations
 
 

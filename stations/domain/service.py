@@ -461,8 +461,8 @@ class Service:
         station's next release and read again (``Notifier.pace``); ``timeout`` 0 never waits.
         ``stream``: the stream the reader's offsets belong to, as ``(id, created_at)`` (by
         default, the first read's); should the name come to be another stream's (deleted and
-        created again while the reader waited), the offset is not one of it: 410. ``EARLIEST`` stays the earliest retained message
-        through the wait; a position the client named is 410 once retention dropped it, before
+        created again while the reader waited), the offset is not one of it: 410. ``EARLIEST``
+        stays the earliest retained message through the wait; a position the client named is 410 once retention dropped it, before
         or while it waits (``reads._begin``).
         """
         loop = asyncio.get_running_loop()

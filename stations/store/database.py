@@ -46,8 +46,9 @@ class Database:
         # A writer's batch failed this recently: its writes fail, whatever a probe says (see
         # ``writes_failing``).
         self.fresh_failure_s = FRESH_FAILURE_S
-        # While the writer has a failure on record, less free space than this on an embedded
-        # database's disk says writes still fail, whatever a probe says (``disk_short``).
+        # After the writer's latest batch failed for a full disk, less free space than this on
+        # an embedded database's disk says writes still fail, whatever a probe says
+        # (``disk_short``).
         self.min_free_bytes = MIN_FREE_BYTES
 
     async def open(
