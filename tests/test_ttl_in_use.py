@@ -57,3 +57,33 @@ def test_a_station_in_use_by_a_group_or_a_browser_does_not_expire(server: Server
         while http.get("/api/stations/grouped").status_code != 404:
             assert time.monotonic() < deadline, "a station nobody uses any more did not expire"
             time.sleep(0.2)
+
+
+def test_a_transaction_that_acks_renews_the_station(server: Server) -> None:
+    """The README's exactly-once pattern: fetch a batch, then one transaction per message that
+    acks it and produces elsewhere. Only the plain ack renewed the countdown: the station
+    expired a TTL after the fetch and the transactions that settled the rest answered 404."""
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        _make(http, "settled")
+        out = http.put("/v1/stream/out", headers={"Content-Type": "application/json"})
+        assert out.status_code == 201, out.text
+        group = http.put("/api/stations/settled/groups/g", json={"maxAckTimeMs": 60_000})
+        assert group.status_code in (200, 201), group.text
+        fetched = http.post(
+            "/api/stations/settled/groups/g/fetch", json={"max": 6, "consumer": "c"}
+        )
+        assert fetched.status_code == 200, fetched.text
+        leased = fetched.json()["messages"]
+        assert len(leased) == 6
+        # Six settlements 0.6 s apart: 3.6 s, past the 2 s TTL counted from the fetch.
+        for n, message in enumerate(leased):
+            time.sleep(0.6)
+            done = http.post(
+                "/api/transactions",
+                json={
+                    "ack": [{"station": "settled", "group": "g", "offset": message["offset"]}],
+                    "produce": [{"station": "out", "data": n}],
+                },
+            )
+            assert done.status_code == 200, (n, done.text)
+        assert http.get("/api/stations/settled").status_code == 200

@@ -15,11 +15,13 @@ consumers (other groups, other stations) may be settled in the same transaction.
 
 Retries: a commit whose outcome is unknown is not retried. A 429, a 503 or a refused connection
 says nothing was committed; those are retried (with backoff, honouring ``Retry-After``). When it
-raises ``ConnectionFailed`` or ``ServerError`` the outcome is unknown, and that is safe: if it committed, its leases are gone and the messages never
-come back; if it did not, they come back after their lease. Either way each input is processed
-by exactly one committed transaction. Such a transaction may be committed again only if every
-message it produces has a ``msg_id`` (a second commit then reports them as duplicates and
-refuses its settlements); else ``commit()`` raises ``RuntimeError``: they would be stored twice.
+raises ``ConnectionFailed`` or ``ServerError`` the outcome is unknown, and that is safe: if it
+committed, its leases are gone and the messages never come back; if it did not, they come back
+after their lease. Either way each input is processed by exactly one committed transaction.
+Such a transaction may be committed again only if every message it produces has a ``msg_id``;
+else ``commit()`` raises ``RuntimeError``: they would be stored twice. If the first commit went
+through, a second one that settles anything raises ``Conflict`` (its leases are gone) and
+produces nothing; one that only produces reports its messages as duplicates.
 """
 
 from __future__ import annotations

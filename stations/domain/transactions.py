@@ -21,7 +21,7 @@ from typing import Any
 from stations.domain import dls, groups, messages, text
 from stations.domain.fields import body_of, integer, object_of
 from stations.domain.idwindow import IdWindow
-from stations.domain.log import AppendRequest, append
+from stations.domain.log import AppendRequest, append, in_use
 from stations.domain.offsets import encode
 from stations.domain.station import validate_name as validate_station
 from stations.domain.streams import same_content_type
@@ -343,6 +343,9 @@ def _settle(
         if verb == "ack":
             # The leases were checked under the group's lock: an ack only deletes them.
             group_store.forget(batch.conn, group_ids[(station, group)], seqs)
+            # As the plain ack does (nacks and dead-letters renew it in groups): a TTL station
+            # settled only through transactions expired under its consumers' leases.
+            in_use(states[station], station, batch)
             result.acked += len(seqs)
             groups.settled_some(batch, states[station])
             continue
