@@ -111,6 +111,12 @@ def test_names_covered_by_a_literal_prefix_pattern() -> None:
     assert not covers_pattern(["team/*"], "tea*")
     assert not covers_pattern(["team"], "team/*")
     assert covers_pattern(["team"], "team")
+    # ``team/**`` is ``team`` and what lies under ``team/``: that scope, written in two.
+    assert covers_pattern(["team", "team/*"], "team/**")
+    assert covers_pattern(["team", "team/*"], "team/**/**")
+    assert covers_pattern(["team/*"], "team/**/x")  # it never matches ``team`` itself
+    assert not covers_pattern(["team", "team/*"], "team*")
+    assert covers_pattern(["team*"], "team/**")
 
 
 def test_a_webhooks_address_is_shown_to_admin_tokens_only(server: Server) -> None:

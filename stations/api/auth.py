@@ -49,8 +49,12 @@ def covers_pattern(stations: list[str], pattern: str) -> bool:
     if first is None:
         return any(fnmatch.fnmatchcase(pattern, p) for p in stations)
     prefix = pattern[:first]
-    if pattern[first:].split("/", 1)[0] == "**" and prefix.endswith("/"):
-        prefix = prefix[:-1]  # ``a/**`` matches ``a`` itself
+    rest = pattern[first:].split("/")
+    if prefix.endswith("/") and all(segment == "**" for segment in rest):
+        # ``a/**`` matches ``a`` itself besides what starts with ``a/``: a scope written
+        # ``a`` and ``a/*`` covers it (the prefix cut to ``a`` asked for ``a*``, wider).
+        if not covers_pattern(stations, prefix[:-1]):
+            return False
     return any(
         p.endswith("*") and not any(c in p[:-1] for c in _WILDCARDS) and prefix.startswith(p[:-1])
         for p in stations

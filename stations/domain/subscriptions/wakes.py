@@ -408,24 +408,35 @@ def _apply_acks(batch: Batch, row: dict[str, Any], body: dict[str, Any]) -> None
         raise InvalidRequest("acks must be a list", "acks")
     links = {link.path: link for link in links_of(batch, row["id"])}
     tails = tails_of(batch, list(links))
+    # The streams this wake's attempt (or claim) announced, as they were then: a stream deleted
+    # since is gone from it (``links.purge_stream``), also when one was created again under
+    # the name, which an offset read from the old one must not ack (its first messages were
+    # skipped unseen).
+    announced = json.loads(row["snapshot"] or "{}")
     planned: dict[str, int] = {}
     for i, ack in enumerate(acks):
         if not isinstance(ack, dict):
             raise InvalidRequest("each ack is {stream, offset}", f"acks[{i}]")
         raw_path = ack.get("stream", ack.get("path"))
-        path = normalize_path(raw_path) if isinstance(raw_path, str) else ""
+        if not isinstance(raw_path, str):
+            raise InvalidRequest(f"acks[{i}].stream must be a string", f"acks[{i}].stream")
+        path = normalize_path(raw_path)
         link = links.get(path)
         if link is None:
             raise InvalidOffset(
                 f"acks[{i}].stream is not a stream of this subscription", f"acks[{i}].stream"
             )
         offset = ack.get("offset")
-        if not isinstance(offset, str) or offset == BEGINNING:
+        if not isinstance(offset, str):
+            raise InvalidRequest(f"acks[{i}].offset must be a string", f"acks[{i}].offset")
+        if offset == BEGINNING:
             raise InvalidOffset(f"acks[{i}].offset must be an offset", f"acks[{i}].offset")
         try:
             position = decode(offset)
         except BadOffset:
             raise InvalidOffset(f"acks[{i}].offset is malformed", f"acks[{i}].offset") from None
+        if path not in announced:
+            continue
         if position < link.acked:
             raise InvalidOffset(
                 f"acks[{i}].offset is behind the acknowledged cursor", f"acks[{i}].offset"
