@@ -50,11 +50,11 @@ def covers_pattern(stations: list[str], pattern: str) -> bool:
         return any(fnmatch.fnmatchcase(pattern, p) for p in stations)
     prefix = pattern[:first]
     rest = pattern[first:].split("/")
-    if prefix.endswith("/") and all(segment == "**" for segment in rest):
-        # ``a/**`` matches ``a`` itself besides what starts with ``a/``: a scope written
-        # ``a`` and ``a/*`` covers it (the prefix cut to ``a`` asked for ``a*``, wider).
-        if not covers_pattern(stations, prefix[:-1]):
-            return False
+    # ``a/**`` matches ``a`` itself besides what starts with ``a/``: a scope written ``a`` and
+    # ``a/*`` covers it (the prefix cut to ``a`` asked for ``a*``, wider).
+    itself = prefix.endswith("/") and all(segment == "**" for segment in rest)
+    if itself and not covers_pattern(stations, prefix[:-1]):
+        return False
     return any(
         p.endswith("*") and not any(c in p[:-1] for c in _WILDCARDS) and prefix.startswith(p[:-1])
         for p in stations
