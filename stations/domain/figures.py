@@ -80,6 +80,8 @@ def snapshot(conn: Any, now: int, limit: int, group_limit: int = MAX_GROUPS) -> 
         queues = group_store.queue_figures(conn, [row.id for row in rows])
         heads: dict[str, int] = {}  # a fork's, with its sources' retention (as the API's)
         for row in rows:
+            if row.id not in queues:
+                continue  # deleted since it was listed (one snapshot each: but never a 500)
             waiting, in_flight, dead = queues[row.id]
             head = row.head
             if row.fork_of is not None:

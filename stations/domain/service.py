@@ -631,15 +631,15 @@ class Service:
         exists: bool | None = None,
         reach: dls.Reach | None = None,
     ) -> tuple[dict[str, Any], bool]:
-        group, created = await self.write(
-            functools.partial(groups.ensure, reach=reach),
+        viewed: tuple[dict[str, Any], bool] = await self.write(
+            functools.partial(groups.ensure_viewed, reach=reach),
             station,
             name,
             raw,
             exists,
             locks=(station,),
         )
-        return await self.read_db(groups.view, station, now_ms(), group.name), created
+        return viewed
 
     async def delete_group(self, station: str, name: str) -> None:
         forget = functools.partial(self.tally.forget, station, name)

@@ -36,6 +36,7 @@ class Database:
         self, url: str | None, *, durability: str = "fsync", read_threads: int = 4
     ) -> None:
         self.url = db.normalize_url(url or db.default_url())
+        self._snapshot = db.snapshot_options(self.url)
         self.durability = durability
         # One process owns an embedded database (SQLite); others may be shared by several.
         self.embedded = db.embedded(self.url)
@@ -156,8 +157,10 @@ class Database:
         """Run ``fn(tx, *args, **kwargs)`` in a read transaction on a reader thread."""
 
         def run() -> T:
-            with self.read_engine.connect() as conn, conn.begin():
-                return fn(conn, *args, **kwargs)
+            with self.read_engine.connect() as conn:
+                conn.execution_options(**self._snapshot)
+                with conn.begin():
+                    return fn(conn, *args, **kwargs)
 
         return await asyncio.get_running_loop().run_in_executor(self._readers, run)
 

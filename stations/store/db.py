@@ -77,6 +77,17 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def snapshot_options(url: str) -> dict[str, Any]:
+    """Execution options of a read transaction whose statements must see one state of the
+    database. SQLite's read transaction does; PostgreSQL's default, READ COMMITTED, gives each
+    statement the commits made before it: another process's retention committed between a
+    read's bounds and its rows (a catch-up read answered 200 from later messages, not 410),
+    and a group deleted between a listing's rows and their figures failed /metrics with a
+    500. REPEATABLE READ takes one snapshot per transaction, and a read-only one never fails
+    to serialize (psycopg sets it on the connection object: no statement more)."""
+    return {} if is_sqlite(url) else {"isolation_level": "REPEATABLE READ"}
+
+
 @dataclass(frozen=True)
 class NotServable:
     """Why Stations cannot serve the database a URL names: ``reason`` in one line, and
