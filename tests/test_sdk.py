@@ -34,6 +34,7 @@ from stations.client import (
     ProducerFenced,
     Retention,
     RetryPolicy,
+    ServerError,
     StationNotFound,
     StationsError,
     StreamClosed,
@@ -366,6 +367,51 @@ async def test_produce_retries_only_with_ids(stations: Server) -> None:
     async with Client(stations.url) as direct:
         data = [m.data for m in (await direct.station(name).browse()).messages]
     assert data == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+async def test_produce_with_ids_is_not_retried_once_the_window_may_have_passed(
+    stations: Server,
+) -> None:
+    """A retry the server takes after the ids of the attempt whose answer was lost have left
+    the station's window stores the messages again: the defaults (a 2 min window, retries for
+    2 min after a first failure that came a 30 s timeout after the sending) did so. The SDK
+    now retries only while the server surely still has those ids, and says what may be
+    stored when it stops."""
+    name = unique("pwindow")
+    async with (
+        FaultProxy(stations.url) as proxy,
+        Client(proxy.url, timeout=0.3, retry=RetryPolicy(give_up_after=30)) as client,
+    ):
+        await client.create_station(name, idempotency_window_ms=2_000)
+        station = client.station(name)
+        base = proxy.posts
+        # Lost, then retried at once: inside the window, so sent again (a duplicate).
+        proxy.drop_after = {base + 1}
+        assert (await station.produce({"n": 1}, msg_id="near")).duplicate
+        # Lost, then 503 "retry in 3 s": by then the window (2 s) may have passed.
+        proxy.drop_after = {base + 3}
+        proxy.reject_503 = {base + 4: "3"}
+        with pytest.raises(ServerError) as raised:
+            await station.produce({"n": 2}, msg_id="far")
+        assert proxy.posts == base + 4  # not sent a third time
+        notes = " ".join(getattr(raised.value, "__notes__", []))
+        assert "outside the station's idempotency window" in notes, notes
+        assert "may have been stored" in notes, notes
+    async with Client(stations.url) as direct:
+        data = [m.data for m in (await direct.station(name).browse()).messages]
+    assert data == [{"n": 1}, {"n": 2}]
+
+
+async def test_produce_without_ids_says_its_messages_may_be_stored(stations: Server) -> None:
+    name = unique("punsure")
+    async with FaultProxy(stations.url) as proxy, Client(proxy.url) as client:
+        await client.create_station(name)
+        proxy.drop_after = {proxy.posts + 1}
+        with pytest.raises(ConnectionFailed) as raised:
+            await client.station(name).produce({"n": 1})
+    assert raised.value.sent
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "may have been stored" in notes and "message ids" in notes, notes
 
 
 # -- the idempotent producer ------------------------------------------------------------------

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import logging
 import re
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -16,7 +17,12 @@ import aiohttp
 
 from stations.client.consumer import Consumer
 from stations.client.core import check_server
-from stations.client.errors import StationsError, is_retryable, may_have_acted
+from stations.client.errors import (
+    ConnectionFailed,
+    StationsError,
+    is_retryable,
+    may_have_acted,
+)
 from stations.client.handle import ClientChild
 from stations.client.http import DEFAULT_URL, LIVE_READ_TIMEOUT, Http, path_segment, stream_path
 from stations.client.models import (
@@ -292,14 +298,19 @@ class Station:
         longer list in slices (as ``stations produce`` does).
 
         Retried on connection errors and 5xx only when every message has an id: the id makes
-        the retry safe (a message stored by the lost attempt comes back as a duplicate).
-        Without ids only what stored nothing is retried: a 429, a 503, a refused connection."""
+        the retry safe (a message stored by the lost attempt comes back as a duplicate) while
+        it is in the station's idempotency window, so after a lost answer a retry is sent only
+        if the server takes it (within the client's ``timeout``) inside the window counted
+        from that attempt's sending; else the error is raised. Without ids only what stored
+        nothing is retried: a 429, a 503, a refused connection."""
         wire = [_wire_message(m if isinstance(m, NewMessage) else NewMessage(m)) for m in messages]
         if not wire:
             return []
         safe = all("id" in m for m in wire)
         backoff = Backoff(self.client.retry)
+        unsure_since: float | None = None  # when the first attempt that may have stored was sent
         while True:
+            sent = time.monotonic()
             try:
                 reply = await self.client.http.call(
                     "POST",
@@ -309,10 +320,45 @@ class Station:
                 )
                 break
             except StationsError as exc:
+                if may_have_acted(exc) and unsure_since is None:
+                    unsure_since = sent
                 if not (is_retryable(exc) and (safe or not may_have_acted(exc))):
+                    _unsure(exc, unsure_since, safe)
                     raise
-                await backoff.wait(exc)
+                try:
+                    await backoff.wait(exc)
+                    if unsure_since is not None:
+                        await self._inside_window(unsure_since, exc, backoff)
+                except StationsError as final:
+                    raise _unsure(final, unsure_since, safe) from None
         return [Produced(r["offset"], bool(r["duplicate"])) for r in reply.json()["results"]]
+
+    async def _inside_window(self, since: float, exc: StationsError, backoff: Backoff) -> None:
+        """Return if a retry sent now reaches the server while the ids of the attempt sent at
+        ``since`` (whose answer was lost) are surely remembered; else raise ``exc``. Their
+        window runs from that attempt's commit, which came after its sending; the retry may be
+        taken as late as the client's timeout after it is sent. The default window (2 min)
+        was shorter than the SDK's default patience (2 min after the first failure, which
+        itself came a timeout after the sending): a retry stored the messages again. The
+        window is read from the server each time (a PATCH may have shortened it)."""
+        while True:
+            try:
+                info = await self.client.get_station(self.name)
+                break
+            except StationsError as failed:
+                if not is_retryable(failed):
+                    exc.add_note(f"the station's idempotency window could not be read: {failed}")
+                    raise exc from None
+                await backoff.wait(exc)
+        window_s = info.idempotency_window_ms / 1000
+        late = time.monotonic() + self.client.http.timeout + WINDOW_MARGIN_S - since
+        if late > window_s:
+            exc.add_note(
+                f"not sent again: a retry taken {late:.0f} s after the attempt whose answer was "
+                f"lost would be outside the station's idempotency window ({window_s:g} s) and "
+                "could store the messages twice"
+            )
+            raise exc
 
     async def browse(self, offset: str = "-1", limit: int = 100) -> MessagePage:
         """Up to ``limit`` messages from ``offset`` with their ids, headers and times."""
@@ -643,6 +689,24 @@ def _retell_chunk(exc: StationsError, start: int, done: int) -> None:
         exc.field = field
     exc.message = f"{message}; {done} of the first {start} ids were handled before"
     exc.args = (exc.message,)
+
+
+# Slack between the client's clock and the server's taking of a retry (the network, a queue).
+WINDOW_MARGIN_S = 1.0
+
+
+def _unsure(exc: StationsError, since: float | None, ids: bool) -> StationsError:
+    """``exc`` as the produce's outcome, saying when the messages may have been stored (an
+    attempt's answer was lost, or was a 5xx): the last error alone (a refused connection, a
+    503) said nothing had been, and a user who sent them again stored them twice."""
+    if since is not None:
+        if isinstance(exc, ConnectionFailed):
+            exc.sent = True
+        exc.add_note(
+            "the messages may have been stored (an attempt's answer was lost)"
+            + ("" if ids else "; give them message ids to make sending them again safe")
+        )
+    return exc
 
 
 def _wire_message(message: NewMessage) -> dict[str, Any]:

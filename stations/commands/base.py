@@ -245,8 +245,10 @@ def shown_url(text: str) -> str:
 
 
 def describe_error(exc: BaseException, url: str) -> str:
-    """An SDK error in one line for stderr, without the password a URL may hold."""
-    return shown_url(_describe_error(exc, url))
+    """An SDK error in one line for stderr, without the password a URL may hold; with the
+    SDK's notes (what became of the messages of a produce that failed)."""
+    notes = [str(note) for note in getattr(exc, "__notes__", ())]
+    return shown_url("; ".join([_describe_error(exc, url), *notes]))
 
 
 def _describe_error(exc: BaseException, url: str) -> str:
