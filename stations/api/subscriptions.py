@@ -139,7 +139,7 @@ async def put_subscription(request: web.Request) -> web.Response:
         raise
     if not created:  # the one that exists may link more streams since (``/streams``)
         await _scope_of(request, sub_id)
-    await engine.refresh({sub_id})
+    await engine.changed(sub_id)
     return web.json_response(await _view(request, sub_id), status=201 if created else 200)
 
 
@@ -168,7 +168,7 @@ async def delete_subscription(request: web.Request) -> web.Response:
     sub_id = _id(request)
     await _scope_of(request, sub_id)
     await request.app[keys.SERVICE].write(links.delete, sub_id)
-    await _engine(request).refresh({sub_id})
+    await _engine(request).changed(sub_id)
     return web.Response(status=204)
 
 
@@ -185,7 +185,7 @@ async def add_streams(request: web.Request) -> web.Response:
     _scope(request, paths)
     await _scope_of(request, sub_id)
     await request.app[keys.SERVICE].write(links.add_streams, sub_id, paths)
-    await _engine(request).refresh({sub_id})
+    await _engine(request).changed(sub_id)
     return web.Response(status=204)
 
 
@@ -196,7 +196,7 @@ async def remove_stream(request: web.Request) -> web.Response:
     path = spec.normalize_path(request.match_info["path"])  # decoded once already, by aiohttp
     await _scope_of(request, sub_id)
     await request.app[keys.SERVICE].write(links.remove_stream, sub_id, path)
-    await _engine(request).refresh({sub_id})
+    await _engine(request).changed(sub_id)
     return web.Response(status=204)
 
 

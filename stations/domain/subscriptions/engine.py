@@ -213,6 +213,19 @@ class SubscriptionEngine:
         if rows:
             self._arm_all(await self._service.write(wakes.sweep, self.ctx, sorted(rows)))
 
+    async def changed(self, sub_id: str) -> None:
+        """``refresh`` after a change a request committed. If it fails the change stands, so
+        the drainer takes it up again: else the index went on without it (SQLite has no
+        notification to bring it back), and appends to the streams it named woke nothing
+        until a restart."""
+        try:
+            await self.refresh({sub_id})
+        except Exception:
+            self._index_dirty.add(sub_id)
+            if self._drainer is None and not self._stopped:
+                self._drainer = asyncio.get_running_loop().create_task(self._drain())
+            raise
+
     async def resync(self) -> None:
         """Take up every subscription afresh, as at start: other processes' changes (and
         appends) were not announced while this process's LISTEN connection was down."""
