@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -80,6 +81,59 @@ def test_ids_a_shrunk_window_forgot_stay_forgotten_through_a_spill_in_its_batch(
             await svc.patch_station("st", {"idempotencyWindowMs": 600_000})
             again, _ = await svc.produce("st", {"messages": [{"id": "a0", "data": "new"}]})
             assert again.results == [(14, False)]
+        finally:
+            await svc.close()
+
+    asyncio.run(run())
+
+
+def test_an_id_that_ran_out_stays_out_when_a_grow_shares_its_retrys_batch(
+    tmp_path: Path,
+) -> None:
+    """PATCH grows the window in the batch of a retry whose id had run out: the grow's sweep
+    deleted the id's block, but its ids leave RAM only at the commit, and the retry found the
+    id there, measured by the grown window: answered as a duplicate, it was not stored (a
+    review reproduced it under load, 25 times in 60)."""
+
+    async def run() -> None:
+        svc = _service(tmp_path)
+        await svc.start()
+        try:
+            await svc.create_station({"name": "st", "idempotencyWindowMs": 100})
+            first, _ = await svc.produce("st", ONE_X)
+            assert first.results == [(0, False)]
+            # X runs out; the scheduler's sweep (every 25 ms for this window) must not reach
+            # it first, as it did in most runs: the PATCH's own sweep is the case.
+            svc.ids.sweep = lambda batch, state: 0  # type: ignore[method-assign]
+            await asyncio.sleep(0.2)
+            # The writer held in a transaction of its own while the two are queued: the next
+            # one holds them both, the PATCH first.
+            started, release = threading.Event(), threading.Event()
+
+            def hold(batch: Batch) -> None:
+                started.set()
+                release.wait(10)
+
+            held = svc.db.enqueue(hold)
+            await asyncio.to_thread(started.wait, 10)
+            grown = svc.db.enqueue(
+                partial(
+                    catalog.patch_station,
+                    window=svc.ids,
+                    name="st",
+                    raw={"idempotencyWindowMs": 60_000},
+                )
+            )
+            retried = svc.db.enqueue(
+                partial(messages.produce, window=svc.ids, name="st", body=ONE_X)
+            )
+            release.set()
+            await held
+            await grown
+            again, _ = await retried
+            assert again.results == [(1, False)]
+            retry, _ = await svc.produce("st", ONE_X)  # in the grown window now
+            assert retry.results == [(1, True)]
         finally:
             await svc.close()
 

@@ -133,9 +133,16 @@ class IdWindow:
             since = runs.hot_since(sid)
             # Usually the oldest hot id is still in the window, and so is every other one.
             all_in = since is not None and now < since + window
+            # A grown window's PATCH earlier in this batch swept the blocks that had run out
+            # (their ids leave RAM at the commit): measured by the grown window they seemed in.
+            swept = sid in batch.swept_blocks
             for msg_id in wanted:
                 seq = hot.get(msg_id)
-                if seq is not None and (all_in or now < runs.stored_at(sid, seq) + window):
+                if (
+                    seq is not None
+                    and (all_in or now < runs.stored_at(sid, seq) + window)
+                    and not (swept and runs.swept(batch, sid, seq))
+                ):
                     found[msg_id] = seq
                 else:
                     misses.append(msg_id)

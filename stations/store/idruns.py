@@ -277,8 +277,18 @@ class IdRuns:
 
     def stored_at(self, stream_id: int, seq: int) -> int:
         """When the hot id at position ``seq`` was stored: its block's time."""
+        return self._block_of(stream_id, seq).stored_at
+
+    def swept(self, batch: Batch, stream_id: int, seq: int) -> bool:
+        """Whether the hot id at position ``seq`` is in a block a sweep of this batch deleted:
+        it is in RAM until the commit, but out of the window for good (a window grown in the
+        same batch must not bring it back)."""
+        through = batch.swept_blocks.get(stream_id)
+        return through is not None and self._block_of(stream_id, seq).seq0 <= through
+
+    def _block_of(self, stream_id: int, seq: int) -> Block:
         blocks = self._stations[stream_id].blocks
-        return blocks[bisect_right(blocks, seq, key=lambda b: b.seq0) - 1].stored_at
+        return blocks[bisect_right(blocks, seq, key=lambda b: b.seq0) - 1]
 
     def lookup(
         self, batch: Batch, state: StreamState, wanted: list[str]
