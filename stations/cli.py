@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import errno
 import faulthandler
+import io
 import ipaddress
 import logging
 import math
@@ -745,6 +746,17 @@ def backup(args: argparse.Namespace) -> None:
     if not args.dest:
         _fail("DEST is empty: give the new file to write")
     url = args.db or db.default_url()
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        source = db.database_file(url)
+        sqlite = make_url(db.normalize_url(url)).get_backend_name() == "sqlite"
+    except ArgumentError as exc:  # it was a traceback
+        _fail(f"--db is not a database URL: {exc}")
+    if source is None and sqlite:  # not "use pg_dump": it is no PostgreSQL database
+        _fail("--db is an in-memory (or temporary) SQLite database: it has nothing to back up")
+    existed = os.path.lexists(args.dest)
     try:
         size = db.backup(url, args.dest)
     except ValueError:
@@ -752,10 +764,22 @@ def backup(args: argparse.Namespace) -> None:
     except FileExistsError:
         _fail(f"{args.dest} exists: give a new file")
     except FileNotFoundError:
-        _fail(f"no database at {db.database_file(url)}", 1)
+        _fail(f"no database at {source}", 1)
     except (OSError, db.BackupFailed) as exc:
         _fail(f"the backup failed: {exc}", 1)
-    print(f"copied {db.database_file(url)} to {args.dest} ({size / 1e6:,.1f} MB)")
+    except KeyboardInterrupt:
+        # A copy cut short is no backup: the file this command made goes (db.backup removes
+        # it itself, unless Ctrl-C came between its making and the copy).
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.remove(args.dest)
+        sys.exit(130)
+    from stations.commands.base import OutputFailed, write_out
+
+    try:
+        write_out(f"copied {source} to {args.dest} ({size / 1e6:,.1f} MB)")
+    except OutputFailed as exc:  # the copy is made and sound: only the report was lost
+        _fail(f"{exc} (the copy was made)", exc.code)
 
 
 def _require_server(command: str) -> None:
@@ -781,8 +805,23 @@ def commands_epilog() -> str:
     return EXIT_CODES_HELP
 
 
+def _streams() -> None:
+    """Standard error closed (`2>&-`): its lines are dropped (the exit code still says what
+    happened); print(file=None) wrote them on stdout, into a --json document. Text that the
+    locale cannot encode (a payload in Japanese, LC_ALL=en_US.ISO-8859-1) is written escaped,
+    not a UnicodeEncodeError traceback."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError):  # a stream already closed
+                stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> None:
     from stations import __version__
+
+    _streams()
 
     parser = _Parser(
         prog="stations",
@@ -814,12 +853,16 @@ def main(argv: list[str] | None = None) -> None:
         _require_server("backup")
         backup(args)
     elif args.command == "token":
-        from stations.commands.base import Refused, Usage, exit_code
+        from stations.commands.base import OutputFailed, Refused, Usage, exit_code
 
         try:
             token.run(args, _say)
         except (Usage, Refused) as exc:
             _fail(str(exc), exit_code(exc))
+        except OutputFailed as exc:
+            _fail(str(exc), exc.code)
+        except KeyboardInterrupt:  # Ctrl-C while it waited (on stdin, on the folder's lock)
+            sys.exit(130)
     elif args.command == "pipeline":
         sys.exit(pipeline.run(args))
 

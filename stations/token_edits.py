@@ -7,6 +7,7 @@ the CLI uses this; the server reads the file and nothing else."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -83,24 +84,7 @@ def _rewrite(
     folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
-        before = _read(target, path)
-        found = target.stat() if target.exists() else None
-        if not before.strip() and not create:
-            raise TokensFileError(f"{path} holds no tokens (there is no such file, or it is empty)")
-        try:
-            raw = json.loads(before) if before.strip() else {"tokens": []}
-        except ValueError as exc:
-            raise TokensFileError(f"tokens file {path} is not JSON: {exc}") from None
-        if not (isinstance(raw, dict) and raw.get("tokens") == []):  # a file begun by hand
-            parse_tokens(raw, path)  # a file the server would refuse is not changed
-        if found is not None and found.st_nlink > 1:
-            # The new file would not be the one the other names read: a revoked token would
-            # still work for a server reading it by another name.
-            raise TokensFileError(
-                f"{path} has {found.st_nlink - 1} other hard link(s): a server reading it by "
-                "another name would not see the change; change it in place by hand, or make "
-                "the other names symbolic links"
-            )
+        before, found, raw = _loaded(target, path, create)
         change(raw["tokens"])
         parse_tokens(raw, path)
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
@@ -134,11 +118,48 @@ def _rewrite(
         os.close(folder)
 
 
+def check_addable(path: str) -> None:
+    """Raise what ``add_entry`` would for the file at ``path`` as it is now (not JSON, a
+    token the server refuses, other hard links, a folder that takes no new file), without
+    changing it: ``stations token new`` shows no secret that could not be added."""
+    target = Path(os.path.realpath(path))
+    _loaded(target, path, create=True)
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target.parent))
+
+
+def _loaded(target: Path, path: str, create: bool) -> tuple[str, os.stat_result | None, Any]:
+    """The tokens file's text, its stat (None: there is none) and its JSON, checked as a
+    change needs it: it loads, and has no other hard links."""
+    before = _read(target, path)
+    found = target.stat() if target.exists() else None
+    if not before.strip() and not create:
+        raise TokensFileError(f"{path} holds no tokens (there is no such file, or it is empty)")
+    try:
+        raw = json.loads(before) if before.strip() else {"tokens": []}
+    except ValueError as exc:
+        raise TokensFileError(f"tokens file {path} is not JSON: {exc}") from None
+    if not (isinstance(raw, dict) and raw.get("tokens") == []):  # a file begun by hand
+        parse_tokens(raw, path)  # a file the server would refuse is not changed
+    if found is not None and found.st_nlink > 1:
+        # The new file would not be the one the other names read: a revoked token would
+        # still work for a server reading it by another name.
+        raise TokensFileError(
+            f"{path} has {found.st_nlink - 1} other hard link(s): a server reading it by "
+            "another name would not see the change; change it in place by hand, or make "
+            "the other names symbolic links"
+        )
+    return before, found, raw
+
+
 def _read(target: Path, path: str) -> str:
     """The file's text; "" when there is none."""
     try:
-        return target.read_text()
+        # UTF-8 whatever the locale: JSON is (RFC 8259 §8.1).
+        return target.read_text(encoding="utf-8")
     except FileNotFoundError:
         return ""
     except OSError as exc:
         raise TokensFileError(f"cannot read tokens file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # it was a traceback: one line, as for other bad files
+        raise TokensFileError(f"tokens file {path} is not UTF-8 text: {exc}") from None

@@ -22,11 +22,13 @@ from stations.commands.base import (
     EXIT_CODES_HELP,
     EXIT_OUTPUT_FAILED,
     EXIT_STDOUT_CLOSED,
+    OutputFailed,
     Refused,
     Usage,
     describe_error,
     exit_code,
     shown_url,
+    stdout_to_devnull,
 )
 
 if TYPE_CHECKING:
@@ -101,11 +103,44 @@ class _Intermixed(argparse.ArgumentParser):
         finally:
             self._mixing = False
         _unescape(parsed)
+        self._refuse_not_utf8(parsed)
         if extras:
             # Refused here rather than by ``stations``'s parser, so that the error points at
             # this command's help, not at "stations --help".
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
+
+    def _refuse_not_utf8(self, parsed: argparse.Namespace) -> None:
+        """An argument that is not UTF-8 (``$'\\xff'``) reaches Python as a string with lone
+        surrogates, which no URL or JSON body can carry: it was a UnicodeEncodeError
+        traceback. Refused naming the argument, except where bytes are meant (DATA, sent as
+        bytes to a binary station) or a file's name (any bytes name a file)."""
+        for action in self._actions:
+            if action.dest in _BYTES_OR_PATHS:
+                continue
+            value = getattr(parsed, action.dest, None)
+            for each in value if isinstance(value, list) else [value]:
+                if isinstance(each, str) and not _is_utf8(each):
+                    name = (
+                        action.option_strings[-1]
+                        if action.option_strings
+                        else action.metavar or action.dest.upper()
+                    )
+                    # A token is not shown: a secret has no place in an error line.
+                    shown = "it" if action.dest == "token" else repr(os.fsencode(each))[1:]
+                    self.error(f"argument {name}: {shown} is not UTF-8 text")
+
+
+# Arguments taken as bytes or as file names: not refused for not being UTF-8.
+_BYTES_OR_PATHS = {"data", "token_file", "offsets_from", "leases_from"}
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # CPython's intermixed parse drops ``--`` when the first positional comes after it, so a
@@ -197,16 +232,19 @@ def run(args: argparse.Namespace) -> int:
         return exit_code(exc)
     except KeyboardInterrupt:
         return 130
+    except OutputFailed as exc:
+        print(f"stations: error: {exc}", file=sys.stderr)
+        return exc.code
     except BrokenPipeError:
         # The reader of stdout left (`| head`): end quietly, as tools killed by SIGPIPE do.
         # (Network errors reach here wrapped by the SDK, never as a bare BrokenPipeError.)
-        _stdout_to_devnull()
+        stdout_to_devnull()
         return EXIT_STDOUT_CLOSED
     except OSError as exc:
         # Writing stdout failed otherwise (a full disk: `> out.jsonl`); the SDK wraps its own
         # network errors, so a bare OSError here is the output's. It was a traceback, exit 1.
         print(f"stations: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-        _stdout_to_devnull()
+        stdout_to_devnull()
         return EXIT_OUTPUT_FAILED
     except Exception as exc:  # a StationsError from the SDK: its status says the exit code
         from stations.client import StationsError
@@ -242,12 +280,6 @@ def _empty_name(args: argparse.Namespace) -> str | None:
         if getattr(args, attr, None) == "":
             return f"{what} is empty"
     return None
-
-
-def _stdout_to_devnull() -> None:
-    """Python's own flush of stdout at exit would fail again (and print a traceback): it
-    gets /dev/null."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -63,8 +63,11 @@ async def naming_options(call: Awaitable[T], options: Mapping[str, str], *, it: 
     try:
         return await call
     except StationsError as exc:
-        said = options.get(exc.field or "")
-        if said is None or exc.field is None:
+        # A misbehaving server's field may be any JSON value (a list was a TypeError here).
+        if not isinstance(exc.field, str):
+            raise
+        said = options.get(exc.field)
+        if said is None:
             raise
         message = exc.message.replace(exc.field, "it", 1) if it else exc.message
         raise retold(exc, f"{said}: {message}") from None
@@ -154,6 +157,46 @@ async def read_pages(
 
 class Usage(Exception):
     """A command line the server never sees: exit code 2."""
+
+
+class OutputFailed(Exception):
+    """Standard output could not be written: ``code`` is EXIT_OUTPUT_FAILED, or
+    EXIT_STDOUT_CLOSED when its reader left."""
+
+    def __init__(self, message: str, code: int = EXIT_OUTPUT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def stdout_to_devnull() -> None:
+    """Python's own flush of stdout at exit would fail again (and print a traceback): it
+    gets /dev/null."""
+    if sys.stdout is None:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # ValueError: a stream without a descriptor, or closed
+        pass
+
+
+def write_out(line: str) -> None:
+    """``line`` on standard output, flushed at once: for output that must be known written
+    before the command goes on (a token's secret before its entry is added to the file).
+    Raises ``OutputFailed``; print() said nothing when stdout was closed (`>&-`)."""
+    if sys.stdout is None:
+        raise OutputFailed("cannot write the output: standard output is closed")
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_to_devnull()
+        raise OutputFailed("cannot write the output: its reader left", EXIT_STDOUT_CLOSED) from None
+    except (OSError, ValueError) as exc:  # a full disk (`>/dev/full`); ValueError: closed
+        stdout_to_devnull()
+        reason = getattr(exc, "strerror", None) or exc
+        raise OutputFailed(f"cannot write the output: {reason}") from None
 
 
 class Refused(Exception):

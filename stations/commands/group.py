@@ -4,11 +4,12 @@ station's consumer groups."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from stations.commands.base import (
     OFFSET,
@@ -572,9 +573,15 @@ def _lines(path: str, option: str, what: str) -> Iterable[tuple[int, str]]:
             raise Usage(f"{option} -: stdin is closed; pipe the {what} in")
         if sys.stdin.isatty():  # it would wait, silent, for lines typed by hand
             raise Usage(f"{option} -: stdin is a terminal; pipe the {what} in")
-        return [(n, line) for n, line in enumerate(sys.stdin, 1) if line.strip()]
+    file: TextIO
     try:
-        with open(path, encoding="utf-8") as file:
+        if path == "-":
+            # Bytes decoded here, as the file is: in a strict UTF-8 locale stdin's own
+            # decoding was a UnicodeDecodeError traceback.
+            file = io.TextIOWrapper(io.BytesIO(sys.stdin.buffer.read()), encoding="utf-8")
+        else:
+            file = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        with file:
             return [(n, line) for n, line in enumerate(file, 1) if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
         raise Usage(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -588,12 +595,12 @@ def _settle_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
             _lease(line, f"--leases-from line {n}")
             for n, line in _lines(args.leases_from, "--leases-from", "leases")
         ]
-    if leases and args.offsets:
+    if (leases or args.leases_from is not None) and args.offsets:
         raise Usage("give OFFSETs or leases (--lease, --leases-from), not both")
-    if leases:
+    # An empty --leases-from is nothing to settle, not a mistake: a fetch that found the
+    # group's queue empty piped nothing in (`group fetch --json | group nack --leases-from -`).
+    if leases or args.leases_from is not None:
         return "leases", leases
-    if args.leases_from is not None:
-        raise Usage(f"--leases-from {args.leases_from}: no lease in it")
     if not args.offsets:
         raise Usage("give the messages: OFFSETs, --lease or --leases-from")
     return "offsets", _offsets(args.offsets)
@@ -620,10 +627,9 @@ def _ack_items(args: argparse.Namespace) -> tuple[str, list[Any]]:
             _offset_line(line, f"--offsets-from line {n}")
             for n, line in _lines(args.offsets_from, "--offsets-from", "offsets")
         ]
-        if not listed:
-            raise Usage(f"--offsets-from {args.offsets_from}: no offset in it")
+        # Empty, it is nothing to ack (a fetch that found the queue empty piped nothing).
         offsets += listed
-    if not offsets:
+    if not offsets and args.offsets_from is None:
         raise Usage("give the messages: OFFSETs or --offsets-from")
     return "offsets", offsets
 

@@ -14,14 +14,14 @@ import queue
 import re
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stations.client.errors import StationsError
-from stations.commands.base import Refused, Usage, dumps, message_count, print_table
+from stations.commands.base import Refused, Usage, cell, dumps, message_count
 
 if TYPE_CHECKING:
-    from stations.client import Client, NewMessage
+    from stations.client import Client, NewMessage, Produced
 
 BATCH = 500  # stdin lines per request (one transaction each), unless --batch says otherwise
 # The server's refusal of a produce of more messages than it takes in one request (the
@@ -117,6 +117,16 @@ def _payloads(lines: Iterable[bytes]) -> Iterator[tuple[int, str | bytes]]:
             yield number, raw
 
 
+def _argument(text: str) -> str | bytes:
+    """A DATA argument as a stdin line is taken: its bytes when they are not UTF-8 (Python
+    holds them as lone surrogates, which the server refused as text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(text)
+    return text
+
+
 def _read_lines(fd: int) -> Iterator[bytes]:
     """The lines of ``fd``, read with ``os.read``: a thread blocked in ``sys.stdin``'s read
     holds its lock, and the interpreter aborted at exit (Ctrl-C) waiting for it."""
@@ -152,6 +162,7 @@ class _StdinLines:
         self._lines: queue.Queue[tuple[int, str | bytes] | None] = queue.Queue(bound)
         self._ready = asyncio.Event()
         self.failed: OSError | None = None  # why reading stdin stopped before its end
+        self.ended = False  # its end was taken: the chunk yielded last is its last
         self.thread = threading.Thread(target=self._run, args=(fd,), daemon=True)
         self.thread.start()
 
@@ -192,6 +203,7 @@ class _StdinLines:
                 except queue.Empty:
                     break
                 if item is None:
+                    self.ended = True
                     if chunk:
                         yield chunk
                     if self.failed is not None:
@@ -260,9 +272,13 @@ class _Messages:
 
     def finish(self) -> None:
         if self._ids and len(self._ids) != self.count:
-            raise Usage(
+            raise _SurplusIds(
                 f"{len(self._ids)} --msg-id for {self.count} messages; give one per message"
             )
+
+
+class _SurplusIds(Usage):
+    """More --msg-id than messages: found when the input ended."""
 
 
 async def produce(args: argparse.Namespace, client: Client) -> int:
@@ -272,7 +288,9 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         raise Usage("no messages: give DATA arguments, or pipe one message per line on stdin")
     station = client.station(args.station)
     info = await station.info()
-    rows: list[tuple[str, str | None, bool]] = []
+    # Each request's rows are printed as it is answered; only the count and the last offset
+    # are kept (`tail -f app.log | stations produce logs` held every row, printed none).
+    out = _Rows(args)
     batch: list[NewMessage] = []
     size = args.batch  # lowered for good when the server refuses a request of this many
     in_flight = 0  # messages of the request that failed, if one did
@@ -290,12 +308,8 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
                     raise
                 size = fewer
                 continue
-            for message, result in zip(part, results, strict=True):
-                rows.append((result.offset, message.msg_id, result.duplicate))
-                if args.json:
-                    line = {"offset": result.offset, "id": message.msg_id}
-                    print(dumps({**line, "duplicate": result.duplicate}), flush=True)
             del batch[: len(part)]
+            out.stored(part, results)
 
     # Messages are checked before anything is sent when they come from the arguments; stdin
     # is sent as it arrives, what came meanwhile in the next request.
@@ -303,20 +317,22 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
     stdin: _StdinLines | None = None
     try:
         if args.data:
-            batch += [convert(number, text) for number, text in enumerate(args.data, 1)]
+            given = [_argument(text) for text in args.data]
+            batch += [convert(number, text) for number, text in enumerate(given, 1)]
             convert.finish()
             await send()
         else:
             stdin = _StdinLines(sys.stdin.fileno(), 4 * size)
             async for chunk in stdin.chunks(size):
                 batch += [convert(number, text) for number, text in chunk]
+                if stdin.ended:  # a --msg-id too many is said before the last request is sent
+                    convert.finish()
                 await send()
             convert.finish()
     except asyncio.CancelledError:  # Ctrl-C: say what was stored, as a failure does
-        _print_rows(args, rows)
         stored = (
-            f"the first {len(rows)} messages were stored (through offset {rows[-1][0]})"
-            if rows
+            f"the first {out.count} messages were stored (through offset {out.last})"
+            if out.count
             else "no message was stored"
         )
         if batch:
@@ -327,12 +343,17 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         print(f"stations: interrupted: {stored}", file=sys.stderr)
         raise
     except (Usage, StationsError) as exc:
-        if not rows:
+        if not out.count:
             raise
         # What was stored before the failure is said, so that a run again (without ids it
         # would store those messages twice) can start after it.
-        _print_rows(args, rows)
-        stored = f"the first {len(rows)} messages were stored (through offset {rows[-1][0]})"
+        stored = f"the first {out.count} messages were stored (through offset {out.last})"
+        if isinstance(exc, _SurplusIds) and not batch:
+            # Found once every message was stored (stdin ended after the last request went
+            # out): there is no rest to speak of.
+            raise Refused(
+                f"{exc}; all {out.count} messages were stored (through offset {out.last})"
+            ) from None
         if isinstance(exc, Usage) or exc.status in (400, 413):
             raise Refused(f"{exc}; {stored}, the rest were not") from None
         if exc.status is None or exc.status >= 500:  # no answer: the batch may be stored too
@@ -343,14 +364,49 @@ async def produce(args: argparse.Namespace, client: Client) -> int:
         told.message = f"{exc}; {stored}"
         told.args = (told.message,)
         raise told from None
-    if not rows:
+    if not out.count:
         raise Usage("no messages: give DATA arguments or lines on stdin")
-    _print_rows(args, rows)
     return 0
 
 
-def _print_rows(args: argparse.Namespace, rows: list[tuple[str, str | None, bool]]) -> None:
-    if not args.json:
-        print_table(
-            ["OFFSET", "ID", "DUPLICATE"], [[o, i, "yes" if d else "no"] for o, i, d in rows]
+# Fixed column widths, as rows are printed before the next ones are known: an offset token's,
+# and an id's (most are shorter; a longer one shifts its row's last column).
+_OFFSET_WIDTH = 33
+_ID_WIDTH = 20
+
+
+class _Rows:
+    """The rows of stored messages, printed as they are stored (a table, or JSON lines); only
+    their count and the last offset are kept, for what a failure or Ctrl-C says."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._json: bool = args.json
+        # With --msg-id every id is known: the column fits them. Without ids it holds "-".
+        self._id_width = (
+            max([2, *(len(cell(i)) for i in args.msg_id)])
+            if args.msg_id or not args.id_field
+            else _ID_WIDTH
         )
+        self.count = 0
+        self.last: str | None = None
+
+    def stored(self, part: Sequence[NewMessage], results: Sequence[Produced]) -> None:
+        lines = []
+        for message, result in zip(part, results, strict=True):
+            if self._json:
+                line = {"offset": result.offset, "id": message.msg_id}
+                lines.append(dumps({**line, "duplicate": result.duplicate}))
+                continue
+            if not self.count and not lines:
+                lines.append(self._row("OFFSET", "ID", "DUPLICATE"))
+            lines.append(
+                self._row(result.offset, cell(message.msg_id), "yes" if result.duplicate else "no")
+            )
+        self.count += len(results)
+        if results:
+            self.last = results[-1].offset
+        if lines:
+            print("\n".join(lines), flush=True)
+
+    def _row(self, offset: str, msg_id: str, duplicate: str) -> str:
+        return f"{offset:<{_OFFSET_WIDTH}}  {msg_id:<{self._id_width}}  {duplicate}"

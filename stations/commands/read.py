@@ -9,7 +9,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from stations.client.errors import StationsError, is_retryable  # light: no aiohttp
+from stations.client.errors import (  # light: no aiohttp
+    ConnectionFailed,
+    StationsError,
+    is_retryable,
+)
 from stations.client.retry import PATIENT_RETRY, Backoff, RetryPolicy
 from stations.commands.base import (
     cell,
@@ -183,11 +187,24 @@ async def _messages(args: argparse.Namespace, client: Client) -> int:
         try:
             more = await _wait_for_more(station, offset)
         except StationsError as exc:
+            if _timed_out(exc):
+                # A server that holds a long-poll longer than the SDK waits for it (serve
+                # --long-poll-timeout-ms above 75 s) has no data yet: that is no outage. The
+                # next browse, with --timeout, says whether the server is there.
+                continue
             await outage.wait(exc)
             continue  # the next browse says whether the server is back
         if not more:
             break
     return 0
+
+
+def _timed_out(exc: StationsError) -> bool:
+    """Whether ``exc`` is a read that got no answer in time (the connection was made)."""
+    cause = exc.__cause__
+    return isinstance(exc, ConnectionFailed) and (
+        isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout")
+    )
 
 
 def _offset_refused(exc: StationsError, start: str | None, offset: str) -> StationsError:

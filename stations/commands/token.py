@@ -11,8 +11,14 @@ import sys
 from collections.abc import Iterator
 from typing import Protocol
 
-from stations.commands.base import Refused, Usage
-from stations.token_edits import add_entry, entry_for, new_secret, remove_entries
+from stations.commands.base import OutputFailed, Refused, Usage, write_out
+from stations.token_edits import (
+    add_entry,
+    check_addable,
+    entry_for,
+    new_secret,
+    remove_entries,
+)
 from stations.tokens import ROLES, TokensFileError, digest_of, load_tokens, parse_sha256
 
 
@@ -72,13 +78,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace, say: Say) -> None:
-    """The verb ``args`` names; lines go through ``say`` (the CLI's: a closed standard output
-    is no traceback). Raises ``Usage`` (exit 2) or ``Refused`` (exit 1, a file it could not
-    use or change)."""
+    """The verb ``args`` names; notes on stderr go through ``say`` (the CLI's), the output
+    through ``write_out``. Raises ``Usage`` (exit 2), ``Refused`` (exit 1, a file it could not
+    use or change) or ``OutputFailed`` (stdout could not be written)."""
     if args.verb == "ls":
-        _ls(args, say)
+        _ls(args)
     elif args.verb == "revoke":
-        _revoke(args, say)
+        _revoke(args)
     else:
         _new(args, say)
 
@@ -95,7 +101,7 @@ def _as_refusal(path: str) -> Iterator[None]:
         raise Refused(f"cannot write {path} (a new file in its folder): {exc.strerror}") from None
 
 
-def _ls(args: argparse.Namespace, say: Say) -> None:
+def _ls(args: argparse.Namespace) -> None:
     with _as_refusal(args.file):
         tokens = load_tokens(args.file)
     if args.json:
@@ -103,15 +109,19 @@ def _ls(args: argparse.Namespace, say: Say) -> None:
             {"index": i, "role": t.role, "stations": list(t.stations), "sha256": t.digest.hex()}
             for i, t in enumerate(tokens)
         ]
-        say(json.dumps(rows))
+        write_out(json.dumps(rows))
         return
-    say(f"{'#':>3}  {'ROLE':<9} {'SHA-256':<14} STATIONS")
+    write_out(f"{'#':>3}  {'ROLE':<9} {'SHA-256':<14} STATIONS")
     for i, t in enumerate(tokens):
         stations = ", ".join(t.stations) or "(every station)"
-        say(f"{i:>3}  {t.role:<9} {t.digest.hex()[:12]}…  {stations}")
+        write_out(f"{i:>3}  {t.role:<9} {t.digest.hex()[:12]}…  {stations}")
 
 
-def _revoke(args: argparse.Namespace, say: Say) -> None:
+def _revoke(args: argparse.Namespace) -> None:
+    if args.sha256 is None and sys.stdin is None:  # started with stdin closed (<&-)
+        raise Usage(
+            "no token on standard input (it is closed): pipe the token in, or give --sha256"
+        )
     if args.sha256 is not None:
         named = parse_sha256(args.sha256)
         if named is None:
@@ -128,7 +138,7 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
             except KeyboardInterrupt:  # Ctrl-C: nothing changed
                 raise SystemExit(130) from None
         else:
-            secret = sys.stdin.readline().strip()
+            secret = _stdin_line()
         if not secret:
             raise Usage("no token on standard input (or give --sha256)")
         digest = digest_of(secret)
@@ -136,11 +146,21 @@ def _revoke(args: argparse.Namespace, say: Say) -> None:
         removed, left = remove_entries(args.file, digest)
     for entry in removed:
         stations = ", ".join(entry.get("stations", [])) or "every station"
-        say(f"revoked from {args.file}: the {entry['role']} token of {stations}")
-    say(
+        write_out(f"revoked from {args.file}: the {entry['role']} token of {stations}")
+    write_out(
         f"{args.file} holds {left} token(s) now: send SIGHUP to each server reading it "
         "(kill -HUP <pid>); with --log-level info it logs the number of tokens it read"
     )
+
+
+def _stdin_line() -> str:
+    """Standard input's first line, stripped. Read as bytes and decoded here: in a strict
+    UTF-8 locale a line that is not UTF-8 was a UnicodeDecodeError traceback."""
+    raw = sys.stdin.buffer.readline()
+    try:
+        return raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise Usage(f"the token on standard input is not UTF-8 text: {exc}") from None
 
 
 def _new(args: argparse.Namespace, say: Say) -> None:
@@ -149,18 +169,62 @@ def _new(args: argparse.Namespace, say: Say) -> None:
             raise Usage(f"--stations {pattern!r}: give a station name pattern")
     secret = new_secret()
     entry = entry_for(secret, args.role, args.stations)
+    # The secret is written (and flushed) before the entry goes into the file: an output that
+    # fails (stdout closed, its reader gone, a full disk) then leaves the file as it was. The
+    # entry added first stayed in the file while its secret was lost. A file the entry could
+    # not go into is said first, though: no secret is shown that nothing would accept.
     if args.add is not None:
         with _as_refusal(args.add):
-            add_entry(args.add, entry)
+            check_addable(args.add)
     if args.json:
-        say(json.dumps({"token": secret, "entry": entry, "added": args.add}))
-        return
-    say(f"token: {secret}")
-    say(f"entry: {json.dumps(entry)}")
+        write_out(json.dumps({"token": secret, "entry": entry, "added": args.add}))
+    else:
+        write_out(f"token: {secret}")
+        write_out(f"entry: {json.dumps(entry)}")
     if args.add is not None:
-        say(f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)")
+        _add(args.add, entry, say)
+        if args.json:
+            return
+        try:
+            write_out(
+                f"added to {args.add}: send SIGHUP to each server reading it (kill -HUP <pid>)"
+            )
+        except OutputFailed as exc:
+            raise OutputFailed(
+                f"{exc} (the token shown was added to {args.add})", exc.code
+            ) from None
+    if args.json:
+        return
     say(
         "stations: the token is shown this once and kept nowhere (the entry holds its "
         "SHA-256): give it to its client now",
         err=True,
     )
+
+
+def _add(path: str, entry: dict[str, object], say: Say) -> None:
+    """``entry`` into the tokens file at ``path``, its secret shown already: a failure says
+    that the token shown is not in the file."""
+    try:
+        with _as_refusal(path):
+            add_entry(path, entry)
+    except Refused as exc:
+        raise Refused(f"{exc}; the token shown was not added: do not use it") from None
+    except KeyboardInterrupt:  # Ctrl-C while it waited for the folder's lock
+        added = _holds(path, str(entry["sha256"]))
+        what = {True: "was added to", False: "was not added to", None: "may not be in"}[added]
+        say(f"stations: interrupted: the token shown {what} {path}", err=True)
+        raise
+
+
+def _holds(path: str, sha256: str) -> bool | None:
+    """Whether the tokens file at ``path`` holds an entry of this SHA-256 (None: unreadable).
+    Ctrl-C may come just after the file was replaced."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            raw = json.load(file)
+        return any(isinstance(e, dict) and e.get("sha256") == sha256 for e in raw.get("tokens", []))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
