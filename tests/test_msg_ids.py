@@ -278,6 +278,59 @@ def test_msg_id_header_needs_one_message(client: httpx.Client) -> None:
     assert one(client, name, longest) == (offset(0), True)
 
 
+def test_a_retry_with_stream_seq_is_a_duplicate(client: httpx.Client) -> None:
+    """A Msg-Id retry that also carries Stream-Seq was refused 409 ("not above"): the client
+    could not tell that its message was stored. And a request of duplicates alone, storing
+    nothing, took its Stream-Seq: the writer's next message with that seq was refused."""
+    name = f"ids-seq-{uuid.uuid4().hex[:10]}"
+    assert client.put(f"/v1/stream/{name}", headers=JSON).status_code == 201
+    seq = {**JSON, "Stream-Seq": "a"}
+    stored = post_with_id(client, name, "q1", b"1", seq)
+    assert stored.status_code in (200, 204), stored.text
+    retry = post_with_id(client, name, "q1", b"1", seq)
+    assert retry.status_code == stored.status_code, retry.text
+    assert (retry.headers["Msg-Duplicate"], retry.headers["Msg-Offset"]) == ("true", offset(0))
+    # A duplicate under a later seq stores nothing and leaves that seq to the next message.
+    later = post_with_id(client, name, "q1", b"1", {**JSON, "Stream-Seq": "b"})
+    assert later.headers["Msg-Duplicate"] == "true", later.text
+    fresh = post_with_id(client, name, "q2", b"2", {**JSON, "Stream-Seq": "b"})
+    assert fresh.status_code in (200, 204), fresh.text
+    assert fresh.headers["Msg-Offset"] == offset(1)
+    # A new message under a seq not above the last is still refused.
+    refused = post_with_id(client, name, "q3", b"3", {**JSON, "Stream-Seq": "b"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["field"] == "Stream-Seq"
+
+
+def test_the_retry_of_an_append_that_closed_is_a_duplicate(client: httpx.Client) -> None:
+    """An append with a Msg-Id that closed the stream, sent again (its answer was lost): it
+    was 409 "closed", so the client could not learn that its last message was stored."""
+    name = f"ids-close-{uuid.uuid4().hex[:10]}"
+    assert client.put(f"/v1/stream/{name}", headers=JSON).status_code == 201
+    closing = {**JSON, "Stream-Closed": "true"}
+    assert post_with_id(client, name, "first", b"0").status_code in (200, 204)
+    stored = post_with_id(client, name, "last", b"1", closing)
+    assert stored.status_code in (200, 204), stored.text
+    assert stored.headers["Stream-Closed"] == "true"
+    retry = post_with_id(client, name, "last", b"1", closing)
+    assert retry.status_code == stored.status_code, retry.text
+    assert (retry.headers["Msg-Duplicate"], retry.headers["Msg-Offset"]) == ("true", offset(1))
+    assert retry.headers["Stream-Closed"] == "true"
+    # Not a closing request's retry: still refused as closed.
+    for msg_id, headers in (("first", closing), ("last", JSON), ("other", closing)):
+        refused = post_with_id(client, name, msg_id, b"1", headers)
+        assert refused.status_code == 409, (msg_id, refused.text)
+    assert client.get(f"/v1/stream/{name}", params={"offset": "-1"}).json() == [0, 1]
+
+
+def test_a_create_does_not_take_a_msg_id(client: httpx.Client) -> None:
+    name = f"ids-put-{uuid.uuid4().hex[:10]}"
+    r = client.put(f"/v1/stream/{name}", headers={**JSON, "Msg-Id": "z"}, content=b"[1]")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["field"] == "Msg-Id"
+    assert client.head(f"/v1/stream/{name}").status_code == 404
+
+
 def test_msg_id_header_on_unknown_stream(client: httpx.Client) -> None:
     r = post_with_id(client, f"nope-{uuid.uuid4().hex}", "a", b"1")
     assert r.status_code == 404, r.text

@@ -130,6 +130,13 @@ def _one(headers: CIMultiDictProxy[str], name: str) -> str | None:
 async def put_stream(request: web.Request) -> web.Response:
     name = stream_name(request)
     h = request.headers
+    if "Msg-Id" in h:
+        # It was ignored: the initial message stored without the id, and a POST of the same
+        # id stored it again.
+        raise BadRequest(
+            "Msg-Id is not taken when a stream is created: append the message with POST",
+            "Msg-Id",
+        )
     content_type = (_one(h, "Content-Type") or "").strip()
     content_type_given = bool(content_type)
     content_type = _content_type(content_type) if content_type else "application/octet-stream"

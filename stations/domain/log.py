@@ -183,6 +183,9 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
         # closed the stream is its retry (PROTOCOL.md §5.2.1); any other may be a fenced one.
         if req.close and not req.messages and req.body_error is None and producer is None:
             return AppendResult(state.tail, True)
+        repeated = _closing_repeat(batch, window, state, req)
+        if repeated is not None:
+            return repeated
         raise StreamClosed(state.tail)
     if req.body_error is not None:
         # A body read as another type than the stream's: the mismatch is the answer (409,
@@ -218,6 +221,12 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
         and state.stream_seq is not None
         and (req.stream_seq <= state.stream_seq)
     ):
+        # A retry whose messages are all stored already (by their Msg-Ids) is a duplicate
+        # (CONTRACT.md §3: the success a stored append would get), not this 409, which left
+        # the client unable to tell whether its message had been stored.
+        known = _all_known(batch, window, state, req)
+        if known is not None and not req.close:
+            return AppendResult(state.tail, state.closed, False, None, None, known)
         raise Conflict(
             f"Stream-Seq {req.stream_seq!r} is not above {state.stream_seq!r}", "Stream-Seq"
         )
@@ -250,7 +259,9 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     if producer is not None:
         batch.sessions[(state.id, producer.id)] = sessions.Session(producer.epoch, producer.seq)
         batch.dirty_sessions.add((state.id, producer.id))
-    if req.stream_seq is not None:
+    if req.stream_seq is not None and (state.tail > before or req.close):
+        # Not taken by a request that stored nothing (every message a duplicate by its id):
+        # the writer's next message, sent with that seq, was refused as not above it.
         state.stream_seq = req.stream_seq
     if req.close:
         state.closed = True
@@ -265,6 +276,35 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
     return AppendResult(
         state.tail, state.closed, False, producer, producer.seq if producer else None, results
     )
+
+
+def _all_known(
+    batch: Batch, window: IdWindow, state: StreamState, req: AppendRequest
+) -> list[Outcome] | None:
+    """Each message's (offset, duplicate) when every one has a Msg-Id the station's window
+    holds, so a retry stores nothing; else None."""
+    if not req.msg_ids or not req.messages or any(m is None for m in req.msg_ids):
+        return None
+    wanted = [m for m in req.msg_ids if m is not None]
+    known = window.lookup_many(batch, state, wanted)
+    if any(m not in known for m in wanted):
+        return None
+    return [(known[m] - 1, True) for m in wanted]
+
+
+def _closing_repeat(
+    batch: Batch, window: IdWindow, state: StreamState, req: AppendRequest
+) -> AppendResult | None:
+    """The retry of the request that appended its last messages and closed the stream, known
+    by their Msg-Ids (the last of them is the stream's last message): answered as the
+    duplicate it is, as a producer's closing retry is, not 409 "closed", which left the
+    client unable to tell whether its last message had been stored."""
+    if not req.close or req.producer is not None or req.body_error is not None:
+        return None
+    known = _all_known(batch, window, state, req)
+    if known is None or known[-1][0] != state.tail - 1:
+        return None
+    return AppendResult(state.tail, True, False, None, None, known)
 
 
 def _append_tagged(
