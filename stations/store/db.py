@@ -958,6 +958,18 @@ def unavailable(exc: BaseException) -> bool:
         # server gone, shut down or refusing connections; connection closed
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             return True
+        # A database turned read-only while serving (a primary demoted to a standby,
+        # default_transaction_read_only): an InternalError, which answered 500 with a
+        # traceback per request.
+        if getattr(exc, "sqlstate", None) == "25006":
+            return True
+    # A damaged SQLite file (SQLITE_CORRUPT, SQLITE_NOTADB): no bug of the request's, and no
+    # traceback per request; readiness says writes fail, the log says so once.
+    if isinstance(exc, sqlite3.DatabaseError) and getattr(exc, "sqlite_errorcode", None) in (
+        11,
+        26,
+    ):
+        return True
     return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
 
 

@@ -341,6 +341,8 @@ class Writer:
         self._unsettled = 0
         self._conn: Connection | None = None
         self._pg = db.shared(engine)  # other processes hear of commits through NOTIFY
+        # PostgreSQL: whether a transaction of the batch being run wrote (had an id assigned).
+        self._assigned = False
         self.backend_pid: int | None = None
         self.relaxed_commits = 0  # commits that did not wait for the disk (monitoring)
         # Locks a batch's stations up front (see ``_transaction``); the domain adds the
@@ -459,6 +461,7 @@ class Writer:
         outcome: Any
         try:
             before = db.rows_changed(self._conn)
+            self._assigned = False
             outcome = self._execute(
                 [p.op for p in batch], _strict(batch), _run_hooks, _locks(batch)
             )
@@ -485,9 +488,15 @@ class Writer:
     def _wrote(self, before: int | None) -> None:
         """A batch committed: the writes work again if it changed rows. A batch that changed
         none (a job with nothing due, ops all refused) commits on a full disk too: each one
-        logged the outage over, and it started again at the next write."""
+        logged the outage over, and it started again at the next write. On PostgreSQL one
+        that wrote had a transaction id assigned: on a database turned read-only an idle
+        scheduler's batch "recovered" the writer every second, and readiness flapped."""
         after = db.rows_changed(self._conn)
-        if before is None or after is None or after > before:
+        if before is not None and after is not None:
+            wrote = after > before
+        else:
+            wrote = self._assigned or not self._pg
+        if wrote:
             self._failures.succeeded()
 
     def _failed(self, exc: Exception) -> None:
@@ -533,6 +542,7 @@ class Writer:
                 if batch:
                     self._running_since = time.monotonic()
                     before = db.rows_changed(self._conn)
+                    self._assigned = False
                     outcome = self._execute(
                         [p.op for p in batch], _strict(batch), self._hooks_on_loop, _locks(batch)
                     )
@@ -757,6 +767,7 @@ class Writer:
                 if self._pg and batch.changed:  # one pipelined round trip for all
                     sql.execute(conn, NOTIFY, [(CHANNEL, name) for name in batch.changed])
                 xid = db.transaction_id(conn)
+                self._assigned = self._assigned or xid is not None
                 committing = True
         except BaseException as exc:
             lost = db.connection_lost(conn, exc)

@@ -1,0 +1,82 @@
+"""The database turns read-only or is found damaged while the server runs (a review of
+2026-11-29): the outage is a 503 with Retry-After, logged without a traceback, and readiness
+says so steadily.
+
+PostgreSQL demoted to a standby (or ``default_transaction_read_only`` on) refused writes with
+SQLSTATE 25006, an InternalError the server took for a bug: every write a 500 with a traceback
+in the log. And an idle scheduler's batch, which commits without writing, counted as the
+writer's recovery: ``/readyz`` flapped between 200 and 503 every second. A SQLite file damaged
+in the middle answered its writes 500 with a traceback each."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy
+
+from stations.store import db
+from tests.harness import Server
+
+
+def _set_read_only(pg_url: str, on: bool) -> None:
+    url = sqlalchemy.engine.make_url(db.normalize_url(pg_url))
+    engine = sqlalchemy.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            setting = "SET default_transaction_read_only = on" if on else "RESET ALL"
+            conn.exec_driver_sql(f'ALTER DATABASE "{url.database}" {setting}')
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (url.database,),
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_database_turned_read_only_is_an_outage_not_a_bug(pg_url: str, make_server: Any) -> None:
+    server: Server = make_server(pg_url)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.put("/v1/stream/z", headers={"Content-Type": "application/json"}).status_code
+        _set_read_only(pg_url, True)
+        try:
+            for _ in range(3):
+                r = http.post("/v1/stream/z", json=[1])
+                assert r.status_code == 503, r.text
+                assert "Retry-After" in r.headers
+            # Several scheduler rounds (one a second): readiness says the same each time.
+            answers = []
+            for _ in range(12):
+                answers.append(http.get("/readyz").status_code)
+                time.sleep(0.25)
+            assert set(answers) == {503}, answers
+        finally:
+            _set_read_only(pg_url, False)
+        deadline = time.monotonic() + 20
+        while http.post("/v1/stream/z", json=[2]).status_code not in (200, 204):
+            assert time.monotonic() < deadline, "writes did not come back"
+            time.sleep(0.2)
+    assert "Traceback" not in server.log(), server.log()
+
+
+def test_a_damaged_sqlite_file_is_an_outage_not_a_bug(tmp_path: Path, make_server: Any) -> None:
+    path = tmp_path / "stations-data" / "stations.db"
+    server: Server = make_server(f"sqlite:///{path}")
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        body = {"messages": [{"data": "x" * 3000} for _ in range(50)]}
+        for n in range(4):
+            assert http.put(f"/v1/stream/s{n}", json=[]).status_code == 201
+            assert http.post(f"/api/stations/s{n}/messages", json=body).status_code == 200
+    server.stop()
+    with open(path, "r+b") as f:  # pages 4 and 5 overwritten, as a bad disk block would
+        f.seek(3 * 4096)
+        f.write(b"\xff" * 8192)
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        statuses = [http.put(f"/v1/stream/n{n}", json=[]).status_code for n in range(3)] + [
+            http.post(f"/api/stations/s{n}/messages", json=body).status_code for n in range(4)
+        ]
+    assert 500 not in statuses, statuses
+    assert "Traceback" not in server.log(), server.log()
