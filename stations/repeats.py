@@ -32,11 +32,14 @@ class Repeats:
         self._count = 0  # failures since then
         self._last = ""  # what the latest failure said
 
-    def failed(self, exc: BaseException, *, traceback: bool = True) -> None:
+    def failed(
+        self, exc: BaseException, *, traceback: bool = True, said: str | None = None
+    ) -> None:
         """Log ``exc`` (with its traceback if ``traceback``) if it starts a run of failures,
-        else count it and say how many now and then."""
+        else count it and say how many now and then. ``said``: what to say of it instead of
+        its first line (one cleared of a secret)."""
         now = time.monotonic()
-        self._last = first_line(exc)
+        self._last = first_line(exc) if said is None else said
         if self._since is None:
             self._since, self._told, self._count = now, now, 0
             self._logger.log(
@@ -44,7 +47,7 @@ class Repeats:
                 "%s failed: %s: %s",
                 self._what,
                 type(exc).__name__,
-                first_line(exc),
+                self._last,
                 exc_info=exc if traceback else None,
             )
             return
@@ -55,7 +58,7 @@ class Repeats:
                 self._what,
                 self._count,
                 now - self._told,
-                first_line(exc),
+                self._last,
             )
             self._told, self._count = now, 0
 

@@ -5,11 +5,12 @@ the wrong type are a 400 naming the field."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
 
-from tests.test_subscriptions import ZERO, append
+from tests.test_subscriptions import LOOPBACK, ZERO, append
 
 SUB = "/v1/stream/__ds/subscriptions/s1"
 
@@ -84,3 +85,41 @@ async def test_an_acks_fields_of_the_wrong_type_are_a_bad_request(
             )
             assert r.status_code == 400, r.text
             assert r.json()["error"]["field"] == field, r.text
+
+
+async def test_a_failing_webhook_is_logged_without_its_address_or_signature(
+    tmp_path: Any, make_server: Any
+) -> None:
+    """A webhook's URL may be its secret (the README shows it to admin tokens only): each
+    failed delivery logged the whole URL, query included, and the request's signature header,
+    one line a retry. Now a line names the endpoint's origin, then one a minute."""
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    endpoint = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = endpoint.sockets[0].getsockname()[1]
+    server = make_server(f"sqlite:///{tmp_path / 'stations-data' / 'stations.db'}", LOOPBACK)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.put("/v1/stream/a", json=[])).status_code == 201
+            url = f"http://127.0.0.1:{port}/hook?apikey=SUPERSECRET3"
+            r = await client.put(
+                SUB, json={"type": "webhook", "streams": ["a"], "webhook": {"url": url}}
+            )
+            assert r.status_code == 201, r.text
+            await append(client, "a", [{"n": 1}])
+            deadline = time.monotonic() + 10
+            while "webhook delivery" not in server.log():  # the first attempt
+                assert time.monotonic() < deadline, server.log()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(3.5)  # its retries, after about 1 s and 2 s more
+    finally:
+        endpoint.close()
+    log = server.log()
+    assert f"webhook delivery to http://127.0.0.1:{port} failed" in log, log
+    assert "SUPERSECRET3" not in log and "Webhook-Signature" not in log, log
+    assert log.count("webhook delivery") == 1, log

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from stations.domain.subscriptions import wakes
 from stations.domain.subscriptions.keys import Signer
@@ -27,7 +29,7 @@ from stations.domain.subscriptions.spec import glob_match, literal_segments
 from stations.domain.subscriptions.urls import endpoint_of
 from stations.domain.subscriptions.wakes import Context, Delivery, Outcome
 from stations.errors import Unavailable
-from stations.repeats import Repeats
+from stations.repeats import Repeats, first_line
 from stations.store import subscriptions as store
 from stations.store.clock import now_ms
 
@@ -140,6 +142,8 @@ class SubscriptionEngine:
         self._timers: dict[str, tuple[float, asyncio.Handle]] = {}
         self._timer_failures: dict[str, int] = {}  # timers whose work failed, how often
         self._failing = Repeats(log, "subscription timers")
+        # Per subscription whose webhook fails: a line when it starts, then one a minute.
+        self._undelivered: dict[str, Repeats] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._touched: dict[str, set[str]] = {}
         self._index_dirty: set[str] = set()
@@ -334,6 +338,17 @@ class SubscriptionEngine:
         finally:
             self._drainer = None
 
+    def _delivery_failed(self, delivery: Delivery, exc: BaseException) -> None:
+        """Logged without the webhook's URL beyond its ``scheme://host:port``: its path and
+        query may be its secret (an incoming-webhook address), which the line gave in full,
+        with the request's signature header, on every retry (each second, then each minute)."""
+        repeats = self._undelivered.get(delivery.sub_id)
+        if repeats is None:
+            what = f"subscription {delivery.sub_id}: webhook delivery to {_origin(delivery.url)}"
+            repeats = self._undelivered[delivery.sub_id] = Repeats(log, what, level=logging.WARNING)
+        said = _URLS.sub(lambda m: _origin(m.group(0)), first_line(exc))
+        repeats.failed(exc, traceback=False, said=said)
+
     def _forget_wake_streams(self) -> None:
         """What was seen of wake streams no subscription announces on any more."""
         for name in [n for n in self._incarnations if not self.index.is_wake_stream(n)]:
@@ -379,6 +394,7 @@ class SubscriptionEngine:
 
     def _disarm(self, sub_id: str) -> None:
         self._timer_failures.pop(sub_id, None)
+        self._undelivered.pop(sub_id, None)
         armed = self._timers.pop(sub_id, None)
         if armed is not None:
             armed[1].cancel()
@@ -445,8 +461,13 @@ class SubscriptionEngine:
         try:
             answer = await (call if slot is None else self._outbound.post(slot, call))
         except Exception as exc:
-            log.warning("subscription %s: webhook delivery failed: %r", delivery.sub_id, exc)
+            self._delivery_failed(delivery, exc)
             answer = False, False
+        else:
+            if answer is not None and answer[0]:
+                told = self._undelivered.pop(delivery.sub_id, None)
+                if told is not None:
+                    told.succeeded()
         if answer is None:
             log.warning(
                 "subscription %s: webhook POST cut short: its endpoint is slow and others wait",
@@ -457,3 +478,16 @@ class SubscriptionEngine:
         await self.run(
             wakes.delivered, delivery.sub_id, delivery.wake_id, delivery.attempt, ok, done
         )
+
+
+_URLS = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>)]+")
+
+
+def _origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``, or "the endpoint" when it has no readable host."""
+    try:
+        readable = bool(urlsplit(url).hostname)
+        urlsplit(url).port  # noqa: B018 - raises for a port out of range
+    except ValueError:
+        readable = False
+    return endpoint_of(url) if readable else "the endpoint"
