@@ -317,6 +317,14 @@ def serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
 
 
+def _refuse_bad_option(exc: BaseException, bad: Callable[[BaseException], bool]) -> None:
+    """An option of the --db URL the driver does not know, or a value it refuses: no restart
+    cures it, so exit 2 (a supervisor's RestartPreventExitStatus=2 relies on it), not 1."""
+    if bad(exc):
+        orig = getattr(exc, "orig", None) or exc
+        _fail(f"--db: {str(orig).strip().splitlines()[0]}")
+
+
 def _refuse_empty_db(url: str | None) -> None:
     """An empty ``--db`` (or ``$STATIONS_DB_URL``) is refused: it meant the default, a SQLite
     file in the working directory, so a deployment whose variable came out empty acknowledged
@@ -392,6 +400,9 @@ def serve(args: argparse.Namespace) -> None:
             _fail(f"--{option.replace('_', '-')} is empty")
     if args.tls_key and not args.tls_cert:
         _fail("--tls-key needs --tls-cert")
+    if not args.host.strip():
+        # It bound every interface (an unset variable in --host "$HOST"), tokens or not.
+        _fail("--host (or $STATIONS_HOST) is empty: give the address to listen on")
     if not args.tokens and not args.insecure and not _is_loopback(args.host):
         _fail(
             f"refusing to serve {args.host} without --tokens; "
@@ -464,6 +475,7 @@ async def _serve(args: argparse.Namespace) -> None:
         InUse,
         OperationalError,
         Unusable,
+        bad_connection_option,
         claim_file,
         database_file,
         default_url,
@@ -606,6 +618,7 @@ async def _serve(args: argparse.Namespace) -> None:
         # Exit 1, not 2: installing the newer version (or granting writes) and restarting cures it.
         _fail(str(exc), EXIT_CANNOT_START)
     except OperationalError as exc:
+        _refuse_bad_option(exc, bad_connection_option)
         # A server one reaches; a file one opens ("unable to open database file" is not a
         # network's fault).
         verb = "open" if database_file(args.db or default_url()) else "reach"
@@ -616,6 +629,7 @@ async def _serve(args: argparse.Namespace) -> None:
     except (ArgumentError, ImportError) as exc:  # an unusable --db URL (a driver missing)
         _fail(f"cannot open the database: {exc}")
     except Exception as exc:
+        _refuse_bad_option(exc, bad_connection_option)
         # Anything else may pass (exit 1, a supervisor restarts): exit 2 says the command line
         # will never work, and a crash's recovery failing once kept a service down for good.
         orig = getattr(exc, "orig", None) or exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -456,6 +457,13 @@ def backup(url: str, dest: str) -> int:
         raise FileNotFoundError(errno.ENOENT, "no database file", path) from None
     if not stat.S_ISREG(found.st_mode):
         raise FileNotFoundError(errno.ENOENT, "no database file", path)
+    # The database's own companions: a copy written into its WAL was deleted by SQLite when
+    # the source closed, and the command said "no database".
+    real = os.path.realpath(path)
+    if os.path.realpath(dest) in {
+        real + suffix for suffix in ("-wal", "-shm", "-journal", ".lock")
+    }:
+        raise BackupFailed(f"{dest} is a file of the database itself: give a new file elsewhere")
     try:
         _new_private_file(dest)
     except FileNotFoundError as exc:  # the database is there: DEST's folder is not
@@ -471,7 +479,10 @@ def backup(url: str, dest: str) -> int:
                 source.backup(copy)
                 (check,) = copy.execute("PRAGMA quick_check").fetchone()
                 if check != "ok":
-                    raise BackupFailed(f"the copy failed its check: {check}")
+                    said = "; ".join(
+                        line.strip() for line in str(check).splitlines() if line.strip()
+                    )
+                    raise BackupFailed(f"the copy failed its check: {said}")
             finally:
                 copy.close()
         finally:
@@ -971,6 +982,14 @@ def unavailable(exc: BaseException) -> bool:
     ):
         return True
     return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+
+
+def bad_connection_option(exc: BaseException) -> bool:
+    """Whether ``exc`` is libpq refusing the URL's own settings (an option it does not know,
+    a value it does not take): ``invalid connection option "x"``, ``invalid sslmode value``,
+    ``invalid integer value "x" for connection option "port"``."""
+    said = str(getattr(exc, "orig", None) or exc)
+    return bool(re.search(r"invalid (connection option|\w+ value|integer value)", said))
 
 
 def probe_write(conn: Connection) -> None:
