@@ -241,6 +241,22 @@ def test_head_tags_the_streams_state(http: httpx.Client) -> None:
     assert all(t.startswith('"') and t.endswith('"') for t in tags)
 
 
+def test_head_answers_a_tag_it_still_has_with_304(http: httpx.Client) -> None:
+    """RFC 9110 §13.1.2: a HEAD whose If-None-Match names the current tag is a 304 (it was
+    always a 200), with the stream's headers; once the stream moves on, a 200 again."""
+    name = _name()
+    assert http.put(_path(name), headers=TEXT).status_code == 201
+    first = http.head(_path(name))
+    tag = first.headers["ETag"]
+    same = http.head(_path(name), headers={"If-None-Match": tag})
+    assert same.status_code == 304
+    assert same.headers["ETag"] == tag
+    assert same.headers["Stream-Next-Offset"] == first.headers["Stream-Next-Offset"]
+    assert http.post(_path(name), headers=TEXT, content=b"abc").status_code == 204
+    moved = http.head(_path(name), headers={"If-None-Match": tag})
+    assert moved.status_code == 200 and moved.headers["ETag"] != tag
+
+
 # -- §5.8 SSE framing -------------------------------------------------------------------------
 
 

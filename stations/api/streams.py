@@ -416,14 +416,19 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
 @needs("read")
 async def head_stream(request: web.Request) -> web.Response:
     state = await service(request).stream(stream_name(request))
-    response = web.Response(status=200)
+    # The stream's state as a tag, as the reference server gives one (the TS client's
+    # head().etag was undefined here): the stream, its tail, and whether it is closed.
+    etag = f'"{state.id}:-1:{state.tail}{":c" if state.closed else ""}"'
+    # A poller that sends the tag back learns "nothing changed" as RFC 9110 §13.1.2 says a
+    # HEAD is answered (it was always a 200).
+    response = web.Response(
+        status=304 if _none_match(request.headers.get("If-None-Match"), etag) else 200
+    )
     _stream_headers(response, state)
     response.headers["Stream-Next-Offset"] = encode(state.tail)
     if state.closed:
         response.headers["Stream-Closed"] = "true"
-    # The stream's state as a tag, as the reference server gives one (the TS client's
-    # head().etag was undefined here): the stream, its tail, and whether it is closed.
-    response.headers["ETag"] = f'"{state.id}:-1:{state.tail}{":c" if state.closed else ""}"'
+    response.headers["ETag"] = etag
     response.headers["Cache-Control"] = "no-store"
     return response
 
