@@ -35,7 +35,7 @@ from stations.domain.idwindow import IdWindow
 from stations.domain.instants import format_ms as iso
 from stations.domain.log import AppendRequest, append, in_use, live_stream, unpack
 from stations.domain.messages import to_view
-from stations.domain.reads import SEP, Message, Piece
+from stations.domain.reads import SEP, Message, Piece, dropped_through
 from stations.errors import BadRequest, Forbidden, StationsError
 from stations.records import StreamState
 from stations.store import dls as store
@@ -138,7 +138,9 @@ def _pieces(conn: Connection, state: StreamState, positions: list[int]) -> Itera
     of statements however many and however spread out (``pieces_at`` scans once per run of
     consecutive positions): one finds the rows holding them, in each stream a fork reads
     from, then one reads each chunk's rows."""
-    wanted = [p for p in positions if p > state.head]  # retention dropped the rest
+    # Retention dropped the rest (a fork's sources' too).
+    head = dropped_through(conn, state)
+    wanted = [p for p in positions if p > head]
     found: list[tuple[int, int, int]] = []  # (stream id, seq, bytes) of the rows to read
     # Each stream's own positions: a source's row may run past the fork offset, and the
     # positions there are the fork's messages, not the ones of that row.
@@ -263,9 +265,12 @@ def redrive_due(batch: Batch) -> int | None:
     done: list[int] = []
     kept: list[int] = []
     back: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    heads: dict[str, int] = {}  # a fork's with its sources' (retention dropped up to it)
     for entry_id, station, group_id, seq, redrives in rows:
         state = batch.stream(station)
-        if state is None or state.deleted or seq <= state.head:
+        if state is not None and station not in heads:
+            heads[station] = dropped_through(batch.conn, state)
+        if state is None or state.deleted or seq <= heads[station]:
             # Retention dropped the original: the entry keeps its own copy for the user.
             kept.append(entry_id)
             continue
@@ -428,8 +433,11 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
     replayed: set[tuple[int, int]] = set()
     gone: set[int] = set()
     back: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    # A fork's head counts its sources' retention: by its own, an entry whose message a
+    # source dropped was put back in the queue and deleted, and the message never came.
+    head = dropped_through(batch.conn, state)
     for entry_id, group_id, seq, redrives in rows:
-        if seq <= state.head:
+        if seq <= head:
             # Retention dropped the original: there is nothing to put back in the queue, so
             # the entry (which keeps its own copy) stays where the user can still read it.
             gone.add(entry_id)

@@ -27,12 +27,13 @@ from stations.domain.fields import body_of, integer, object_of
 from stations.domain.log import in_use, live_stream
 from stations.domain.offsets import BEGINNING, BadOffset, decode, encode
 from stations.domain.pages import BY_LAG, Page, collect
+from stations.domain.reads import dropped_through
 from stations.domain.station import MAX_ACK_MS, MAX_DELIVERIES, MIN_ACK_MS
 from stations.errors import BadRequest, NotFound, PreconditionFailed
 from stations.records import StreamState
 from stations.store import groups as store
 from stations.store.groups import Connection
-from stations.store.streams import inherited_head, load, segments
+from stations.store.streams import load, segments
 from stations.store.writer import Batch
 
 _NAME = re.compile(r"^[A-Za-z0-9._~\-]{1,256}$")
@@ -357,18 +358,21 @@ def fetch(
         counts_of = dict(expired)
         due = sorted(due + [(seq, counts_of[seq]) for seq in released])[:max_count]
     picked: dict[int, int] = {seq: abs(count) for seq, count in due}
-    # Retention dropped these while they waited: nothing to deliver, room for others.
-    dropped = [seq for seq in picked if seq <= state.head]
+    # Retention dropped these while they waited: nothing to deliver, room for others. A
+    # fork's head counts its sources' retention: by its own, a group on it was handed
+    # messages its reads answered 410 for (the rest of a source's row retention cut through).
+    head = dropped_through(batch.conn, state)
+    dropped = [seq for seq in picked if seq <= head]
     if dropped:
         store.forget(batch.conn, group.id, dropped)
         for seq in dropped:
             del picked[seq]
-    start = max(group.cursor, state.head)
+    start = max(group.cursor, head)
     last = min(state.tail, start + max_count - len(picked))
     wanted = sorted([*picked, *range(start + 1, last + 1)])
     # The answer holds at most ``max_bytes`` of data (always one message): what does not fit
     # is not leased, and waits for the next fetch.
-    pieces = reads.pieces_at(batch.conn, state, wanted, max_bytes)
+    pieces = reads.pieces_at(batch.conn, state, wanted, max_bytes, head=head)
     size = 0
     for k, piece in enumerate(pieces):
         size += len(piece[1])
@@ -473,11 +477,6 @@ def parse_leases(raw: Any) -> Named:
 
 def _split(seqs: list[int], known: dict[int, int]) -> list[str]:
     return [encode(s - 1) for s in seqs if s not in known]
-
-
-def dropped_through(conn: Connection, state: StreamState) -> int:
-    """The last position retention dropped; a fork's counts its sources' too."""
-    return inherited_head(conn, state) if state.fork_of is not None else state.head
 
 
 def _without_dropped(

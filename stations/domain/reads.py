@@ -140,18 +140,31 @@ def messages_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Messag
 Piece = tuple[int, bytes, str | None, str | None, int]  # seq, data, msg_id, headers, stored_at
 
 
+def dropped_through(tx: Tx, state: StreamState) -> int:
+    """The last position retention dropped; a fork's counts its sources' too."""
+    return inherited_head(tx, state) if state.fork_of is not None else state.head
+
+
 def pieces_at(
-    tx: Tx, state: StreamState, positions: list[int], max_bytes: int | None = None
+    tx: Tx,
+    state: StreamState,
+    positions: list[int],
+    max_bytes: int | None = None,
+    *,
+    head: int | None = None,
 ) -> list[Piece]:
     """``messages_at`` as plain tuples: a consumer fetch takes hundreds at a time. With
     ``max_bytes``, reading stops once the pieces taken (their own bytes, not their rows')
-    come past it: what is returned is then the pieces of a prefix of ``positions``."""
+    come past it: what is returned is then the pieces of a prefix of ``positions``. ``head``:
+    the last position retention dropped, if not the state's own (a fork's, with its
+    sources')."""
     out: list[Piece] = []
     size = taken = 0
+    dropped = state.head if head is None else head
     for lo, hi in _runs(sorted(set(positions))):
         if max_bytes is not None and size > max_bytes:
             break
-        lo = max(lo, state.head + 1)  # retention dropped the positions up to the head
+        lo = max(lo, dropped + 1)  # retention dropped the positions up to the head
         if lo > hi:
             continue
         for row, first, last in stored.rows(tx, state, lo - 1):

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from stations.domain import dls, groups, messages, text
+from stations.domain import dls, groups, messages, reads, text
 from stations.domain.fields import body_of, integer, object_of
 from stations.domain.idwindow import IdWindow
 from stations.domain.log import AppendRequest, append, in_use
@@ -222,7 +222,7 @@ def _check_leases(
         # A nack or dead-letter of a message retention dropped while it was leased settles
         # nothing (the group answers it unknown): it passed this check and then failed the
         # assertion in _settle, a 500.
-        dropped = groups.dropped_through(batch.conn, state)
+        dropped = reads.dropped_through(batch.conn, state)
         row = group_store.load(batch.conn, state.id, name, lock=True)
         if row is None:
             raise NotFound(
