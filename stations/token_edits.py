@@ -124,6 +124,7 @@ def check_addable(path: str) -> None:
     changing it: ``stations token new`` shows no secret that could not be added."""
     target = Path(os.path.realpath(path))
     _loaded(target, path, create=True)
+    os.stat(target.parent)  # a folder that is not there says so (not "Permission denied")
     if not os.access(target.parent, os.W_OK | os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target.parent))
 

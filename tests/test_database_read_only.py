@@ -80,3 +80,36 @@ def test_a_damaged_sqlite_file_is_an_outage_not_a_bug(tmp_path: Path, make_serve
         ]
     assert 500 not in statuses, statuses
     assert "Traceback" not in server.log(), server.log()
+
+
+def test_corruption_in_an_extended_code_is_an_outage(tmp_path: Path) -> None:
+    """SQLite reports extended codes: a damaged index is SQLITE_CORRUPT_INDEX (779), which
+    the check of the plain code (11) missed."""
+    import sqlite3
+
+    path = tmp_path / "broken.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT); CREATE INDEX tb ON t (b);"
+        "CREATE TABLE u (x TEXT); CREATE INDEX ux ON u (x);"
+    )
+    conn.executemany("INSERT INTO t (b) VALUES (?)", [(f"v{k}",) for k in range(2000)])
+    conn.executemany("INSERT INTO u (x) VALUES (?)", [(f"w{k}",) for k in range(10)])
+    conn.commit()
+    # t's index pointed at u's pages: it no longer matches its table, as a bad block would.
+    (root,) = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = 'ux'").fetchone()
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_schema SET rootpage = ? WHERE name = 'tb'", (root,))
+    conn.commit()
+    conn.close()
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("UPDATE t SET b = 'zz' WHERE a = 7")
+        conn.commit()
+    except sqlite3.DatabaseError as exc:
+        assert exc.sqlite_errorcode != sqlite3.SQLITE_CORRUPT  # an extended code
+        assert db.unavailable(exc)
+    else:
+        raise AssertionError("the damaged index was not found")
+    finally:
+        conn.close()

@@ -302,6 +302,31 @@ def test_a_retry_with_stream_seq_is_a_duplicate(client: httpx.Client) -> None:
     assert refused.json()["error"]["field"] == "Stream-Seq"
 
 
+def test_a_producers_request_with_a_stale_stream_seq_is_still_refused(
+    client: httpx.Client,
+) -> None:
+    """The shortcut above is for requests without producer headers: a producer's new epoch
+    resent with a known id and the same Stream-Seq got a 200 that did not record the epoch,
+    and its next request was refused."""
+    name = f"ids-pseq-{uuid.uuid4().hex[:10]}"
+    assert client.put(f"/v1/stream/{name}", headers=JSON).status_code == 201
+
+    def send(epoch: int, seq: int, msg_id: str, stream_seq: str) -> httpx.Response:
+        headers = {
+            **JSON,
+            "Producer-Id": "p",
+            "Producer-Epoch": str(epoch),
+            "Producer-Seq": str(seq),
+            "Stream-Seq": stream_seq,
+        }
+        return post_with_id(client, name, msg_id, b"1", headers)
+
+    assert send(0, 0, "x", "001").status_code in (200, 204)
+    again = send(1, 0, "x", "001")
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["field"] == "Stream-Seq"
+
+
 def test_the_retry_of_an_append_that_closed_is_a_duplicate(client: httpx.Client) -> None:
     """An append with a Msg-Id that closed the stream, sent again (its answer was lost): it
     was 409 "closed", so the client could not learn that its last message was stored."""
@@ -316,8 +341,11 @@ def test_the_retry_of_an_append_that_closed_is_a_duplicate(client: httpx.Client)
     assert retry.status_code == stored.status_code, retry.text
     assert (retry.headers["Msg-Duplicate"], retry.headers["Msg-Offset"]) == ("true", offset(1))
     assert retry.headers["Stream-Closed"] == "true"
-    # Not a closing request's retry: still refused as closed.
-    for msg_id, headers in (("first", closing), ("last", JSON), ("other", closing)):
+    # A closing request whose message is stored already asks for what holds: a duplicate.
+    earlier = post_with_id(client, name, "first", b"0", closing)
+    assert (earlier.headers["Msg-Duplicate"], earlier.headers["Msg-Offset"]) == ("true", offset(0))
+    # Anything else is refused as closed: a message not stored, or a request that does not close.
+    for msg_id, headers in (("last", JSON), ("other", closing)):
         refused = post_with_id(client, name, msg_id, b"1", headers)
         assert refused.status_code == 409, (msg_id, refused.text)
     assert client.get(f"/v1/stream/{name}", params={"offset": "-1"}).json() == [0, 1]

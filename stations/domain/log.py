@@ -224,7 +224,8 @@ def append(batch: Batch, window: IdWindow, req: AppendRequest) -> AppendResult:
         # A retry whose messages are all stored already (by their Msg-Ids) is a duplicate
         # (CONTRACT.md §3: the success a stored append would get), not this 409, which left
         # the client unable to tell whether its message had been stored.
-        known = _all_known(batch, window, state, req)
+        # A producer's request goes the producer's way (its session must move on with it).
+        known = _all_known(batch, window, state, req) if producer is None else None
         if known is not None and not req.close:
             return AppendResult(state.tail, state.closed, False, None, None, known)
         raise Conflict(
@@ -295,14 +296,14 @@ def _all_known(
 def _closing_repeat(
     batch: Batch, window: IdWindow, state: StreamState, req: AppendRequest
 ) -> AppendResult | None:
-    """The retry of the request that appended its last messages and closed the stream, known
-    by their Msg-Ids (the last of them is the stream's last message): answered as the
-    duplicate it is, as a producer's closing retry is, not 409 "closed", which left the
-    client unable to tell whether its last message had been stored."""
+    """A closing request whose messages are all stored already, known by their Msg-Ids (the
+    retry of the request that closed the stream, say): what it asks for holds, so it is
+    answered as the duplicate it is, as a producer's closing retry is, not 409 "closed",
+    which left the client unable to tell whether its last message had been stored."""
     if not req.close or req.producer is not None or req.body_error is not None:
         return None
     known = _all_known(batch, window, state, req)
-    if known is None or known[-1][0] != state.tail - 1:
+    if known is None:
         return None
     return AppendResult(state.tail, True, False, None, None, known)
 

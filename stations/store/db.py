@@ -976,9 +976,16 @@ def unavailable(exc: BaseException) -> bool:
             return True
     # A damaged SQLite file (SQLITE_CORRUPT, SQLITE_NOTADB): no bug of the request's, and no
     # traceback per request; readiness says writes fail, the log says so once.
-    if isinstance(exc, sqlite3.DatabaseError) and getattr(exc, "sqlite_errorcode", None) in (
-        11,
-        26,
+    # The primary code: SQLite reports an extended one (SQLITE_CORRUPT_INDEX is 779).
+    code = getattr(exc, "sqlite_errorcode", None)
+    if (
+        isinstance(exc, sqlite3.DatabaseError)
+        and isinstance(code, int)
+        and code & 0xFF
+        in (
+            sqlite3.SQLITE_CORRUPT,
+            sqlite3.SQLITE_NOTADB,
+        )
     ):
         return True
     return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
