@@ -166,8 +166,11 @@ async def _settle(
 
 @needs("consume")
 async def ack(request: web.Request) -> web.Response:
-    _, seqs, _ = await _settle(request, set())
-    n, unknown = await service(request).ack(station_name(request), _group(request), seqs)
+    # By lease too, as nack and dead-letter: an ack by offset from a consumer whose lease a
+    # seek revoked (or that expired) settles the message's later delivery, whose holder's
+    # nack then finds nothing, and the redelivery the seek asked for was lost.
+    _, seqs, named = await _settle(request, set(), by_lease=True)
+    n, unknown = await service(request).ack(station_name(request), _group(request), seqs, named)
     return web.json_response({"acked": n, "unknown": unknown})
 
 

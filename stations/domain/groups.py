@@ -494,10 +494,15 @@ def _without_dropped(
     return {seq: count for seq, count in known.items() if seq > head}
 
 
-def ack(batch: Batch, station: str, name: str, seqs: list[int]) -> tuple[int, list[str]]:
+def ack(
+    batch: Batch, station: str, name: str, seqs: list[int], named: Named | None = None
+) -> tuple[int, list[str]]:
+    """Settle the deliveries of ``seqs`` for good; with ``named`` (as ``extend``), only the
+    deliveries it names, not a later one of the same message."""
     state = in_use(batch.stream(station), station, batch)
     group = _load(batch, state, name, lock=True)
-    settled = set(store.settle(batch.conn, group.id, seqs))
+    wanted = _named_only(batch, group, seqs, named) if named is not None else seqs
+    settled = set(store.settle(batch.conn, group.id, wanted))
     head = dropped_through(batch.conn, state)
     settled = {seq for seq in settled if seq > head}  # retention dropped the rest: unknown
     if settled:

@@ -909,9 +909,17 @@ class Service:
     async def seek(self, station: str, group: str, target: tuple[str, Any]) -> SeekResult:
         return await self.write(groups.seek, station, group, target, locks=(station,))
 
-    async def ack(self, station: str, group: str, seqs: list[int]) -> tuple[int, list[str]]:
+    async def ack(
+        self, station: str, group: str, seqs: list[int], named: Named | None = None
+    ) -> tuple[int, list[str]]:
         return await self.write(
-            groups.ack, station, group, seqs, small=len(seqs) <= SMALL_ACK, locks=(station,)
+            groups.ack,
+            station,
+            group,
+            seqs,
+            named,
+            small=len(seqs) <= SMALL_ACK,
+            locks=(station,),
         )
 
     async def extend(
