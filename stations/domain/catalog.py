@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from stations.domain import idwindow
+from stations.domain import dls, idwindow
 from stations.domain import station as config_rules
 from stations.domain.idwindow import IdWindow
 from stations.domain.instants import format_ms as iso
@@ -49,6 +49,7 @@ def create_station(batch: Batch, window: IdWindow, raw: Any) -> CreateResult:
         config=config,
         compare_config=True,
     )
+    dls.check_forward_target(batch, req.content_type, config)
     result = create(batch, window, req)
     if result.created:
         _announce_window(batch, result.state.window_ms)
@@ -64,6 +65,7 @@ def patch_station(
     created_as_known(state, name, created_at, "nothing was changed")
     before = state.window_ms
     state.config = config_rules.apply_patch(state.config, raw)
+    dls.check_forward_target(batch, state.content_type, state.config)
     if state.window_ms < before:
         window.forget_older(batch, state)
     elif state.window_ms > before:

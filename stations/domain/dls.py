@@ -36,6 +36,7 @@ from stations.domain.instants import format_ms as iso
 from stations.domain.log import AppendRequest, append, in_use, live_stream, unpack
 from stations.domain.messages import to_view
 from stations.domain.reads import SEP, Message, Piece, dropped_through
+from stations.domain.streams import same_content_type
 from stations.errors import BadRequest, Forbidden, StationsError
 from stations.records import StreamState
 from stations.store import dls as store
@@ -235,6 +236,21 @@ def with_forward_targets(batch: Batch, names: Iterable[str]) -> set[str]:
         if target is not None:
             wanted.add(target)
     return wanted
+
+
+def check_forward_target(batch: Batch, content_type: str, config: dict[str, Any]) -> None:
+    """Refuse a ``dls.forwardTo`` naming a station of another content type: its dead letters
+    could never be copied there (each append refused), which only a log line said while the
+    create or PATCH was answered 200. (A station not there yet may be made later.)"""
+    target = (config.get("dls") or {}).get("forwardTo")
+    peek = batch.peek(target) if isinstance(target, str) else None
+    if peek is None or peek.deleted or same_content_type(peek.content_type, content_type):
+        return
+    raise BadRequest(
+        f"dls.forwardTo names {target}, whose content type {peek.content_type!r} is not this "
+        f"station's {content_type!r}: its dead letters could not be copied there",
+        "dls.forwardTo",
+    )
 
 
 def forward_target(batch: Batch, name: str) -> str | None:
