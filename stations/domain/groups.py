@@ -256,23 +256,27 @@ def views(
     return _views_of(conn, state, head, rows) + [{"name": row["name"]} for row in lookahead]
 
 
-def ensure_viewed(
-    batch: Batch,
-    station: str,
-    name: str,
-    raw: Any,
-    exists: bool | None = None,
-    *,
-    reach: dls.Reach | None = None,
-) -> tuple[dict[str, Any], bool]:
-    """``ensure``, answered with the group's view from the same transaction: read after the
-    commit, another process's delete of the group in between answered a PUT that had been
-    applied with a 404 (or a 500)."""
-    group, created = ensure(batch, station, name, raw, exists, reach=reach)
-    state = batch.stream(station)
-    assert state is not None  # ensure found it live
-    (out,) = _views_of(batch.conn, state, dropped_through(batch.conn, state), [group])
-    return out, created
+def view(conn: Connection, station: str, now: int, name: str) -> dict[str, Any]:
+    """One group with its figures, as ``views`` has it (creating a group answered with it
+    read every group of the station: 70-220 ms each with 3,000 groups)."""
+    state = live_stream(load(conn, station), station, now)
+    (out,) = _views_of(conn, state, dropped_through(conn, state), [_load(conn, state, name, False)])
+    return out
+
+
+def written_view(group: Group) -> dict[str, Any]:
+    """A group's view from what its PUT wrote, when the group is gone by the time the answer
+    is read (another process deleted it): its settings, and no figures left to count."""
+    return {
+        "name": group.name,
+        "maxAckTimeMs": group.max_ack_time_ms,
+        "maxMsgDeliveries": group.max_msg_deliveries,
+        "pending": 0,
+        "inFlight": 0,
+        "deadLettered": 0,
+        "lag": 0,
+        "cursor": encode(group.cursor),
+    }
 
 
 def _views_of(

@@ -631,15 +631,22 @@ class Service:
         exists: bool | None = None,
         reach: dls.Reach | None = None,
     ) -> tuple[dict[str, Any], bool]:
-        viewed: tuple[dict[str, Any], bool] = await self.write(
-            functools.partial(groups.ensure_viewed, reach=reach),
+        group, created = await self.write(
+            functools.partial(groups.ensure, reach=reach),
             station,
             name,
             raw,
             exists,
             locks=(station,),
         )
-        return viewed
+        # Its figures are read on a reader's thread, not in the writer's transaction: they
+        # count the group's dead letters, which on a station with a large DLS held up every
+        # write for each consumer's start (the SDK PUTs its group each time).
+        try:
+            return await self.read_db(groups.view, station, now_ms(), group.name), created
+        except (NotFound, Gone):
+            # Deleted since the commit (another process): 404 or 500 said the PUT failed.
+            return groups.written_view(group), created
 
     async def delete_group(self, station: str, name: str) -> None:
         forget = functools.partial(self.tally.forget, station, name)
