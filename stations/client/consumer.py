@@ -25,6 +25,7 @@ from stations.client.errors import (
     ConsumerClosed,
     StationsError,
     error_for,
+    is_retryable,
     may_have_acted,
 )
 from stations.client.handle import StationHandle
@@ -156,6 +157,13 @@ class Consumer:
         # client closed the session under an ack request and the ack was lost.
         self._sending: set[asyncio.Future[None]] = set()
         self._close_task: asyncio.Task[None] | None = None
+        # close() spends one give_up_after on all its requests (acks, then the give-back), not
+        # one each: with the server down it took twice as long as documented (found by a
+        # review). Set, the settling requests of close share it.
+        self._close_backoff: Backoff | None = None
+        # A settling request of close() gave up on no answer (the server is down): the rest
+        # of the give-back is skipped, its leases expire anyway.
+        self._unreachable = False
         # The fetch request under way, which close() cancels: left to run, it could lease
         # a message that came meanwhile, only to give it back, a delivery used up unread.
         self._fetching: asyncio.Task[dict[str, Any]] | None = None
@@ -248,7 +256,10 @@ class Consumer:
         http = self.station.client.http
         # A fetch may wait out any outage; settling gives up in time (the lease then expires
         # and the message comes again), so close() cannot hang forever.
-        backoff = Backoff(self.retry if action == "fetch" else self.station.client.retry)
+        if action == "fetch":
+            backoff = Backoff(self.retry)
+        else:
+            backoff = self._close_backoff or Backoff(self.station.client.retry)
         while True:
             try:
                 reply = await http.request(
@@ -355,6 +366,8 @@ class Consumer:
                         exc,
                         exc_info=not isinstance(exc, StationsError),
                     )
+                    if self._close_backoff is not None and is_retryable(exc):
+                        self._unreachable = True
                     for waiters in chunk.values():
                         for future in waiters:
                             if not future.done():
@@ -477,11 +490,19 @@ class Consumer:
         await self.flush_acks()
 
     async def _close(self) -> None:
+        self._close_backoff = Backoff(self.station.client.retry)
         try:
             await self._send_acks()
             unread = list(self._buffer)
             self._buffer.clear()
-            await self._give_back(unread)
+            if self._unreachable and unread:
+                logger.warning(
+                    "not giving back %d prefetched messages: the server did not answer (they "
+                    "come again after their lease)",
+                    len(unread),
+                )
+            else:
+                await self._give_back(unread)
         finally:
             self._finished = True
         # Acks made while the messages were given back; none are accepted from here on.
@@ -497,8 +518,12 @@ class Consumer:
         """Nack leases nobody will process, so they come again at once (best effort: failing,
         they come again after their lease). Each names its delivery: a prefetched lease that
         expired meanwhile may be another consumer's delivery now, which a nack by offset took
-        away (and sent to a third consumer, or to the DLS, while it was processed)."""
+        away (and sent to a third consumer, or to the DLS, while it was processed). Once the
+        server did not answer in time, the rest is not tried (close() has one deadline)."""
         for chunk in _requests(messages):
+            if self._unreachable:
+                logger.warning("giving back %d messages skipped: no answer", len(chunk))
+                continue
             offsets = {"offsets": [m.offset for m in chunk]}
             try:
                 if all(m.lease is not None for m in chunk):
@@ -514,3 +539,7 @@ class Consumer:
                     await self._call("nack", offsets)
             except StationsError as exc:
                 logger.warning("giving back %d messages failed: %s", len(chunk), exc)
+                # Retried until the deadline (a nack that may have acted is raised at once,
+                # without saying the server is down).
+                if self._close_backoff is not None and is_retryable(exc):
+                    self._unreachable = not may_have_acted(exc)

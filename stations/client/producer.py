@@ -18,7 +18,9 @@ append loop yields to the event loop now and then, so batches are sent while the
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +31,7 @@ from stations.client.errors import (
     BufferFull,
     ConnectionFailed,
     EpochInUse,
+    PayloadTooLarge,
     ProducerClosed,
     ProducerFenced,
     SequenceGap,
@@ -138,6 +141,10 @@ class IdempotentProducer:
         self._buffered = 0
         self._fenced_epoch: int | None = None
         self._fence_error: ProducerFenced | None = None
+        # A batch the server refused as too large (413) was split: the seq it was refused at,
+        # the lowest if several were. Nothing is sent until no batch is in flight, then
+        # everything queued is renumbered from there (see _split).
+        self._split_seq: int | None = None
         # The server forgot this producer (see the gap below): claim a new epoch even
         # without auto_claim.
         self._forgotten = False
@@ -284,7 +291,7 @@ class IdempotentProducer:
 
     def _pump(self) -> None:
         """Start sending queued batches, up to the in-flight limit."""
-        if self._error is not None or self._fenced_epoch is not None:
+        if self._error is not None or self._fenced_epoch is not None or self._split_seq is not None:
             return
         if self._json is None:
             if self._resolving is None:
@@ -361,6 +368,9 @@ class IdempotentProducer:
         while True:
             if self._error is not None:
                 raise self._error
+            if self._held(batch):
+                self._queue.append(batch)  # renumbered once nothing is in flight
+                return
             headers = self._session.headers(batch.epoch, batch.seq)
             try:
                 reply = await self._http.request("POST", self.url, data=body, headers=headers)
@@ -383,6 +393,8 @@ class IdempotentProducer:
             error = self._session.error(reply, batch.epoch, batch.seq)
             if isinstance(error, ProducerFenced):
                 self._fenced(batch, error)
+                return
+            if isinstance(error, PayloadTooLarge) and self._split(batch, error):
                 return
             if (
                 isinstance(error, SequenceGap)
@@ -408,11 +420,14 @@ class IdempotentProducer:
                         self._earlier_settled(batch)
                         or self._error is not None
                         or self._fenced_epoch is not None
+                        or self._held(batch)
                     )
                 )
                 if self._fenced_epoch is not None and self._error is None:
                     self._fenced(batch, None)
                     return
+                if self._held(batch):
+                    continue  # back to the queue at the top of the loop
                 if earlier_done:  # nothing to wait for, yet the server still wants another seq
                     try:
                         await backoff.wait(_as_retryable(error))
@@ -445,6 +460,67 @@ class IdempotentProducer:
             "each run with a higher epoch, or set auto_claim=True)",
             current_epoch=epoch,
         )
+
+    def _split(self, batch: Batch, error: PayloadTooLarge) -> bool:
+        """The server refused ``batch`` as too large (413: more messages than its
+        ``--max-append-messages``, or a body over its size limit). Nothing was stored and the
+        seq is unused, so the batch becomes smaller ones, the first under the same (epoch,
+        seq), the rest numbered after it once the batches in flight are back (see
+        ``_after_send``), and later batches are no larger than the limit the server named.
+        False when it cannot be split (one message, or not a JSON stream): the 413 is final."""
+        elements = _json_elements(self._body(batch)) if self._json else None
+        if elements is None or len(elements) < 2:
+            return False
+        count = len(elements)
+        limit = _message_limit(error)
+        if limit is not None and limit < count:
+            self.max_batch_messages = min(self.max_batch_messages, limit)
+            per_part = limit
+        else:  # the body was too large in bytes (or the server named no limit): halves
+            per_part = (count + 1) // 2
+            self.max_batch_bytes = min(self.max_batch_bytes, max(1, batch.size // 2))
+        parts: list[Batch] = []
+        given = 0
+        for start in range(0, count, per_part):
+            chunk = elements[start : start + per_part]
+            # Buffer accounting: the parts' sizes add up to the batch's, as _settle subtracts.
+            size = (
+                batch.size - given
+                if start + per_part >= count
+                else batch.size * len(chunk) // count
+            )
+            given += size
+            part = Batch(b",".join(chunk), None, size, batch.order, batch.epoch, batch.seq)
+            parts.append(part)
+        at = self._unsettled.index(batch)
+        del self._unsettled[at]
+        for i, part in enumerate(parts):
+            self._unsettled.insert(at + i, part)
+        self._queue.extend(parts)
+        batch.settled = True  # replaced by its parts
+        if self._split_seq is None or batch.seq < self._split_seq:
+            self._split_seq = batch.seq
+        logger.info(
+            "producer %s: the server refused %d messages in one append (%s); sending them in "
+            "%d appends",
+            self.producer_id,
+            count,
+            error.message,
+            len(parts),
+        )
+        self._notify()  # batches waiting for an earlier one go back to the queue
+        return True
+
+    def _held(self, batch: Batch) -> bool:
+        """Whether ``batch`` comes after a batch being split: it must not be sent under its
+        seq, which now belongs to a part, and it is numbered again."""
+        return self._split_seq is not None and batch.seq > self._split_seq
+
+    def _in_order(self, batches: deque[Batch]) -> list[Batch]:
+        """``batches`` in the order they were appended (a split batch's parts share its
+        ``order``; ``_unsettled`` holds them in place)."""
+        rank = {b: i for i, b in enumerate(self._unsettled)}
+        return sorted(batches, key=lambda b: rank.get(b, len(rank)))
 
     def _earlier_settled(self, batch: Batch) -> bool:
         return not self._unsettled or self._unsettled[0] is batch
@@ -514,12 +590,23 @@ class IdempotentProducer:
             # then: across an epoch change delivery is at-least-once (protocol §5.2.1).
             self._session.claim_after(fenced)
             self._established = False
-            pending = sorted(self._queue, key=lambda b: b.order)
+            self._split_seq = None  # renumbered here too
+            pending = self._in_order(self._queue)
             for batch in pending:
                 batch.epoch, batch.seq = self._session.take_seq()
                 batch.maybe_stored = False
             self._queue = deque(pending)
             logger.info("producer %s claimed epoch %d", self.producer_id, self._session.epoch)
+        elif self._split_seq is not None and not self._in_flight and self._error is None:
+            # Every batch not yet stored is queued: number them again from the refused seq, in
+            # order (the server stored nothing at or after it). maybe_stored goes: none of
+            # these seqs can hold anything of ours.
+            self._session.next_seq, self._split_seq = self._split_seq, None
+            pending = self._in_order(self._queue)
+            for batch in pending:
+                batch.epoch, batch.seq = self._session.take_seq()
+                batch.maybe_stored = False
+            self._queue = deque(pending)
         self._notify()
         self._pump()
 
@@ -686,6 +773,52 @@ def _maybe_stored(outcome: StationsError | Reply) -> bool:
     if isinstance(outcome, StationsError):
         return may_have_acted(outcome)
     return outcome.status >= 500 and outcome.status != 503
+
+
+_DECODER = json.JSONDecoder(
+    parse_float=lambda _: None, parse_int=lambda _: None, parse_constant=lambda _: None
+)
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_NAMED_LIMIT = re.compile(r"at most (\d+)")
+
+
+def _json_elements(body: bytes) -> list[bytes] | None:
+    """The elements of a JSON array body, each as sent (only their boundaries are parsed:
+    numbers are not converted), or None when it is not one."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        return None
+    end = len(text.rstrip(" \t\n\r"))
+    at = _JSON_SPACE.match(text).end()  # type: ignore[union-attr]
+    if text[at : at + 1] != "[" or text[end - 1 : end] != "]":
+        return None
+    end -= 1
+    at = _JSON_SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    elements: list[bytes] = []
+    while at < end:
+        try:
+            _, stop = _DECODER.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            return None
+        if stop > end:  # a malformed value ran into the array's closing bracket
+            return None
+        elements.append(text[at:stop].encode())
+        at = _JSON_SPACE.match(text, stop).end()  # type: ignore[union-attr]
+        if at < end:
+            if text[at] != ",":
+                return None
+            at = _JSON_SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    return elements
+
+
+def _message_limit(error: PayloadTooLarge) -> int | None:
+    """The most messages an append may carry, as a 413 of this server names it ("an append
+    takes at most N"); None from a 413 about bytes or from another server."""
+    if "messages" not in error.message:
+        return None
+    match = _NAMED_LIMIT.search(error.message)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
 def _as_retryable(exc: StationsError) -> StationsError:

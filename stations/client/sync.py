@@ -10,10 +10,15 @@ else is reimplemented, so the async API's documentation applies as is.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
+import functools
 import inspect
+import logging
+import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -21,12 +26,19 @@ from stations.client.client import Client
 from stations.client.http import DEFAULT_URL
 from stations.client.retry import DEFAULT_RETRY, RetryPolicy
 
+logger = logging.getLogger("stations.client.sync")
+
 _SDK_MODULE = "stations.client."
+# How long a SyncClient left open is given to close at interpreter exit (flush its producers,
+# send its acks): a script that ends without close() must not hang for ever on a server down.
+EXIT_TIMEOUT = 30.0
 
 
 class _Loop:
     def __init__(self) -> None:
         self.closed = False
+        # The thread closing this client at interpreter exit (see SyncClient._close_at_exit).
+        self.exiting: int | None = None
         # Held from the ``closed`` check to the submission in run(), and to set ``closed``: a
         # call that passed the check just before close() was submitted after the cancelling
         # of pending calls, or onto the stopped loop, and its caller waited forever.
@@ -37,9 +49,10 @@ class _Loop:
         )
         self.thread.start()
 
-    def run(self, make: Callable[[], Any]) -> Any:
+    def run(self, make: Callable[[], Any], timeout: float | None = None) -> Any:
         """Call ``make()`` on the loop's thread (``append()`` needs the running loop there) and
-        await its result if it is awaitable."""
+        await its result if it is awaitable (``timeout``: then ``TimeoutError``, the call
+        cancelled)."""
         if threading.get_ident() == self.thread.ident:
             # A callback run by the SDK (on_error) is on the loop's thread: waiting there for
             # the loop would wait forever.
@@ -53,12 +66,23 @@ class _Loop:
             result = make()
             return await result if inspect.isawaitable(result) else result
 
-        with self._lock:
-            if self.closed:
-                raise RuntimeError("the SyncClient is closed")
-            future = asyncio.run_coroutine_threadsafe(call(), self.loop)
         try:
-            return future.result()
+            with self._lock:
+                if self.closed:
+                    raise RuntimeError("the SyncClient is closed")
+                future = asyncio.run_coroutine_threadsafe(call(), self.loop)
+            return self._result(future, timeout)
+        except BaseException:
+            if self.exiting not in (None, threading.get_ident()):
+                # A daemon thread (the only ones left at exit) in a call, a live read say:
+                # closed at exit, it printed a traceback where it used to be stopped quietly
+                # with the interpreter. It waits for that, as before.
+                threading.Event().wait()
+            raise
+
+    def _result(self, future: concurrent.futures.Future[Any], timeout: float | None) -> Any:
+        try:
+            return future.result(timeout)
         except concurrent.futures.CancelledError:
             if self.closed:
                 raise RuntimeError("the SyncClient was closed while this call waited") from None
@@ -204,18 +228,43 @@ class SyncClient(Blocking):
         # for that and return. Unguarded, a second close() ran on and raised from the loop the
         # first one had stopped.
         self._close_lock = threading.Lock()
+        # Left open, it is closed at interpreter exit: its loop runs in a daemon thread, which
+        # exit stopped with the producers' queued batches unsent (lost without a word) and
+        # the session open. Through a weak reference: the hook keeps no client alive, and
+        # goes when the client does.
+        self._pid = os.getpid()
+        self._exit_hook = _exit_hook(self)
+        atexit.register(self._exit_hook)
 
     def close(self) -> None:
         """Flush and close (see ``Client.close``), then end calls other threads still wait in
         (they raise ``RuntimeError``) and stop the loop."""
+        atexit.unregister(self._exit_hook)
         with self._close_lock:
             if self._loop.closed:
                 return
             self._close()
 
-    def _close(self) -> None:
+    def _close_at_exit(self) -> None:
+        """``close()`` at interpreter exit, waiting at most ``EXIT_TIMEOUT``."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the loop's thread is the parent's
+        if not self._close_lock.acquire(timeout=EXIT_TIMEOUT):
+            return  # another thread is closing it and stuck: exit all the same
         try:
-            self._loop.run(self._target.close)
+            if self._loop.closed:
+                return
+            self._loop.exiting = threading.get_ident()
+            try:
+                self._close(timeout=EXIT_TIMEOUT)
+            except Exception as exc:
+                logger.warning("closing a SyncClient left open at exit failed: %r", exc)
+        finally:
+            self._close_lock.release()
+
+    def _close(self, timeout: float | None = None) -> None:
+        try:
+            self._loop.run(self._target.close, timeout)
         finally:
             self._loop.cancel_pending()
             # A cancelled retry may have opened a new session after close(): close it too.
@@ -229,3 +278,20 @@ class SyncClient(Blocking):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _exit_hook(client: SyncClient) -> Callable[[], None]:
+    """An atexit hook closing ``client`` if it is still there; unregistered when it is
+    collected, so that hooks do not pile up for clients long gone."""
+
+    def forget(_: object) -> None:
+        atexit.unregister(hook)
+
+    hook = functools.partial(_close_if_alive, weakref.ref(client, forget))
+    return hook
+
+
+def _close_if_alive(ref: weakref.ref[SyncClient]) -> None:
+    client = ref()
+    if client is not None:
+        client._close_at_exit()
