@@ -113,3 +113,46 @@ def test_corruption_in_an_extended_code_is_an_outage(tmp_path: Path) -> None:
         raise AssertionError("the damaged index was not found")
     finally:
         conn.close()
+
+
+def test_a_lost_listen_connection_is_reported(pg_url: str, make_server: Any) -> None:
+    """The LISTEN connection cannot be made again while the pooled ones still work (at the
+    database's max_connections, say): waits for other processes' appends then end only at
+    their timeouts, and nothing said so (readiness and every metric were fine)."""
+    from stations.store.pgnotify import APPLICATION_NAME
+
+    server: Server = make_server(pg_url)
+    url = sqlalchemy.engine.make_url(db.normalize_url(pg_url))
+    admin = sqlalchemy.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+
+    def failing() -> str:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        return next(
+            line.split()[-1]
+            for line in text.splitlines()
+            if line.startswith("stations_notifications_failing ")
+        )
+
+    try:
+        assert failing() == "0.0"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{url.database}" ALLOW_CONNECTIONS false')
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND application_name = %s",
+                (url.database, APPLICATION_NAME),
+            )
+        deadline = time.monotonic() + 20
+        while failing() != "1.0":
+            assert time.monotonic() < deadline, "the lost LISTEN was not reported"
+            time.sleep(0.2)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{url.database}" ALLOW_CONNECTIONS true')
+        deadline = time.monotonic() + 20
+        while failing() != "0.0":
+            assert time.monotonic() < deadline, "the LISTEN's return was not reported"
+            time.sleep(0.2)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{url.database}" ALLOW_CONNECTIONS true')
+        admin.dispose()

@@ -155,7 +155,14 @@ class _ReadCollector:
             "written since, else 0",
         )
         failing.add_metric([], int(self.service.writes_failing))
-        families: list[Metric] = [reads, relaxed, waiting, held, failing]
+        deaf = GaugeMetricFamily(
+            "stations_notifications_failing",
+            "1 while this process cannot LISTEN for other processes' commits (PostgreSQL; "
+            "their appends then reach its waiting readers and fetches only at their timeouts), "
+            "else 0",
+        )
+        deaf.add_metric([], int(self.service.notifications_failing))
+        families: list[Metric] = [reads, relaxed, waiting, held, failing, deaf]
         wal = self.service.wal()
         if wal is not None:  # an SQLite file whose WAL this process checkpoints
             frames = GaugeMetricFamily(

@@ -295,6 +295,11 @@ class Service:
         return self.db.writer.relaxed_commits
 
     @property
+    def notifications_failing(self) -> bool:
+        """Whether this process hears no other process's commits now (monitoring)."""
+        return self.db.notifications_failing
+
+    @property
     def writes_failing(self) -> bool:
         """Whether the writer's latest batch failed and none has written since (monitoring)."""
         return self.db.writes_failing is not None

@@ -181,6 +181,12 @@ class Database:
         await asyncio.get_running_loop().run_in_executor(self._readers, db.ping, self.read_engine)
 
     @property
+    def notifications_failing(self) -> bool:
+        """PostgreSQL: whether this process hears no other process's commits now (its LISTEN
+        connection cannot be made): waits for their appends end only at their timeouts."""
+        return self._listener is not None and self._listener.failing
+
+    @property
     def writes_failing(self) -> str | None:
         """Why the writer's latest batch failed, while none has written since and no probe
         write (``probe_writes``) has committed since; else None. A batch that failed in the

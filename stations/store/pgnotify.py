@@ -58,6 +58,11 @@ class Listener:
             logger, "LISTEN connection (ended; reconnecting at once)", level=logging.WARNING
         )
 
+    @property
+    def failing(self) -> bool:
+        """Whether the LISTEN connection cannot be made now (reconnecting since it failed)."""
+        return self._failures.failing is not None
+
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
         await asyncio.wait_for(self._ready.wait(), 30)
