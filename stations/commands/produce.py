@@ -203,7 +203,9 @@ class _StdinLines:
                 except queue.Empty:
                     break
                 if item is None:
-                    self.ended = True
+                    # Its end, unless reading failed: then what came after is not known, and
+                    # a --msg-id too many is no mistake of the command line's.
+                    self.ended = self.failed is None
                     if chunk:
                         yield chunk
                     if self.failed is not None:
