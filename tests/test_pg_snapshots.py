@@ -81,3 +81,35 @@ async def test_a_groups_put_deleted_right_after_is_answered_as_applied(
         other.dispose()
     assert created
     assert view["name"] == "g" and view["maxAckTimeMs"] == 30_000
+
+
+async def test_a_forks_replay_waits_for_its_sources_retention(svc: Service, pg_url: str) -> None:
+    """Another process's retention on the source, committing while a replay on the fork runs:
+    the replay read the source's head without a lock, before that commit, and put back (and
+    deleted the entries of) messages the retention dropped: each entry was its only copy."""
+    from stations.domain.lifecycle import CreateRequest
+
+    await svc.create(CreateRequest("fk", "application/json", {}, fork_from="s", fork_offset=10))
+    await svc.ensure_group("fk", "g", {})
+    fetched = await svc.fetch("fk", "g", 10, 0, "c")
+    seqs = [m.seq for m in fetched.messages]
+    assert len(seqs) == 10
+    dead, _ = await svc.dead_letter("fk", "g", seqs, "x")
+    assert dead == 10
+    other = sqlalchemy.create_engine(db.normalize_url(pg_url))
+    try:
+        retention = other.connect()
+        retention.begin()  # the other process's retention, not committed yet
+        retention.exec_driver_sql("UPDATE streams SET head = 10 WHERE name = 's'")
+        replay = asyncio.ensure_future(svc.replay("fk", {"all": True}))
+        await asyncio.sleep(0.5)  # it reaches the source's row (and waits there, now)
+        retention.commit()
+        retention.close()
+        replayed = await asyncio.wait_for(replay, 20)
+    finally:
+        other.dispose()
+    assert replayed == 0
+    entries = await svc.read_db(
+        lambda conn: conn.exec_driver_sql("SELECT count(*) FROM dls").scalar_one()
+    )
+    assert entries == 10

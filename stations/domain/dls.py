@@ -285,7 +285,7 @@ def redrive_due(batch: Batch) -> int | None:
     for entry_id, station, group_id, seq, redrives in rows:
         state = batch.stream(station)
         if state is not None and station not in heads:
-            heads[station] = dropped_through(batch.conn, state)
+            heads[station] = dropped_through(batch.conn, state, share=True)
         if state is None or state.deleted or seq <= heads[station]:
             # Retention dropped the original: the entry keeps its own copy for the user.
             kept.append(entry_id)
@@ -451,7 +451,10 @@ def replay(batch: Batch, station: str, raw: Any) -> int:
     back: dict[int, list[tuple[int, int]]] = defaultdict(list)
     # A fork's head counts its sources' retention: by its own, an entry whose message a
     # source dropped was put back in the queue and deleted, and the message never came.
-    head = dropped_through(batch.conn, state)
+    # The sources' rows held shared until the commit: another process's retention committing
+    # after this read (its head read stale) let the replay delete entries whose message
+    # that retention dropped, their only copy.
+    head = dropped_through(batch.conn, state, share=True)
     for entry_id, group_id, seq, redrives in rows:
         if seq <= head:
             # Retention dropped the original: there is nothing to put back in the queue, so

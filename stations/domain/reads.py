@@ -140,9 +140,11 @@ def messages_at(tx: Tx, state: StreamState, positions: list[int]) -> list[Messag
 Piece = tuple[int, bytes, str | None, str | None, int]  # seq, data, msg_id, headers, stored_at
 
 
-def dropped_through(tx: Tx, state: StreamState) -> int:
-    """The last position retention dropped; a fork's counts its sources' too."""
-    return inherited_head(tx, state) if state.fork_of is not None else state.head
+def dropped_through(tx: Tx, state: StreamState, *, share: bool = False) -> int:
+    """The last position retention dropped; a fork's counts its sources' too. ``share``: a
+    writer that deletes what it decides by it holds the sources' rows until its commit, so
+    another process's retention on them waits (or is seen)."""
+    return inherited_head(tx, state, share=share) if state.fork_of is not None else state.head
 
 
 def pieces_at(

@@ -23,8 +23,13 @@ def load(tx: Tx, name: str, *, lock: bool = False) -> StreamState | None:
     return StreamState.from_tuple(row) if row else None
 
 
-def load_by_id(tx: Tx, stream_id: int) -> StreamState | None:
-    row = db.conn_of(tx).execute(select(streams).where(streams.c.id == stream_id)).first()
+def load_by_id(tx: Tx, stream_id: int, *, share: bool = False) -> StreamState | None:
+    """``share``: the row is read under a shared lock (PostgreSQL), so another process's
+    change of it (its retention moving the head) waits for this transaction, or is seen."""
+    query = select(streams).where(streams.c.id == stream_id)
+    if share:
+        query = query.with_for_update(read=True)
+    row = db.conn_of(tx).execute(query).first()
     return StreamState.from_row(row) if row else None
 
 
@@ -78,13 +83,14 @@ def expiring(tx: Tx, now: int) -> list[str]:
 Segment = tuple[int, int, int | None]  # (stream id, from position exclusive, to inclusive)
 
 
-def _sources(tx: Tx, state: StreamState) -> list[tuple[StreamState, int]]:
-    """A fork's sources, nearest first, each with the last position the fork reads from it."""
+def _sources(tx: Tx, state: StreamState, share: bool = False) -> list[tuple[StreamState, int]]:
+    """A fork's sources, nearest first, each with the last position the fork reads from it
+    (``share``: see ``load_by_id``)."""
     found: list[tuple[StreamState, int]] = []
     upper = state.fork_offset
     current = state
     while current.fork_of is not None:
-        source = load_by_id(tx, current.fork_of)
+        source = load_by_id(tx, current.fork_of, share=share)
         if source is None:
             break
         assert upper is not None
@@ -102,10 +108,12 @@ def segments(tx: Tx, state: StreamState) -> list[Segment]:
     return chain
 
 
-def inherited_head(tx: Tx, state: StreamState) -> int:
+def inherited_head(tx: Tx, state: StreamState, *, share: bool = False) -> int:
     """A fork's head with its sources': positions it reads from a source that the source's
-    retention dropped are gone for the fork too."""
-    return max([state.head] + [min(s.head, upper) for s, upper in _sources(tx, state)])
+    retention dropped are gone for the fork too. ``share``: the sources' rows are locked
+    shared until the commit (a writer deciding by the head: see ``load_by_id``)."""
+    found = _sources(tx, state, share)
+    return max([state.head] + [min(s.head, upper) for s, upper in found])
 
 
 def lock_name(tx: Tx, name: str) -> None:
