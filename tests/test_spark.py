@@ -486,6 +486,36 @@ def test_pipeline_ingest_reads_ids_as_the_text_they_are(
         assert ids == (["001", "002", "003", "A04"] if fmt == "csv" else ["1", "2", "2.5"])
 
 
+def test_pipeline_ingest_keeps_whole_rows_with_data_or_headers_columns(
+    spark: SparkSession, srv: Server, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A file whose rows have a ``data`` or ``headers`` column: the data source takes those
+    by default as the payload (the other columns were dropped, the summary said "stored") or
+    as the headers (a string column failed the job with an option the command does not
+    have). Each row is one message with all its columns (a review of 2026-11-29)."""
+    struct = tmp_path / "struct.jsonl"
+    struct.write_text(
+        "".join(
+            json.dumps({"order_id": f"o{i}", "customer": "c", "data": {"k": i}}) + "\n"
+            for i in range(5)
+        )
+    )
+    flat = tmp_path / "flat.csv"
+    flat.write_text("id,data,headers\n" + "".join(f"r{i},d{i},h{i}\n" for i in range(4)))
+    for path, fmt, id_column, first in (
+        (struct, "json", "order_id", {"order_id": "o0", "customer": "c", "data": {"k": 0}}),
+        (flat, "csv", "id", {"id": "r0", "data": "d0", "headers": "h0"}),
+    ):
+        name = f"ingest-{uuid.uuid4().hex[:8]}"
+        args = ["ingest", "--from", str(path), "--format", fmt, "--station", name]
+        args += ["--msg-id-column", id_column, "--url", srv.url]
+        with redirect_stdout(io.StringIO()):
+            assert pipeline.main(args, spark=spark) == 0
+        stored = {m["id"]: m["data"] for m in all_messages(api, name)}
+        assert stored[first[id_column]] == first, stored
+        assert len(stored) == (5 if fmt == "json" else 4)
+
+
 def test_pipeline_ingest_of_nothing_readable_is_one_line(
     spark: SparkSession, srv: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

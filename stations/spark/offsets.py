@@ -21,6 +21,13 @@ def position(token: str) -> int:
         raise ValueError(
             f"not a Stations offset: {token!r} (expected e.g. 0000000000000042_0000000000000000)"
         )
+    if parts[1] != 0:
+        # The server issues none (it refuses one as malformed): read as its position, a
+        # mistyped offset started the read at another message without a word.
+        raise ValueError(
+            f"not an offset the server issues: {token!r} (its second part is always "
+            "0000000000000000)"
+        )
     return parts[0]
 
 

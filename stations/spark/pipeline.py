@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from stations.client.core import DEFAULT_URL
 from stations.client.errors import (
@@ -495,11 +495,38 @@ def _ids_as_text(reader: DataFrameReader, df: DataFrame, args: argparse.Namespac
     return _load(reader.schema(StructType(fields)), args.source)
 
 
+# Columns of their own for a row whose file has a ``data`` or ``headers`` column (no file's).
+_ROW = "__stations_row"
+_NO_HEADERS = "__stations_no_headers"
+
+
+def _whole_rows(df: DataFrame, id_column: str | None) -> tuple[DataFrame, dict[str, str]]:
+    """Each row becomes one message, all its columns (the README's promise), also when the
+    file has a ``data`` or ``headers`` column: the data source takes those by default as the
+    payload (the other columns were dropped, "20 stored") or as the headers (a string column
+    failed the job, with an option the command does not have). Then the row goes as one
+    struct and the headers as an empty map."""
+    if not {"data", "headers"} & set(df.columns):
+        return df, {}
+    from pyspark.sql import functions as F
+
+    def col(name: str) -> Any:
+        return F.col("`" + name.replace("`", "``") + "`")
+
+    kept = [F.struct(*[col(c) for c in df.columns]).alias(_ROW)]
+    if id_column is not None:
+        kept.append(col(id_column))
+    kept.append(F.create_map().cast("map<string,string>").alias(_NO_HEADERS))
+    return df.select(*kept), {"dataColumn": _ROW, "headersColumn": _NO_HEADERS}
+
+
 def _ingest_job(spark: SparkSession, args: argparse.Namespace, df: DataFrame) -> Summary:
     tmp = tempfile.mkdtemp(prefix="stations-pipeline-")
     report = os.path.join(tmp, "report.json")
+    df, shape = _whole_rows(df, args.msg_id_column)
     writer = df.write.format("stations").mode("append").options(**_options(args, args.station))
     writer = writer.option("chunkSize", str(args.chunk_size)).option("reportPath", report)
+    writer = writer.options(**shape)
     if args.msg_id_column:
         writer = writer.option("msgIdColumn", args.msg_id_column)
     else:

@@ -17,6 +17,7 @@ import orjson
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    BooleanType,
     DataType,
     DoubleType,
     FloatType,
@@ -335,7 +336,16 @@ def _nonfinite(value: Any) -> str | None:
 # with room for the JSON around them. A chunk of chunkSize rows of 34 MB each was refused (413)
 # on every replay, the chunk size being pinned by the batch's epoch.
 MAX_CHUNK_BYTES = 48 * 1024 * 1024
-_NOT_AN_ID = (BinaryType, ArrayType, MapType, StructType, TimestampType, TimestampNTZType)
+# Boolean too: every row's id was "True" or "False", and all but two rows were "duplicates".
+_NOT_AN_ID = (
+    BinaryType,
+    BooleanType,
+    ArrayType,
+    MapType,
+    StructType,
+    TimestampType,
+    TimestampNTZType,
+)
 
 
 def chunks(
