@@ -760,12 +760,10 @@ def backup(args: argparse.Namespace) -> None:
     if not args.dest:
         _fail("DEST is empty: give the new file to write")
     url = args.db or db.default_url()
-    from sqlalchemy.exc import ArgumentError
-
     try:
         source = db.database_file(url)
         local = db.embedded(url)
-    except ArgumentError as exc:  # it was a traceback
+    except db.ArgumentError as exc:  # it was a traceback
         _fail(f"--db is not a database URL: {exc}")
     if source is None and local:  # not "use pg_dump": it is no server's database
         _fail("--db is an in-memory (or temporary) SQLite database: it has nothing to back up")
